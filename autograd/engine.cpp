@@ -1,0 +1,154 @@
+// The backward engine: one topological sort, one reverse walk.
+//
+//   1. Collect every node reachable from the root's grad_fn and order them so that a node comes
+//      after every node that consumes its output (iterative DFS post-order, reversed).
+//   2. Walk that order with a table node -> gradient of its output. Each node turns its output
+//      gradient into input gradients; each goes to the producing node's table entry or, for a
+//      leaf, into leaf.grad.
+//
+// The accumulation rule (micrograd's users tripped on it): gradients are always ADDED, both
+// between the uses of a tensor inside one graph (x used twice gets both contributions) and across
+// backward calls into a leaf's .grad. Nothing resets .grad but zero_grad() or the optimizer.
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/node.h"
+#include "core/factory.h"
+#include "ops/elementwise.h"
+
+namespace qk::autograd {
+
+namespace {
+
+thread_local bool grad_mode_enabled = true;
+
+std::vector<Node*> topological_order(Node* root) {
+    std::vector<Node*> post_order;
+    std::unordered_set<Node*> visited{root};
+    std::vector<std::pair<Node*, size_t>> stack{{root, 0}};  // (node, next input to visit)
+    while (!stack.empty()) {
+        auto& [node, next] = stack.back();
+        if (next < node->inputs.size()) {
+            Node* child = node->inputs[next++].fn.get();
+            if (child && visited.insert(child).second) stack.push_back({child, 0});
+        } else {
+            post_order.push_back(node);
+            stack.pop_back();
+        }
+    }
+    return {post_order.rbegin(), post_order.rend()};
+}
+
+void accumulate_into_leaf(TensorImpl& leaf, const Tensor& grad) {
+    if (!leaf.grad) {
+        leaf.grad = grad.to(leaf.dtype).contiguous().clone().impl_ptr();  // owns its memory
+    } else {
+        Tensor existing(leaf.grad);
+        add_(existing, grad);
+    }
+}
+
+void check_gradient(const Node& node, size_t i, const Tensor& grad) {
+    const Edge& edge = node.inputs[i];
+    QK_CHECK(grad.shape() == edge.shape,
+             "backward of {}: gradient {} has shape {}, but that input has shape {}", node.name(),
+             i, grad.shape(), edge.shape);
+}
+
+}  // namespace
+
+bool grad_enabled() { return grad_mode_enabled; }
+void set_grad_enabled(bool on) { grad_mode_enabled = on; }
+
+bool needs_recording(const std::vector<Tensor>& inputs) {
+    if (!grad_enabled()) return false;
+    for (const Tensor& t : inputs)
+        if (t.defined() && t.requires_grad()) return true;
+    return false;
+}
+bool needs_recording(std::initializer_list<Tensor> inputs) {
+    return needs_recording(std::vector<Tensor>(inputs));
+}
+
+Tensor attach(Tensor output, std::shared_ptr<Node> node, const std::vector<Tensor>& inputs) {
+    for (const Tensor& t : inputs) {
+        Edge edge;
+        if (t.defined()) {
+            edge.shape = t.shape();
+            edge.dtype = t.dtype();
+            if (t.requires_grad()) {
+                if (t.grad_fn())
+                    edge.fn = t.grad_fn();
+                else
+                    edge.leaf = t.impl_ptr();
+            }
+        }
+        node->inputs.push_back(std::move(edge));
+    }
+    output.impl().grad_fn = std::move(node);
+    output.impl().requires_grad = true;
+    return output;
+}
+
+void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph) {
+    QK_CHECK(root.requires_grad(),
+             "backward: this tensor does not require grad (no input of the ops that made it "
+             "requires grad, or it was computed under NoGradGuard)");
+    QK_CHECK(grad_root.shape() == root.shape(),
+             "backward: gradient shape {} differs from the tensor's shape {}", grad_root.shape(),
+             root.shape());
+    NoGradGuard no_grad;  // the backward pass itself is not recorded
+    if (root.is_leaf()) {
+        accumulate_into_leaf(root.impl(), grad_root);
+        return;
+    }
+    std::unordered_map<Node*, Tensor> grads{{root.grad_fn().get(), grad_root}};
+    for (Node* node : topological_order(root.grad_fn().get())) {
+        auto found = grads.find(node);
+        if (found == grads.end()) continue;  // no gradient flowed into this node
+        QK_CHECK(!node->released,
+                 "backward: the graph through '{}' was already freed by an earlier backward(); "
+                 "call backward(/*retain_graph=*/true) the first time to go through it twice",
+                 node->name());
+        Tensor dy = std::move(found->second);
+        grads.erase(found);  // frees this gradient as soon as it is consumed
+        std::vector<Tensor> dinputs = node->backward(dy);
+        QK_CHECK(dinputs.size() == node->inputs.size(),
+                 "backward of {}: returned {} gradients for {} inputs", node->name(),
+                 dinputs.size(), node->inputs.size());
+        for (size_t i = 0; i < dinputs.size(); ++i) {
+            const Edge& edge = node->inputs[i];
+            const Tensor& g = dinputs[i];
+            if (!g.defined() || (!edge.fn && !edge.leaf)) continue;
+            check_gradient(*node, i, g);
+            if (edge.fn) {
+                auto [slot, fresh] = grads.try_emplace(edge.fn.get(), g);
+                if (!fresh) slot->second = slot->second + g;
+            } else {
+                accumulate_into_leaf(*edge.leaf, g);
+            }
+        }
+        if (!retain_graph) {
+            node->release();
+            node->released = true;
+        }
+    }
+}
+
+}  // namespace qk::autograd
+
+namespace qk {
+
+void Tensor::backward(bool retain_graph) const {
+    QK_CHECK(numel() == 1,
+             "backward: without an explicit gradient the tensor must have one element, got shape "
+             "{}; pass backward(grad_output)",
+             shape());
+    autograd::run_backward(*this, ones(shape(), dtype(), device()), retain_graph);
+}
+
+void Tensor::backward(const Tensor& grad_output, bool retain_graph) const {
+    autograd::run_backward(*this, grad_output, retain_graph);
+}
+
+}  // namespace qk

@@ -1,0 +1,75 @@
+// Node: one recorded op in the autograd graph.
+//
+// An op whose inputs require grad records a Node on its output. The node keeps, per input, an
+// Edge: the input's own grad_fn (an interior tensor) or its TensorImpl (a leaf), plus its shape
+// so the engine can check what backward returns. backward(dy) returns one gradient per input, in
+// input order; an undefined Tensor means "no gradient for this input".
+//
+// Saved tensors are always detached (saving an output with its grad_fn would make a cycle).
+// release() drops them after backward so that activations are freed as soon as possible.
+//
+// Library ops use record(): forward and backward side by side, the backward a lambda that
+// captures what it saved. Users may also derive from Node directly (examples/custom_op.cpp).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autograd/grad_mode.h"
+#include "core/tensor.h"
+
+namespace qk::autograd {
+
+struct Edge {
+    std::shared_ptr<Node> fn;             // set when the input was produced by an op
+    std::shared_ptr<TensorImpl> leaf;     // set when the input is a leaf that requires grad
+    Shape shape;                          // the input's shape: its gradient must have it
+    DType dtype = DType::f32;
+};
+
+struct Node {
+    virtual ~Node() = default;
+    virtual std::string name() const = 0;
+    virtual std::vector<Tensor> backward(const Tensor& grad_output) = 0;
+    virtual void release() = 0;  // drop saved tensors; backward may not be called afterwards
+
+    std::vector<Edge> inputs;
+    bool released = false;
+};
+
+// Wraps a backward lambda `std::vector<Tensor>(const Tensor& dy)` as a Node.
+template <typename BackwardFn>
+struct LambdaNode final : Node {
+    LambdaNode(std::string op, BackwardFn fn) : op_name(std::move(op)), fn(std::move(fn)) {}
+    std::string name() const override { return op_name; }
+    std::vector<Tensor> backward(const Tensor& dy) override { return (*fn)(dy); }
+    void release() override { fn.reset(); }
+
+    std::string op_name;
+    std::optional<BackwardFn> fn;  // owns the saved tensors it captured
+};
+
+// True when an op on these inputs must record a node.
+bool needs_recording(std::initializer_list<Tensor> inputs);
+bool needs_recording(const std::vector<Tensor>& inputs);
+
+// Makes `node` the grad_fn of `output`, with one edge per input. Returns output.
+Tensor attach(Tensor output, std::shared_ptr<Node> node, const std::vector<Tensor>& inputs);
+
+// The usual way an op records itself:
+//   return record("tanh", y, {x}, [y = y.detach()](const Tensor& dy) { ... return {dx}; });
+// Does nothing (and drops the lambda) when grad mode is off or no input requires grad.
+template <typename BackwardFn>
+Tensor record(std::string op, Tensor output, const std::vector<Tensor>& inputs, BackwardFn&& fn) {
+    if (!needs_recording(inputs)) return output;
+    auto node = std::make_shared<LambdaNode<std::decay_t<BackwardFn>>>(
+        std::move(op), std::forward<BackwardFn>(fn));
+    return attach(std::move(output), std::move(node), inputs);
+}
+
+// Runs the reverse pass from `root` with upstream gradient `grad_root` (see engine.cpp).
+void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph);
+
+}  // namespace qk::autograd

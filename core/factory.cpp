@@ -1,0 +1,65 @@
+#include "core/factory.h"
+
+#include <algorithm>
+
+namespace qk {
+
+namespace {
+
+template <typename Fill>
+Tensor make_cpu(const Shape& shape, DType dtype, Fill&& fill) {
+    Tensor t = Tensor::empty(shape, dtype);
+    dispatch_float(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        T* p = t.data<T>();
+        for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = static_cast<T>(fill(i));
+    });
+    return t;
+}
+
+}  // namespace
+
+Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+    return to_device(make_cpu(shape, dtype, [&](int64_t) { return value; }), device);
+}
+Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0, dtype, device); }
+Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1, dtype, device); }
+Tensor scalar_tensor(double value, DType dtype) { return full({}, value, dtype); }
+
+Tensor arange(int64_t n, DType dtype) {
+    QK_CHECK(n >= 0, "arange: n must be >= 0, got {}", n);
+    return make_cpu({n}, dtype, [](int64_t i) { return static_cast<double>(i); });
+}
+
+Tensor from_vector(const std::vector<double>& values, Shape shape, DType dtype) {
+    if (shape.empty() && values.size() != 1) shape = {static_cast<int64_t>(values.size())};
+    QK_CHECK(numel_of(shape) == static_cast<int64_t>(values.size()),
+             "from_vector: {} values do not fill shape {}", values.size(), shape);
+    return make_cpu(shape, dtype, [&](int64_t i) { return values[i]; });
+}
+
+Tensor uniform(const Shape& shape, double low, double high, DType dtype, Generator& gen) {
+    return make_cpu(shape, dtype, [&](int64_t) { return low + (high - low) * gen.uniform(); });
+}
+Tensor rand(const Shape& shape, DType dtype, Generator& gen) { return uniform(shape, 0, 1, dtype, gen); }
+
+Tensor normal(const Shape& shape, double mean, double std, DType dtype, Generator& gen) {
+    QK_CHECK(std >= 0, "normal: std must be >= 0, got {}", std);
+    return make_cpu(shape, dtype, [&](int64_t) { return mean + std * gen.normal(); });
+}
+Tensor randn(const Shape& shape, DType dtype, Generator& gen) { return normal(shape, 0, 1, dtype, gen); }
+
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()); }
+Tensor randn_like(const Tensor& t, Generator& gen) {
+    return to_device(randn(t.shape(), t.dtype(), gen), t.device());
+}
+
+Tensor to_device(const Tensor& t, Device device) {
+    if (t.device() == device) return t;
+    QK_CHECK(false, "to_device: copying {} -> {} needs the CUDA backend, which is not built in",
+             t.device(), device);
+    return t;
+}
+
+}  // namespace qk

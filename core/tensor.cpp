@@ -1,0 +1,205 @@
+#include "core/tensor.h"
+
+#include <cstring>
+
+#include "core/strided.h"
+
+namespace qk {
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+    for (int64_t s : shape) QK_CHECK(s >= 0, "empty: negative size in shape {}", shape);
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = std::make_shared<Storage>(numel_of(shape) * dtype_size(dtype), device);
+    impl->shape = shape;
+    impl->strides = contiguous_strides(shape);
+    impl->dtype = dtype;
+    return Tensor(std::move(impl));
+}
+
+TensorImpl& Tensor::impl() const {
+    QK_CHECK(impl_, "Tensor: use of an undefined tensor (for example the .grad() of a tensor "
+                    "that no backward pass reached)");
+    return *impl_;
+}
+
+int64_t Tensor::size(int64_t d) const { return shape()[normalize_dim(d, dim(), "size")]; }
+
+bool Tensor::is_contiguous() const {
+    const auto& s = shape();
+    const auto& st = strides();
+    int64_t expected = 1;
+    for (size_t i = s.size(); i-- > 0;) {
+        if (s[i] != 1 && st[i] != expected) return false;
+        expected *= s[i];
+    }
+    return true;
+}
+
+template <typename T>
+T* Tensor::data() const {
+    QK_CHECK(dtype() == dtype_of<T>(), "Tensor::data: tensor is {}, asked for {}", dtype(),
+             dtype_of<T>());
+    return static_cast<T*>(impl().storage->data()) + impl().offset;
+}
+template float* Tensor::data<float>() const;
+template double* Tensor::data<double>() const;
+
+void* Tensor::raw_data() const {
+    return static_cast<char*>(impl().storage->data()) + impl().offset * dtype_size(dtype());
+}
+
+namespace {
+
+int64_t element_offset(const Tensor& t, std::initializer_list<int64_t> index) {
+    QK_CHECK(static_cast<int64_t>(index.size()) == t.dim(),
+             "Tensor::at: {} indices given for a tensor of shape {}", index.size(), t.shape());
+    QK_CHECK(t.device() == Device::cpu, "Tensor::at: element access needs a cpu tensor, got {}",
+             t.device());
+    int64_t offset = 0, d = 0;
+    for (int64_t i : index) {
+        QK_CHECK(i >= 0 && i < t.shape()[d], "Tensor::at: index {} out of range for dim {} of shape {}",
+                 i, d, t.shape());
+        offset += i * t.strides()[d++];
+    }
+    return offset;
+}
+
+}  // namespace
+
+double Tensor::at(std::initializer_list<int64_t> index) const {
+    int64_t off = element_offset(*this, index);
+    return dispatch_float(dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        return static_cast<double>(data<T>()[off]);
+    });
+}
+
+void Tensor::set(std::initializer_list<int64_t> index, double value) {
+    int64_t off = element_offset(*this, index);
+    dispatch_float(dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        data<T>()[off] = static_cast<T>(value);
+    });
+}
+
+double Tensor::item() const {
+    QK_CHECK(numel() == 1, "Tensor::item: needs exactly one element, tensor has shape {}", shape());
+    Tensor c = detach().reshape({1});
+    return c.at({0});
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+    QK_CHECK(device() == Device::cpu, "Tensor::to_vector: needs a cpu tensor, got {}", device());
+    Tensor out = empty(shape(), dtype_of<T>());
+    copy_into(out, *this);
+    return std::vector<T>(out.data<T>(), out.data<T>() + out.numel());
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+
+Tensor& Tensor::requires_grad_(bool on) {
+    QK_CHECK(is_leaf(), "requires_grad_: only leaf tensors can be marked; this one was made by {}",
+             "an op (use detach() first)");
+    impl().requires_grad = on;
+    return *this;
+}
+
+void Tensor::set_grad(const Tensor& g) {
+    if (g.defined())
+        QK_CHECK(g.shape() == shape(), "set_grad: gradient shape {} differs from tensor shape {}",
+                 g.shape(), shape());
+    impl().grad = g.impl_ptr();
+}
+
+Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), offset()); }
+
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = base.storage();
+    impl->shape = std::move(shape);
+    impl->strides = std::move(strides);
+    impl->offset = offset;
+    impl->dtype = base.dtype();
+    return Tensor(std::move(impl));
+}
+
+void copy_into(const Tensor& dst, const Tensor& src) {
+    QK_CHECK(dst.shape() == src.shape(), "copy: shapes differ: dst {} and src {}", dst.shape(),
+             src.shape());
+    QK_CHECK(dst.device() == Device::cpu && src.device() == Device::cpu,
+             "copy: cpu only here, got dst on {} and src on {}", dst.device(), src.device());
+    if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+        std::memcpy(dst.raw_data(), src.raw_data(), dst.numel() * dtype_size(dst.dtype()));
+        return;
+    }
+    dispatch_float(dst.dtype(), [&](auto dst_tag) {
+        dispatch_float(src.dtype(), [&](auto src_tag) {
+            using D = decltype(dst_tag);
+            using S = decltype(src_tag);
+            D* d = dst.data<D>();
+            const S* s = src.data<S>();
+            const int64_t ds = dst.dim() ? dst.strides().back() : 1;
+            const int64_t ss = src.dim() ? src.strides().back() : 1;
+            for_each_run<2>(dst.shape(), {&dst.strides(), &src.strides()},
+                            [&](const auto& off, int64_t n) {
+                                D* dp = d + off[0];
+                                const S* sp = s + off[1];
+                                if (ds == 1 && ss == 1)
+                                    for (int64_t i = 0; i < n; ++i) dp[i] = static_cast<D>(sp[i]);
+                                else
+                                    for (int64_t i = 0; i < n; ++i)
+                                        dp[i * ds] = static_cast<D>(sp[i * ss]);
+                            });
+        });
+    });
+}
+
+namespace {
+
+void format_values(std::string& out, const Tensor& t, const std::vector<double>& v, int64_t dim,
+                   int64_t& pos) {
+    if (t.dim() == 0) {
+        out += fmt::format("{:.6g}", v[0]);
+        return;
+    }
+    out += '[';
+    const int64_t n = t.shape()[dim];
+    for (int64_t i = 0; i < n; ++i) {
+        if (i) out += dim + 1 == t.dim() ? ", " : ",\n" + std::string(8 + dim, ' ');
+        const bool elided = n > 8 && i == 3;
+        if (elided) {  // long dims print their first 3 and last 3 entries
+            out += "...";
+            int64_t inner = 1;
+            for (int64_t d = dim + 1; d < t.dim(); ++d) inner *= t.shape()[d];
+            pos += (n - 6) * inner;
+            i = n - 4;
+            continue;
+        }
+        if (dim + 1 == t.dim())
+            out += fmt::format("{:.6g}", v[pos++]);
+        else
+            format_values(out, t, v, dim + 1, pos);
+    }
+    out += ']';
+}
+
+}  // namespace
+
+std::string to_string(const Tensor& t) {
+    if (!t.defined()) return "tensor(undefined)";
+    std::string out = "tensor(";
+    if (t.device() == Device::cpu) {
+        std::vector<double> values = t.to_vector<double>();
+        int64_t pos = 0;
+        format_values(out, t, values, 0, pos);
+    } else {
+        out += "...";
+    }
+    out += fmt::format(", shape={}, dtype={}", t.shape(), t.dtype());
+    if (t.device() != Device::cpu) out += fmt::format(", device={}", t.device());
+    if (t.requires_grad()) out += ", requires_grad";
+    return out + ")";
+}
+
+}  // namespace qk

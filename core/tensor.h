@@ -1,0 +1,119 @@
+// Tensor: a cheap handle to (storage, shape, strides, offset, dtype) plus an autograd slot.
+//
+// Copying a Tensor copies the handle: both copies see the same data and the same .grad.
+// Views (reshape, transpose, narrow, expand, ...) share storage and are differentiable; their
+// definitions live in ops/view.cpp because each one records an autograd node.
+#pragma once
+
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/shape.h"
+#include "core/storage.h"
+
+namespace qk {
+
+namespace autograd {
+struct Node;
+}
+
+struct TensorImpl {
+    std::shared_ptr<Storage> storage;
+    Shape shape;
+    Shape strides;  // in elements; 0 along a broadcast (expanded) dim
+    int64_t offset = 0;
+    DType dtype = DType::f32;
+    bool requires_grad = false;
+    std::shared_ptr<TensorImpl> grad;               // accumulated gradient (leaves)
+    std::shared_ptr<autograd::Node> grad_fn;        // the op that produced this tensor, if recorded
+};
+
+class Tensor {
+public:
+    Tensor() = default;  // an undefined tensor: no storage; used for "no gradient"
+    explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+    // Allocates uninitialised contiguous storage.
+    static Tensor empty(const Shape& shape, DType dtype = kF32, Device device = Device::cpu);
+
+    bool defined() const { return impl_ != nullptr; }
+    const Shape& shape() const { return impl().shape; }
+    const Shape& strides() const { return impl().strides; }
+    int64_t dim() const { return static_cast<int64_t>(impl().shape.size()); }
+    int64_t size(int64_t d) const;  // negative d counts from the end
+    int64_t numel() const { return numel_of(impl().shape); }
+    int64_t offset() const { return impl().offset; }
+    DType dtype() const { return impl().dtype; }
+    Device device() const { return impl().storage->device(); }
+    bool is_contiguous() const;
+    const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+
+    // Typed pointer to the first element (storage + offset); checks that T matches dtype.
+    template <typename T>
+    T* data() const;
+    void* raw_data() const;
+
+    // Element access (cpu), converting to double: t.at({i, j}).
+    double at(std::initializer_list<int64_t> index) const;
+    void set(std::initializer_list<int64_t> index, double value);
+    double item() const;  // the one element of a tensor with numel() == 1
+    template <typename T>
+    std::vector<T> to_vector() const;  // row-major copy of all elements
+
+    // ---- autograd -------------------------------------------------------------------------
+    bool requires_grad() const { return impl().requires_grad; }
+    Tensor& requires_grad_(bool on = true);  // only on leaves
+    bool is_leaf() const { return impl().grad_fn == nullptr; }
+    Tensor grad() const { return Tensor(impl().grad); }
+    void set_grad(const Tensor& g);
+    void zero_grad() { impl().grad.reset(); }
+    const std::shared_ptr<autograd::Node>& grad_fn() const { return impl().grad_fn; }
+    // Reverse-mode pass from this tensor. Without an explicit gradient it must have one element.
+    void backward(bool retain_graph = false) const;
+    void backward(const Tensor& grad_output, bool retain_graph = false) const;
+    Tensor detach() const;  // same data, cut from the graph
+
+    // ---- views (ops/view.cpp): share storage, record autograd nodes ------------------------
+    Tensor view(const Shape& shape) const;     // requires contiguous input; -1 infers a size
+    Tensor reshape(const Shape& shape) const;  // view when possible, else copies
+    Tensor transpose(int64_t dim0, int64_t dim1) const;
+    Tensor permute(const Shape& order) const;
+    Tensor t() const { return transpose(-2, -1); }
+    Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+    Tensor slice(int64_t dim, int64_t start, int64_t end) const { return narrow(dim, start, end - start); }
+    Tensor select(int64_t dim, int64_t index) const;  // narrow + squeeze
+    Tensor expand(const Shape& shape) const;          // broadcast with stride 0
+    Tensor squeeze(int64_t dim) const;
+    Tensor unsqueeze(int64_t dim) const;
+    Tensor flatten() const { return reshape({numel()}); }
+    Tensor contiguous() const;  // this tensor if already contiguous, else a differentiable copy
+    Tensor clone() const;       // always a differentiable copy
+    Tensor to(DType dtype) const;  // differentiable cast
+
+    TensorImpl& impl() const;
+    const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+    bool same(const Tensor& other) const { return impl_ == other.impl_; }
+
+private:
+    std::shared_ptr<TensorImpl> impl_;
+};
+
+// A view of `base`'s storage with the given geometry (no autograd); used by the view ops.
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
+
+// Copies src into dst element by element (shapes equal, any strides, dtypes may differ). No autograd.
+void copy_into(const Tensor& dst, const Tensor& src);
+
+std::string to_string(const Tensor& t);
+
+}  // namespace qk
+
+template <>
+struct fmt::formatter<qk::Tensor> : fmt::formatter<std::string_view> {
+    auto format(const qk::Tensor& t, format_context& ctx) const {
+        return fmt::formatter<std::string_view>::format(qk::to_string(t), ctx);
+    }
+};

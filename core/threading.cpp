@@ -1,0 +1,54 @@
+#include "core/threading.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <xmmintrin.h>
+#include <pmmintrin.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+
+namespace qk {
+
+namespace {
+int current_threads = 1;
+}
+
+void enable_flush_to_zero() {
+    _MM_SET_FLUSH_ZERO_MODE(_MM_FLUSH_ZERO_ON);
+    _MM_SET_DENORMALS_ZERO_MODE(_MM_DENORMALS_ZERO_ON);
+}
+
+void set_num_threads(int n) {
+    QK_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got {}", n);
+    current_threads = n;
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+#pragma omp parallel num_threads(n)
+    enable_flush_to_zero();  // each pool thread sets its own MXCSR
+}
+
+int num_threads() { return current_threads; }
+
+void init_threads() {
+    static bool done = false;
+    if (done) return;
+    done = true;
+    const char* env = std::getenv("QK_NUM_THREADS");
+    int n = env ? std::atoi(env) : 1;
+    set_num_threads(n >= 1 ? n : 1);
+}
+
+namespace {
+// Runs at library load, so that every program gets the policy without asking for it.
+struct ThreadingInit {
+    ThreadingInit() {
+        enable_flush_to_zero();
+        init_threads();
+    }
+} threading_init;
+}  // namespace
+
+}  // namespace qk

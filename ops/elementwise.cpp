@@ -1,0 +1,231 @@
+// Elementwise ops.
+//
+// Forward: out[i] = f(a[i], b[i]) with numpy broadcasting (a and b are read through strides, a
+// broadcast dim has stride 0, so nothing is copied), or y[i] = f(x[i]) for the unary ops.
+//
+// Backward of a binary op: the chain rule per element, then the sum over every dim that was
+// broadcast, because a broadcast input element fed all the outputs along that dim:
+//     add: da = sum_to(dy)           db = sum_to(dy)
+//     sub: da = sum_to(dy)           db = sum_to(-dy)
+//     mul: da = sum_to(dy * b)       db = sum_to(dy * a)          saves a, b
+//     div: da = sum_to(dy / b)       db = sum_to(-dy * y / b)     saves b, y = a / b
+// Backward of a unary op: dx = dy * f'(x), with f' written through whichever of x or y = f(x) is
+// cheaper (tanh: 1 - y², exp: y, log: 1/x); ops/elementwise_math.h holds each f and f'.
+#include "ops/elementwise.h"
+
+#include "autograd/node.h"
+#include "core/strided.h"
+#include "ops/elementwise_math.h"
+#include "ops/reduce.h"
+
+namespace qk {
+
+namespace cpu {
+
+// y: (n), x: (n), both contiguous.   y = f(x, s)
+template <class T, class F>
+void unary_forward(T* y, const T* x, int64_t n, T s, F f) {
+#pragma omp parallel for simd if (n >= (1 << 17))
+    for (int64_t i = 0; i < n; ++i) y[i] = f(x[i], s);
+}
+
+// dx, dy, saved: (n), contiguous.   dx = f(dy, saved, s)
+template <class T, class F>
+void unary_backward(T* dx, const T* dy, const T* saved, int64_t n, T s, F f) {
+#pragma omp parallel for simd if (n >= (1 << 17))
+    for (int64_t i = 0; i < n; ++i) dx[i] = f(dy[i], saved[i], s);
+}
+
+// out: shape, contiguous. a, b: read with the given strides (0 on broadcast dims).
+template <class T, class F>
+void binary_forward(T* out, const T* a, const Shape& a_strides, const T* b, const Shape& b_strides,
+                    const Shape& shape, F f) {
+    const Shape out_strides = contiguous_strides(shape);
+    const int64_t sa = shape.empty() ? 0 : a_strides.back();
+    const int64_t sb = shape.empty() ? 0 : b_strides.back();
+    for_each_run<3>(shape, {&out_strides, &a_strides, &b_strides}, [&](const auto& off, int64_t n) {
+        T* o = out + off[0];
+        const T* pa = a + off[1];
+        const T* pb = b + off[2];
+        // The common stride patterns get their own loops so that they vectorise.
+        if (sa == 1 && sb == 1)
+            for (int64_t i = 0; i < n; ++i) o[i] = f(pa[i], pb[i]);
+        else if (sa == 1 && sb == 0)
+            for (int64_t i = 0; i < n; ++i) o[i] = f(pa[i], pb[0]);
+        else if (sa == 0 && sb == 1)
+            for (int64_t i = 0; i < n; ++i) o[i] = f(pa[0], pb[i]);
+        else
+            for (int64_t i = 0; i < n; ++i) o[i] = f(pa[i * sa], pb[i * sb]);
+    });
+}
+
+}  // namespace cpu
+
+namespace {
+
+// Strides that read `t` as if it had been expanded to `shape` (0 along broadcast dims).
+Shape broadcast_strides(const Tensor& t, const Shape& shape) {
+    Shape strides(shape.size(), 0);
+    const size_t lead = shape.size() - t.shape().size();
+    for (size_t i = 0; i < t.shape().size(); ++i)
+        strides[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+    return strides;
+}
+
+void check_same_kind(const char* op, const Tensor& a, const Tensor& b) {
+    QK_CHECK(a.dtype() == b.dtype(), "{}: dtypes differ: {} {} and {} {}", op, a.dtype(), a.shape(),
+             b.dtype(), b.shape());
+    QK_CHECK(a.device() == b.device(), "{}: devices differ: {} and {}", op, a.device(), b.device());
+}
+
+template <class F>
+Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f) {
+    check_same_kind(op, a, b);
+    Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
+    Tensor out = Tensor::empty(shape, a.dtype(), a.device());
+    switch (a.device()) {
+        case Device::cpu:
+            dispatch_float(a.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cpu::binary_forward(out.data<T>(), a.data<T>(), broadcast_strides(a, shape),
+                                    b.data<T>(), broadcast_strides(b, shape), shape, f);
+            });
+            break;
+        case Device::cuda: QK_CHECK(false, "{}: no CUDA kernel yet", op);
+    }
+    return out;
+}
+
+template <class F>
+Tensor map_unary(const char* op, const Tensor& x_in, double s, F f) {
+    Tensor x = x_in.contiguous();
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+    switch (x.device()) {
+        case Device::cpu:
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cpu::unary_forward(y.data<T>(), x.data<T>(), x.numel(), T(s), f);
+            });
+            break;
+        case Device::cuda: QK_CHECK(false, "{}: no CUDA kernel yet", op);
+    }
+    return y;
+}
+
+// dx = f(dy, saved, s), elementwise; dy and saved have the same shape.
+template <class F>
+Tensor map_backward(const char* op, const Tensor& dy_in, const Tensor& saved, double s, F f) {
+    Tensor dy = dy_in.contiguous();
+    Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    switch (dy.device()) {
+        case Device::cpu:
+            dispatch_float(dy.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cpu::unary_backward(dx.data<T>(), dy.data<T>(), saved.data<T>(), dy.numel(), T(s), f);
+            });
+            break;
+        case Device::cuda: QK_CHECK(false, "{}: no CUDA kernel yet", op);
+    }
+    return dx;
+}
+
+using Grads = std::vector<Tensor>;
+
+// A unary op whose derivative is written through its saved output y (save_output) or input x.
+template <class Forward, class Backward>
+Tensor pointwise(const char* op, const Tensor& x, double s, bool save_output) {
+    Tensor y = map_unary(op, x, s, Forward{});
+    Tensor saved = (save_output ? y : x.contiguous()).detach();
+    return autograd::record(op, y, {x}, [op, saved, s](const Tensor& dy) {
+        return Grads{map_backward(op, dy, saved, s, Backward{})};
+    });
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+    Tensor y = map_binary("add", a, b, math::Add{});
+    return autograd::record("add", y, {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& dy) {
+        return Grads{sum_to(dy, sa), sum_to(dy, sb)};
+    });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+    Tensor y = map_binary("sub", a, b, math::Sub{});
+    return autograd::record("sub", y, {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& dy) {
+        return Grads{sum_to(dy, sa), sum_to(neg(dy), sb)};
+    });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+    Tensor y = map_binary("mul", a, b, math::Mul{});
+    return autograd::record("mul", y, {a, b}, [a = a.detach(), b = b.detach()](const Tensor& dy) {
+        return Grads{sum_to(dy * b, a.shape()), sum_to(dy * a, b.shape())};
+    });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+    Tensor y = map_binary("div", a, b, math::Div{});
+    return autograd::record("div", y, {a, b},
+                            [sa = a.shape(), b = b.detach(), y = y.detach()](const Tensor& dy) {
+                                Tensor da = dy / b;
+                                return Grads{sum_to(da, sa), sum_to(neg(da * y), b.shape())};
+                            });
+}
+
+Tensor add(const Tensor& x, double s) {
+    Tensor y = map_unary("add", x, s, math::AddScalar{});
+    return autograd::record("add_scalar", y, {x}, [](const Tensor& dy) { return Grads{dy}; });
+}
+
+Tensor mul(const Tensor& x, double s) {
+    Tensor y = map_unary("mul", x, s, math::MulScalar{});
+    return autograd::record("mul_scalar", y, {x}, [s](const Tensor& dy) { return Grads{dy * s}; });
+}
+
+Tensor rsub(const Tensor& x, double s) {
+    Tensor y = map_unary("rsub", x, s, math::RSubScalar{});
+    return autograd::record("rsub_scalar", y, {x}, [](const Tensor& dy) { return Grads{neg(dy)}; });
+}
+
+Tensor neg(const Tensor& x) {
+    Tensor y = map_unary("neg", x, 0, math::Neg{});
+    return autograd::record("neg", y, {x}, [](const Tensor& dy) { return Grads{neg(dy)}; });
+}
+
+Tensor rdiv(const Tensor& x, double s) { return pointwise<math::RDivScalar, math::RDivBackward>("rdiv", x, s, false); }
+Tensor pow(const Tensor& x, double p) { return pointwise<math::Pow, math::PowBackward>("pow", x, p, false); }
+Tensor exp(const Tensor& x) { return pointwise<math::Exp, math::DyTimes>("exp", x, 0, true); }
+Tensor log(const Tensor& x) { return pointwise<math::Log, math::DyOver>("log", x, 0, false); }
+Tensor sqrt(const Tensor& x) { return pointwise<math::Sqrt, math::SqrtBackward>("sqrt", x, 0, true); }
+Tensor rsqrt(const Tensor& x) { return pointwise<math::Rsqrt, math::RsqrtBackward>("rsqrt", x, 0, true); }
+Tensor abs(const Tensor& x) { return pointwise<math::Abs, math::AbsBackward>("abs", x, 0, false); }
+Tensor tanh(const Tensor& x) { return pointwise<math::Tanh, math::TanhBackward>("tanh", x, 0, true); }
+Tensor sigmoid(const Tensor& x) { return pointwise<math::Sigmoid, math::SigmoidBackward>("sigmoid", x, 0, true); }
+Tensor relu(const Tensor& x) { return pointwise<math::Relu, math::ReluBackward>("relu", x, 0, true); }
+Tensor gelu(const Tensor& x) { return pointwise<math::Gelu, math::GeluBackward>("gelu", x, 0, false); }
+
+Tensor softcap(const Tensor& x, double c) {
+    QK_CHECK(c > 0, "softcap: cap c must be > 0, got {} (input shape {})", c, x.shape());
+    return pointwise<math::Softcap, math::SoftcapBackward>("softcap", x, c, true);
+}
+
+void add_(Tensor& dst, const Tensor& src) {
+    check_same_kind("add_", dst, src);
+    QK_CHECK(dst.is_contiguous(), "add_: destination must be contiguous, has shape {} strides {}",
+             dst.shape(), dst.strides());
+    QK_CHECK(broadcast_shapes(dst.shape(), src.shape(), "add_") == dst.shape(),
+             "add_: source {} does not broadcast to destination {}", src.shape(), dst.shape());
+    switch (dst.device()) {
+        case Device::cpu:
+            dispatch_float(dst.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cpu::binary_forward(dst.data<T>(), dst.data<T>(), dst.strides(), src.data<T>(),
+                                    broadcast_strides(src, dst.shape()), dst.shape(), math::Add{});
+            });
+            break;
+        case Device::cuda: QK_CHECK(false, "add_: no CUDA kernel yet");
+    }
+}
+
+}  // namespace qk

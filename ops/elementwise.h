@@ -1,0 +1,49 @@
+// Elementwise ops: arithmetic with numpy broadcasting, scalar forms, and the pointwise functions.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace qk {
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+
+Tensor add(const Tensor& x, double s);
+Tensor mul(const Tensor& x, double s);
+Tensor rsub(const Tensor& x, double s);  // s - x
+Tensor rdiv(const Tensor& x, double s);  // s / x
+
+Tensor neg(const Tensor& x);
+Tensor pow(const Tensor& x, double exponent);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x);               // tanh approximation (GPT-2)
+Tensor softcap(const Tensor& x, double c);  // c * tanh(x / c), fused
+
+// In place, not recorded by autograd (gradient accumulation, optimizers): dst += src,
+// src broadcast to dst's shape.
+void add_(Tensor& dst, const Tensor& src);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& x) { return neg(x); }
+inline Tensor operator+(const Tensor& x, double s) { return add(x, s); }
+inline Tensor operator+(double s, const Tensor& x) { return add(x, s); }
+inline Tensor operator-(const Tensor& x, double s) { return add(x, -s); }
+inline Tensor operator-(double s, const Tensor& x) { return rsub(x, s); }
+inline Tensor operator*(const Tensor& x, double s) { return mul(x, s); }
+inline Tensor operator*(double s, const Tensor& x) { return mul(x, s); }
+inline Tensor operator/(const Tensor& x, double s) { return mul(x, 1.0 / s); }
+inline Tensor operator/(double s, const Tensor& x) { return rdiv(x, s); }
+
+}  // namespace qk

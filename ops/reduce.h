@@ -1,0 +1,19 @@
+// Reductions over given dims, with keepdim.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace qk {
+
+using Dims = std::vector<int64_t>;  // negative dims count from the end; {} means all dims
+
+Tensor sum(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
+
+// Sums x down to `shape`, the inverse of broadcasting: dims that broadcasting added or expanded
+// from 1 are summed. The backward of every broadcasting op goes through it.
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+}  // namespace qk

@@ -1,0 +1,54 @@
+// Shared test helpers: building tensors, comparing them, and checking error messages.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+
+#include "qk.h"
+
+namespace qk::test {
+
+// A float64 leaf that requires grad, drawn from a fixed seed.
+inline Tensor leaf(const Shape& shape, uint64_t seed, double scale = 1.0) {
+    Generator gen(seed);
+    Tensor t = normal(shape, 0, scale, kF64, gen);
+    t.requires_grad_();
+    return t;
+}
+
+// max |a - b| over all elements (shapes must match).
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+    REQUIRE(a.shape() == b.shape());
+    auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+    double worst = 0;
+    for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::abs(va[i] - vb[i]));
+    return worst;
+}
+
+// True when f throws qk::Error whose message contains every one of the fragments.
+template <typename F>
+bool throws_with(F&& f, std::initializer_list<std::string> fragments) {
+    try {
+        f();
+    } catch (const qk::Error& e) {
+        std::string what = e.what();
+        for (const auto& frag : fragments)
+            if (what.find(frag) == std::string::npos) {
+                MESSAGE("error message '" << what << "' lacks '" << frag << "'");
+                return false;
+            }
+        return true;
+    }
+    return false;
+}
+
+#define CHECK_GRADCHECK(...)                                   \
+    do {                                                       \
+        auto gc_result_ = ::qk::gradcheck(__VA_ARGS__);        \
+        INFO(gc_result_.report);                               \
+        CHECK(gc_result_.ok);                                  \
+    } while (0)
+
+}  // namespace qk::test

@@ -1,0 +1,98 @@
+// The engine: accumulation, diamonds, no_grad, retain_graph, detach, and its error messages.
+#include "helpers.h"
+
+using namespace qk;
+
+TEST_CASE("a tensor used twice gets both gradient contributions") {
+    Tensor x = from_vector({3}, {1}, kF64).requires_grad_();
+    Tensor y = x * x + x;  // dy/dx = 2x + 1 = 7
+    y.backward();
+    CHECK(x.grad().item() == 7);
+}
+
+TEST_CASE("gradients accumulate across backward calls until zero_grad") {
+    Tensor x = from_vector({2}, {1}, kF64).requires_grad_();
+    (x * 3.0).backward();
+    (x * 3.0).backward();
+    CHECK(x.grad().item() == 6);
+    x.zero_grad();
+    CHECK(!x.grad().defined());
+    (x * 3.0).backward();
+    CHECK(x.grad().item() == 3);
+}
+
+TEST_CASE("diamond graph") {
+    // x -> a = exp(x), b = x^2 -> y = a * b: dy/dx = e^x x^2 + 2 x e^x
+    Tensor x = from_vector({0.7}, {1}, kF64).requires_grad_();
+    Tensor a = exp(x), b = x * x;
+    Tensor y = a * b;
+    y.backward();
+    double v = 0.7;
+    CHECK(x.grad().item() == doctest::Approx(std::exp(v) * v * v + 2 * v * std::exp(v)).epsilon(1e-14));
+}
+
+TEST_CASE("deep chains do not overflow the stack") {
+    Tensor x = from_vector({1}, {1}, kF64).requires_grad_();
+    Tensor y = x;
+    for (int i = 0; i < 20000; ++i) y = y * 1.0;
+    y.backward();
+    CHECK(x.grad().item() == 1);
+}
+
+TEST_CASE("NoGradGuard records nothing") {
+    Tensor x = ones({2}, kF64).requires_grad_();
+    Tensor y;
+    {
+        NoGradGuard guard;
+        y = x * 2.0;
+        CHECK(!autograd::grad_enabled());
+    }
+    CHECK(autograd::grad_enabled());
+    CHECK(!y.requires_grad());
+    CHECK(test::throws_with([&] { sum(y).backward(); }, {"backward", "does not require grad"}));
+}
+
+TEST_CASE("retain_graph allows a second backward; without it the error is clear") {
+    Tensor x = from_vector({2}, {1}, kF64).requires_grad_();
+    Tensor y = exp(x);
+    y.backward(/*retain_graph=*/true);
+    y.backward();
+    CHECK(x.grad().item() == doctest::Approx(2 * std::exp(2.0)));
+    CHECK(test::throws_with([&] { y.backward(); }, {"already freed", "retain_graph"}));
+}
+
+TEST_CASE("detach cuts the graph") {
+    Tensor x = from_vector({2}, {1}, kF64).requires_grad_();
+    Tensor y = x * x.detach();  // gradient only through the first factor: dy/dx = x
+    y.backward();
+    CHECK(x.grad().item() == 2);
+    CHECK(!x.detach().requires_grad());
+}
+
+TEST_CASE("backward needs a scalar or an explicit gradient") {
+    Tensor x = ones({3}, kF64).requires_grad_();
+    Tensor y = x * 2.0;
+    CHECK(test::throws_with([&] { y.backward(); }, {"backward", "[3]"}));
+    y.backward(from_vector({1, 2, 3}, {3}, kF64));
+    CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 4, 6});
+}
+
+TEST_CASE("gradcheck itself catches a wrong backward") {
+    // A deliberately wrong op: forward x^2, backward claims x (missing the factor 2).
+    Tensor x = test::leaf({4}, 3);
+    auto wrong_square = [](const Tensor& t) {
+        Tensor y = t.detach() * t.detach();
+        return autograd::record("wrong_square", y, {t}, [t = t.detach()](const Tensor& dy) {
+            return std::vector<Tensor>{dy * t};
+        });
+    };
+    CHECK(!gradcheck([&] { return wrong_square(x); }, {x}).ok);
+    CHECK(gradcheck([&] { return x * x; }, {x}).ok);
+}
+
+TEST_CASE("a backward returning the wrong shape is reported") {
+    Tensor x = ones({3}, kF64).requires_grad_();
+    Tensor y = autograd::record("bad_op", x.detach() * 1.0, {x},
+                                [](const Tensor&) { return std::vector<Tensor>{ones({2}, kF64)}; });
+    CHECK(test::throws_with([&] { sum(y).backward(); }, {"bad_op", "[2]", "[3]"}));
+}

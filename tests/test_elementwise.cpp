@@ -1,0 +1,105 @@
+// Elementwise ops: forward against std:: math per element, float64 gradchecks (broadcast,
+// non-contiguous), and bad inputs.
+#include <functional>
+
+#include "helpers.h"
+
+using namespace qk;
+using qk::test::leaf;
+
+namespace {
+
+// Checks y = op(x) against ref applied per element (x read through its own strides).
+void check_unary(const std::function<Tensor(const Tensor&)>& op, double (*ref)(double), Tensor x) {
+    Tensor y = op(x);
+    auto xs = x.to_vector<double>(), ys = y.to_vector<double>();
+    REQUIRE(y.shape() == x.shape());
+    for (size_t i = 0; i < xs.size(); ++i) CHECK(ys[i] == doctest::Approx(ref(xs[i])).epsilon(1e-12));
+}
+
+double gelu_ref(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+double sigmoid_ref(double x) { return 1 / (1 + std::exp(-x)); }
+double relu_ref(double x) { return x > 0 ? x : 0; }
+double softcap3_ref(double x) { return 3 * std::tanh(x / 3); }
+double neg_ref(double x) { return -x; }
+double rsqrt_ref(double x) { return 1 / std::sqrt(x); }
+double pow3_ref(double x) { return x * x * x; }
+
+}  // namespace
+
+TEST_CASE("unary forward matches std:: math, on a transposed input") {
+    Tensor x = leaf({5, 7}, 1).detach().t();  // non-contiguous
+    Tensor pos = abs(x) + 0.1;
+    check_unary([](const Tensor& t) { return exp(t); }, std::exp, x);
+    check_unary([](const Tensor& t) { return log(t); }, std::log, pos);
+    check_unary([](const Tensor& t) { return sqrt(t); }, std::sqrt, pos);
+    check_unary([](const Tensor& t) { return rsqrt(t); }, rsqrt_ref, pos);
+    check_unary([](const Tensor& t) { return abs(t); }, std::fabs, x);
+    check_unary([](const Tensor& t) { return tanh(t); }, std::tanh, x);
+    check_unary([](const Tensor& t) { return sigmoid(t); }, sigmoid_ref, x * 20.0);
+    check_unary([](const Tensor& t) { return relu(t); }, relu_ref, x);
+    check_unary([](const Tensor& t) { return gelu(t); }, gelu_ref, x);
+    check_unary([](const Tensor& t) { return softcap(t, 3); }, softcap3_ref, x * 10.0);
+    check_unary([](const Tensor& t) { return -t; }, neg_ref, x);
+    check_unary([](const Tensor& t) { return pow(t, 3); }, pow3_ref, x);
+}
+
+TEST_CASE("binary ops broadcast like numpy") {
+    Tensor a = from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, kF64);
+    Tensor b = from_vector({10, 20, 30}, {3}, kF64);
+    Tensor c = from_vector({100, 200}, {2, 1}, kF64);
+    CHECK((a + b).to_vector<double>() == std::vector<double>{11, 22, 33, 14, 25, 36});
+    CHECK((a - c).to_vector<double>() == std::vector<double>{-99, -98, -97, -196, -195, -194});
+    CHECK((b * c).shape() == Shape{2, 3});
+    CHECK((b * c).to_vector<double>() == std::vector<double>{1000, 2000, 3000, 2000, 4000, 6000});
+    CHECK((a / b).at({1, 2}) == doctest::Approx(0.2));
+    CHECK((2.0 - a).at({0, 1}) == 0);
+    CHECK((6.0 / a).at({1, 2}) == 1);
+    CHECK((a * 0.5).at({1, 1}) == 2.5);
+    CHECK((a + scalar_tensor(1, kF64)).at({0, 0}) == 2);
+}
+
+TEST_CASE("unary gradients match finite differences") {
+    Tensor x = leaf({3, 4}, 2);
+    Tensor pos = leaf({3, 4}, 3);
+    {
+        NoGradGuard g;  // move pos away from 0 for log/sqrt/pow
+        Tensor shifted = abs(pos) + 0.5;
+        copy_into(pos, shifted);
+    }
+    CHECK_GRADCHECK([&] { return exp(x); }, {x});
+    CHECK_GRADCHECK([&] { return log(pos); }, {pos});
+    CHECK_GRADCHECK([&] { return sqrt(pos); }, {pos});
+    CHECK_GRADCHECK([&] { return rsqrt(pos); }, {pos});
+    CHECK_GRADCHECK([&] { return pow(pos, 2.5); }, {pos});
+    CHECK_GRADCHECK([&] { return abs(x); }, {x});
+    CHECK_GRADCHECK([&] { return tanh(x); }, {x});
+    CHECK_GRADCHECK([&] { return sigmoid(x); }, {x});
+    CHECK_GRADCHECK([&] { return relu(x); }, {x});
+    CHECK_GRADCHECK([&] { return gelu(x); }, {x});
+    CHECK_GRADCHECK([&] { return softcap(x * 5.0, 2.0); }, {x});
+    CHECK_GRADCHECK([&] { return -x; }, {x});
+    CHECK_GRADCHECK([&] { return 3.0 / pos + (1.0 - x) * 2.0 - 4.0; }, {x, pos});
+}
+
+TEST_CASE("binary gradients with broadcasting and non-contiguous inputs") {
+    Tensor a = leaf({4, 3}, 4), row = leaf({3}, 5), col = leaf({4, 1}, 6), at = leaf({3, 4}, 7);
+    Tensor den = leaf({3}, 8);
+    {
+        NoGradGuard g;
+        copy_into(den, abs(den) + 0.5);
+    }
+    CHECK_GRADCHECK([&] { return a + row; }, {a, row});
+    CHECK_GRADCHECK([&] { return col - a; }, {col, a});
+    CHECK_GRADCHECK([&] { return a * row * col; }, {a, row, col});
+    CHECK_GRADCHECK([&] { return a / den; }, {a, den});
+    CHECK_GRADCHECK([&] { return at.t() * a + at.t() / den; }, {at, a, den});
+    CHECK_GRADCHECK([&] { return a.narrow(0, 1, 2) * col.narrow(0, 0, 2); }, {a, col});
+}
+
+TEST_CASE("elementwise bad inputs name the op and the shapes") {
+    Tensor a = zeros({2, 3}), b = zeros({4}), d = zeros({2, 3}, kF64);
+    CHECK(test::throws_with([&] { add(a, b); }, {"add", "[2, 3]", "[4]"}));
+    CHECK(test::throws_with([&] { mul(a, d); }, {"mul", "float32", "float64"}));
+    CHECK(test::throws_with([&] { softcap(a, 0); }, {"softcap", "> 0"}));
+}
