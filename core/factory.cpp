@@ -9,7 +9,7 @@ namespace {
 template <typename Fill>
 Tensor make_cpu(const Shape& shape, DType dtype, Fill&& fill) {
     Tensor t = Tensor::empty(shape, dtype);
-    dispatch_float(dtype, [&](auto tag) {
+    dispatch_all(dtype, [&](auto tag) {
         using T = decltype(tag);
         T* p = t.data<T>();
         for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = static_cast<T>(fill(i));
@@ -36,6 +36,13 @@ Tensor from_vector(const std::vector<double>& values, Shape shape, DType dtype) 
     QK_CHECK(numel_of(shape) == static_cast<int64_t>(values.size()),
              "from_vector: {} values do not fill shape {}", values.size(), shape);
     return make_cpu(shape, dtype, [&](int64_t i) { return values[i]; });
+}
+
+Tensor from_ids(const std::vector<int32_t>& ids, Shape shape) {
+    if (shape.empty()) shape = {static_cast<int64_t>(ids.size())};
+    QK_CHECK(numel_of(shape) == static_cast<int64_t>(ids.size()),
+             "from_ids: {} ids do not fill shape {}", ids.size(), shape);
+    return make_cpu(shape, kI32, [&](int64_t i) { return ids[i]; });
 }
 
 Tensor uniform(const Shape& shape, double low, double high, DType dtype, Generator& gen) {

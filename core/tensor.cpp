@@ -43,6 +43,7 @@ T* Tensor::data() const {
 }
 template float* Tensor::data<float>() const;
 template double* Tensor::data<double>() const;
+template int32_t* Tensor::data<int32_t>() const;
 
 void* Tensor::raw_data() const {
     return static_cast<char*>(impl().storage->data()) + impl().offset * dtype_size(dtype());
@@ -68,7 +69,7 @@ int64_t element_offset(const Tensor& t, std::initializer_list<int64_t> index) {
 
 double Tensor::at(std::initializer_list<int64_t> index) const {
     int64_t off = element_offset(*this, index);
-    return dispatch_float(dtype(), [&](auto tag) {
+    return dispatch_all(dtype(), [&](auto tag) {
         using T = decltype(tag);
         return static_cast<double>(data<T>()[off]);
     });
@@ -76,7 +77,7 @@ double Tensor::at(std::initializer_list<int64_t> index) const {
 
 void Tensor::set(std::initializer_list<int64_t> index, double value) {
     int64_t off = element_offset(*this, index);
-    dispatch_float(dtype(), [&](auto tag) {
+    dispatch_all(dtype(), [&](auto tag) {
         using T = decltype(tag);
         data<T>()[off] = static_cast<T>(value);
     });
@@ -97,6 +98,7 @@ std::vector<T> Tensor::to_vector() const {
 }
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
 
 Tensor& Tensor::requires_grad_(bool on) {
     QK_CHECK(is_leaf(), "requires_grad_: only leaf tensors can be marked; this one was made by {}",
@@ -133,8 +135,8 @@ void copy_into(const Tensor& dst, const Tensor& src) {
         std::memcpy(dst.raw_data(), src.raw_data(), dst.numel() * dtype_size(dst.dtype()));
         return;
     }
-    dispatch_float(dst.dtype(), [&](auto dst_tag) {
-        dispatch_float(src.dtype(), [&](auto src_tag) {
+    dispatch_all(dst.dtype(), [&](auto dst_tag) {
+        dispatch_all(src.dtype(), [&](auto src_tag) {
             using D = decltype(dst_tag);
             using S = decltype(src_tag);
             D* d = dst.data<D>();

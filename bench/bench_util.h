@@ -1,0 +1,47 @@
+// A plain benchmark harness: time a function, and the references every figure is quoted against.
+//
+// Figures are ratios against a reference measured in the same run (raw cblas_sgemm GFLOP/s, or
+// a memcpy of the same bytes), because this machine's absolute speed drifts with its neighbours.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/storage.h"
+
+namespace qk::bench {
+
+// Median seconds per call of fn over repeats of at least `min_seconds` in total (after one
+// warm-up call). The median resists the other tenant of the physical core.
+inline double time_median(const std::function<void()>& fn, double min_seconds = 0.3,
+                          int min_repeats = 5) {
+    using clock = std::chrono::steady_clock;
+    fn();
+    std::vector<double> samples;
+    const auto start = clock::now();
+    while (samples.size() < static_cast<size_t>(min_repeats) ||
+           std::chrono::duration<double>(clock::now() - start).count() < min_seconds) {
+        const auto t0 = clock::now();
+        fn();
+        samples.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+        if (samples.size() >= 1000) break;
+    }
+    std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+    return samples[samples.size() / 2];
+}
+
+// GB/s of memcpy moving `bytes` (read + write counted once each: 2 * bytes moved).
+inline double memcpy_gbps(size_t bytes) {
+    Storage src(bytes, Device::cpu), dst(bytes, Device::cpu);
+    std::memset(src.data(), 1, bytes);
+    std::memset(dst.data(), 0, bytes);
+    double s = time_median([&] { std::memcpy(dst.data(), src.data(), bytes); });
+    return 2.0 * bytes / s / 1e9;
+}
+
+}  // namespace qk::bench
