@@ -39,9 +39,21 @@ std::vector<Node*> topological_order(Node* root) {
     return {post_order.rbegin(), post_order.rend()};
 }
 
-void accumulate_into_leaf(TensorImpl& leaf, const Tensor& grad) {
+// True when nothing but `grad` can see its memory: then the leaf may keep it without a copy.
+bool exclusively_owned(const Tensor& grad, DType dtype) {
+    return grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous() &&
+           grad.offset() == 0 && grad.dtype() == dtype &&
+           grad.storage()->nbytes() == static_cast<size_t>(grad.numel()) * dtype_size(dtype);
+}
+
+void accumulate_into_leaf(TensorImpl& leaf, Tensor grad) {
     if (!leaf.grad) {
-        leaf.grad = grad.to(leaf.dtype).contiguous().clone().impl_ptr();  // owns its memory
+        // The first gradient is kept as it is when nothing else can see or change its memory;
+        // otherwise a copy (a cast or contiguous() that copied already made one).
+        Tensor g = grad.to(leaf.dtype).contiguous();
+        const bool copied = !g.same(grad);
+        grad = Tensor();  // drop this handle, so that g may be the only one left
+        leaf.grad = (copied || exclusively_owned(g, leaf.dtype) ? g : g.clone()).impl_ptr();
     } else {
         Tensor existing(leaf.grad);
         add_(existing, grad);
@@ -118,14 +130,14 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
                  dinputs.size(), node->inputs.size());
         for (size_t i = 0; i < dinputs.size(); ++i) {
             const Edge& edge = node->inputs[i];
-            const Tensor& g = dinputs[i];
+            Tensor g = std::move(dinputs[i]);
             if (!g.defined() || (!edge.fn && !edge.leaf)) continue;
             check_gradient(*node, i, g);
             if (edge.fn) {
                 auto [slot, fresh] = grads.try_emplace(edge.fn.get(), g);
                 if (!fresh) slot->second = slot->second + g;
             } else {
-                accumulate_into_leaf(*edge.leaf, g);
+                accumulate_into_leaf(*edge.leaf, std::move(g));
             }
         }
         if (!retain_graph) {

@@ -1,1 +1,92 @@
-// placeholder: being written
+// Dropout, the inverted kind: scaled at training time so that evaluation is the identity.
+//
+// Forward (training, 0 < p < 1): each element is kept with probability 1 - p,
+//     keep[i] ~ Bernoulli(1 - p),   s = 1 / (1 - p),   y[i] = keep[i] ? x[i] * s : 0
+// so E[y[i]] = (1 - p) * x[i] * s = x[i]: the expected activation is unchanged.
+// Saved: keep, one byte per element (a float mask of 0 and s would take four).
+// Backward: with the mask fixed, y is linear in x with slope keep[i] * s:
+//     dx[i] = keep[i] ? dy[i] * s : 0
+// The same kernel (apply_mask) computes both.
+//
+// Edge cases: !training or p == 0 returns x itself (no copy, no node). p == 1 is allowed and
+// drops everything: y = 0 and dx = 0, with s taken as 0 rather than 1 / 0. p outside [0, 1] (or
+// NaN) is an error.
+//
+// Random numbers: element i (row-major, whatever x's strides) is dropped when the i-th 32-bit
+// word drawn from gen is below p * 2^32; words come four per Philox block, so a call advances gen
+// by ceil(numel / 4) blocks. The mask depends only on gen's (seed, counter), not on the thread
+// count or the device: a fresh Generator(seed) redraws the same mask. The draw is serial because
+// the generator is one counter; it costs about as much as the masking pass.
+#include "ops/dropout.h"
+
+#include <cmath>
+#include <vector>
+
+#include "autograd/node.h"
+
+namespace qk {
+
+namespace cpu {
+
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelWork = 1 << 16;
+
+// keep: (n) out, 1 = kept.   keep[i] = (word_i >= threshold), word_i the i-th word from gen.
+inline void draw_keep_mask(uint8_t* keep, int64_t n, uint64_t threshold, Generator& gen) {
+    for (int64_t i = 0; i < n; i += 4) {
+        const auto words = gen.next_block();
+        for (int64_t j = 0; j < 4 && i + j < n; ++j) keep[i + j] = words[j] >= threshold;
+    }
+}
+
+// out, in: (n), contiguous; keep: (n).   out[i] = keep[i] ? in[i] * s : 0
+// Forward: in = x, out = y. Backward: in = dy, out = dx.
+template <class T>
+void apply_mask(T* out, const T* in, const uint8_t* keep, int64_t n, T s) {
+#pragma omp parallel for simd if (n >= kParallelWork)
+    for (int64_t i = 0; i < n; ++i) out[i] = keep[i] ? in[i] * s : T(0);
+}
+
+}  // namespace cpu
+
+namespace {
+
+using Mask = std::vector<uint8_t>;
+
+// out = in with the mask applied (in is made contiguous; row-major order matches the mask's).
+Tensor masked(const Tensor& in_any, const Mask& keep, double s) {
+    Tensor in = in_any.detach().contiguous();
+    Tensor out = Tensor::empty(in.shape(), in.dtype(), in.device());
+    switch (in.device()) {
+        case Device::cpu:
+            dispatch_float(in.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cpu::apply_mask(out.data<T>(), in.data<T>(), keep.data(), in.numel(), T(s));
+            });
+            break;
+        case Device::cuda:
+            QK_CHECK(false, "dropout: no CUDA kernel yet");
+    }
+    return out;
+}
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+    QK_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got {} (input shape {})", p,
+             x.shape());
+    QK_CHECK(is_floating(x.dtype()), "dropout: x must be float32 or float64, got {} of shape {}",
+             x.dtype(), x.shape());
+    if (!training || p == 0) return x;
+    QK_CHECK(x.device() == Device::cpu, "dropout: no CUDA kernel yet (x is on {})", x.device());
+    const double s = p < 1 ? 1 / (1 - p) : 0;
+    const auto threshold = static_cast<uint64_t>(std::llround(std::ldexp(p, 32)));  // p * 2^32
+    Mask keep(x.numel());
+    cpu::draw_keep_mask(keep.data(), x.numel(), threshold, gen);
+    Tensor y = masked(x, keep, s);
+    return autograd::record("dropout", y, {x}, [keep = std::move(keep), s](const Tensor& dy) {
+        return std::vector<Tensor>{masked(dy, keep, s)};
+    });
+}
+
+}  // namespace qk

@@ -1,4 +1,5 @@
 // Normalisations over the last dim (layer_norm, rms_norm) or any dim (lp_normalize).
+// The math, what each op saves and its backward are derived at the top of ops/norm.cpp.
 #pragma once
 
 #include "core/tensor.h"
@@ -6,13 +7,60 @@
 namespace qk {
 
 // y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance).
-// weight: (C); bias: (C) or an undefined Tensor for none.
+// weight: (C), required; bias: (C) or an undefined Tensor for none. eps > 0.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 
-// y = x / sqrt(mean(x²) + eps) * weight over the last dim. weight: (C) or undefined for none.
+// y = x / sqrt(mean(x²) + eps) * weight over the last dim. weight: (C) or undefined for none
+// (the parameter-free QK-RMSNorm variants). eps > 0.
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 
-// y = x / max(‖x‖_p, eps) along `dim`, for any p >= 1 (p = 2 is L2 normalisation).
+// y = x / max(‖x‖_p, eps) along `dim`, for any finite p >= 1 (p = 2 is L2 normalisation).
+// At p = 1 the gradient uses the subgradient sign(x) of |x|, with sign(0) = 0.
+// For dim != -1 the result is a (non-contiguous) view of the same shape as x.
 Tensor lp_normalize(const Tensor& x, double p, int64_t dim = -1, double eps = 1e-12);
+
+// The CPU kernels, declared here for the kernel-ladder tests and the benchmark. Each op has a
+// naive v1 that mirrors the math (plain loops, one thread) and a fast v2 (no suffix) that the
+// public functions call. Raw contiguous pointers, shapes in elements:
+//   x, y, dx, dy: (rows, C);  mean, rstd, norm: (rows);  weight, bias, dweight, dbias: (C).
+// weight/bias (and dweight/dbias) may be nullptr where the op allows "none". Instantiated for
+// float and double.
+namespace cpu {
+template <class T>
+void layer_norm_forward_v1(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
+                           int64_t rows, int64_t C, T eps);
+template <class T>
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
+                        int64_t rows, int64_t C, T eps);
+template <class T>
+void layer_norm_backward_v1(T* dx, T* dweight, T* dbias, const T* dy, const T* x, const T* mean,
+                            const T* rstd, const T* weight, int64_t rows, int64_t C);
+template <class T>
+void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x, const T* mean,
+                         const T* rstd, const T* weight, int64_t rows, int64_t C);
+
+template <class T>
+void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C,
+                         T eps);
+template <class T>
+void rms_norm_forward(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C, T eps);
+template <class T>
+void rms_norm_backward_v1(T* dx, T* dweight, const T* dy, const T* x, const T* rstd,
+                          const T* weight, int64_t rows, int64_t C);
+template <class T>
+void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const T* rstd, const T* weight,
+                       int64_t rows, int64_t C);
+
+template <class T>
+void lp_normalize_forward_v1(T* y, T* norm, const T* x, int64_t rows, int64_t C, T p, T eps);
+template <class T>
+void lp_normalize_forward(T* y, T* norm, const T* x, int64_t rows, int64_t C, T p, T eps);
+template <class T>
+void lp_normalize_backward_v1(T* dx, const T* dy, const T* x, const T* norm, int64_t rows,
+                              int64_t C, T p, T eps);
+template <class T>
+void lp_normalize_backward(T* dx, const T* dy, const T* x, const T* norm, int64_t rows, int64_t C,
+                           T p, T eps);
+}  // namespace cpu
 
 }  // namespace qk

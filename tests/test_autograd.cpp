@@ -96,3 +96,13 @@ TEST_CASE("a backward returning the wrong shape is reported") {
                                 [](const Tensor&) { return std::vector<Tensor>{ones({2}, kF64)}; });
     CHECK(test::throws_with([&] { sum(y).backward(); }, {"bad_op", "[2]", "[3]"}));
 }
+
+TEST_CASE("leaves never share gradient memory, even when one gradient feeds both") {
+    // add's backward hands the same dy to both inputs; each leaf must get its own copy.
+    Tensor x = ones({3}, kF64).requires_grad_(), z = ones({3}, kF64).requires_grad_();
+    sum(x + z).backward();
+    CHECK(x.grad().storage() != z.grad().storage());
+    sum(x * 2.0 + z).backward();  // accumulation into x must not change z's gradient
+    CHECK(x.grad().to_vector<double>() == std::vector<double>{3, 3, 3});
+    CHECK(z.grad().to_vector<double>() == std::vector<double>{2, 2, 2});
+}

@@ -1,1 +1,200 @@
+// matmul: forward against a naive triple loop in double (every layout GEMM is handed: transposed,
+// narrowed, batched, broadcast), float32 against float64, float64 gradchecks, and bad inputs.
 #include "helpers.h"
+
+using namespace qk;
+using qk::test::leaf;
+using qk::test::max_abs_diff;
+
+namespace {
+
+// v1, the reference: y[β, i, j] = Σ_k a[β, i, k] · b[β, k, j] in double, with the batch index β
+// mapped to a's and b's own batch index by the numpy rules (missing or size-1 dims read index 0).
+// Reads the inputs through to_vector (logical order), so it shares no layout logic with matmul.
+Tensor matmul_ref(const Tensor& a, const Tensor& b) {
+    const Shape a_batch(a.shape().begin(), a.shape().end() - 2);
+    const Shape b_batch(b.shape().begin(), b.shape().end() - 2);
+    const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul_ref");
+    const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+    const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+    // The linear index of batch element `index` in an operand with batch shape `own`.
+    auto own_index = [&](const Shape& own, const Shape& index) {
+        int64_t linear = 0;
+        const size_t lead = batch.size() - own.size();
+        for (size_t d = 0; d < own.size(); ++d)
+            linear = linear * own[d] + (own[d] == 1 ? 0 : index[lead + d]);
+        return linear;
+    };
+    std::vector<double> out;
+    Shape index(batch.size(), 0);
+    for (int64_t n = 0; n < numel_of(batch); ++n) {
+        for (int64_t r = n, d = static_cast<int64_t>(batch.size()) - 1; d >= 0; --d) {
+            index[d] = r % batch[d];
+            r /= batch[d];
+        }
+        const double* pa = va.data() + own_index(a_batch, index) * M * K;
+        const double* pb = vb.data() + own_index(b_batch, index) * K * N;
+        for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+                double acc = 0;
+                for (int64_t k = 0; k < K; ++k) acc += pa[i * K + k] * pb[k * N + j];
+                out.push_back(acc);
+            }
+    }
+    Shape out_shape = batch;
+    out_shape.insert(out_shape.end(), {M, N});
+    return from_vector(out, out_shape, kF64);
+}
+
+// matmul(a, b) against the reference, in the inputs' dtype (float32 gets float32's tolerance).
+void check_forward(const Tensor& a, const Tensor& b) {
+    Tensor y = matmul(a, b), ref = matmul_ref(a, b);
+    INFO("a ", a.shape(), " strides ", a.strides(), ", b ", b.shape(), " strides ", b.strides());
+    REQUIRE(y.shape() == ref.shape());
+    CHECK(max_abs_diff(y, ref) <= (a.dtype() == kF64 ? 1e-12 : 1e-5));
+}
+
+Tensor randn_seeded(const Shape& shape, uint64_t seed, DType dtype = kF64) {
+    Generator gen(seed);
+    return randn(shape, dtype, gen);
+}
+
+}  // namespace
+
+TEST_CASE("2-D matmul matches the naive loop, contiguous and transposed views") {
+    for (DType dt : {kF64, kF32}) {
+        Tensor a = randn_seeded({5, 7}, 1, dt), b = randn_seeded({7, 3}, 2, dt);
+        Tensor at = randn_seeded({7, 5}, 3, dt).t(), bt = randn_seeded({3, 7}, 4, dt).t();
+        check_forward(a, b);
+        check_forward(at, b);   // a read with CblasTrans
+        check_forward(a, bt);   // b read with CblasTrans: the Linear x · Wᵀ
+        check_forward(at, bt);  // both
+    }
+}
+
+TEST_CASE("narrowed views are read through their leading dimension") {
+    Tensor wide = randn_seeded({6, 10}, 5), tall = randn_seeded({12, 4}, 6);
+    check_forward(wide.narrow(1, 2, 7), randn_seeded({7, 4}, 7));  // a: strides (10, 1)
+    check_forward(randn_seeded({3, 8}, 8), tall.narrow(0, 3, 8));  // b: offset rows
+    check_forward(randn_seeded({2, 6}, 9), wide.narrow(1, 1, 8).t().narrow(0, 0, 6));  // T, ld 10
+    check_forward(wide.narrow(0, 1, 4).t(), randn_seeded({4, 5}, 10));  // (10, 4) transposed
+}
+
+TEST_CASE("batched matmul, with broadcast and missing batch dims") {
+    check_forward(randn_seeded({3, 4, 5}, 11), randn_seeded({3, 5, 2}, 12));
+    check_forward(randn_seeded({2, 3, 4, 5}, 13), randn_seeded({2, 3, 5, 6}, 14));
+    check_forward(randn_seeded({1, 4, 5}, 15), randn_seeded({3, 5, 6}, 16));  // size-1 batch
+    check_forward(randn_seeded({2, 1, 4, 5}, 17),
+                  randn_seeded({1, 3, 5, 6}, 18));                            // both broadcast
+    check_forward(randn_seeded({4, 5}, 19), randn_seeded({2, 3, 5, 6}, 20));  // a 2-D
+    check_forward(randn_seeded({2, 3, 4, 5}, 21), randn_seeded({5, 6}, 22));  // b 2-D: one GEMM
+    check_forward(randn_seeded({2, 3, 4, 5}, 23),
+                  randn_seeded({1, 1, 5, 6}, 24));  // b's batch all 1
+    check_forward(randn_seeded({2, 5, 4}, 25).transpose(1, 2),
+                  randn_seeded({5, 6}, 26));  // a T, b 2-D
+    check_forward(randn_seeded({4, 3, 5}, 27).transpose(0, 1),
+                  randn_seeded({5, 6}, 28));  // rows split
+    check_forward(randn_seeded({2, 4, 9}, 29).narrow(2, 1, 5),
+                  randn_seeded({5, 6}, 30));                                   // ld 9, merges
+    check_forward(randn_seeded({3, 4, 5}, 31), randn_seeded({6, 5}, 32).t());  // x · Wᵀ batched
+    check_forward(randn_seeded({1, 4, 5}, 33).expand({3, 4, 5}), randn_seeded({3, 5, 2}, 34));
+    check_forward(randn_seeded({3, 4, 5}, 35), randn_seeded({2, 1, 5, 2}, 36).expand({2, 3, 5, 2}));
+}
+
+TEST_CASE("degenerate sizes: vectors as matrices, empty inner and outer dims") {
+    check_forward(randn_seeded({1, 5}, 37), randn_seeded({5, 1}, 38));  // dot product
+    check_forward(randn_seeded({4, 1}, 39), randn_seeded({1, 3}, 40));  // outer product
+    check_forward(randn_seeded({6, 1}, 41).t(), randn_seeded({6, 3}, 42));
+    Tensor y = matmul(zeros({2, 3, 0}), zeros({0, 4}));  // K = 0: a sum of nothing
+    CHECK(y.shape() == Shape{2, 3, 4});
+    CHECK(y.to_vector<float>() == std::vector<float>(24, 0.0f));
+    CHECK(matmul(zeros({0, 3, 2}), zeros({2, 4})).shape() == Shape{0, 3, 4});
+    CHECK(matmul(zeros({3, 2}), zeros({2, 0})).shape() == Shape{3, 0});
+}
+
+TEST_CASE("transposed and broadcast operands are read in place, not copied") {
+    const int64_t before = detail::matmul_operand_copies();
+    Tensor x = leaf({2, 3, 4}, 43), w = leaf({5, 4}, 44);
+    Tensor y = matmul(x, w.t());              // the Linear layer: sgemm(N, T) on x's (6, 4) rows
+    y.backward(randn_seeded({2, 3, 5}, 45));  // dX = dY · W (N, N), dWᵀ = x_rowsᵀ · dY (T, N)
+    check_forward(x.detach(), w.detach().t());
+    matmul(x.transpose(1, 2), randn_seeded({2, 3, 6}, 46));
+    CHECK(detail::matmul_operand_copies() == before);
+    // Expanded rows (stride 0) are the layout GEMM cannot read: that one copy is counted.
+    check_forward(randn_seeded({1, 4}, 47).expand({3, 4}), randn_seeded({4, 2}, 48));
+    CHECK(detail::matmul_operand_copies() == before + 1);
+}
+
+TEST_CASE("float32 agrees with float64") {
+    Tensor a = randn_seeded({48, 96}, 49), b = randn_seeded({80, 96}, 50).t();
+    Tensor y64 = matmul(a, b), y32 = matmul(a.to(kF32), b.to(kF32));
+    // Inputs rounded to float32 (rel 6e-8) and float accumulation over K = 96 terms of size ~1:
+    // errors of a few 1e-6 around |y| ~ 10.
+    CHECK(max_abs_diff(y32, y64) < 1e-4);
+    CHECK(y32.dtype() == kF32);
+}
+
+TEST_CASE("matmul gradients match finite differences") {
+    Tensor a = leaf({3, 4}, 51), b = leaf({4, 5}, 52), at = leaf({4, 3}, 53), bt = leaf({5, 4}, 54);
+    CHECK_GRADCHECK([&] { return matmul(a, b); }, {a, b});
+    CHECK_GRADCHECK([&] { return matmul(at.t(), bt.t()); }, {at, bt});
+    CHECK_GRADCHECK([&] { return matmul(a, bt.t()); }, {a, bt});
+    Tensor wide = leaf({3, 7}, 55);
+    CHECK_GRADCHECK([&] { return matmul(wide.narrow(1, 2, 4), b); }, {wide, b});
+}
+
+TEST_CASE("batched gradients sum over the broadcast batch dims") {
+    Tensor a3 = leaf({2, 3, 4}, 56), b3 = leaf({2, 4, 5}, 57), b2 = leaf({4, 5}, 58);
+    Tensor a1 = leaf({1, 3, 4}, 59), b4 = leaf({3, 1, 4, 5}, 60), a2 = leaf({3, 4}, 61);
+    Tensor w = leaf({5, 4}, 62), xt = leaf({2, 4, 3}, 63);
+    CHECK_GRADCHECK([&] { return matmul(a3, b3); }, {a3, b3});
+    CHECK_GRADCHECK([&] { return matmul(a3, b2); }, {a3, b2});    // dB folds the batch into K
+    CHECK_GRADCHECK([&] { return matmul(a3, w.t()); }, {a3, w});  // the Linear layer
+    CHECK_GRADCHECK([&] { return matmul(xt.transpose(1, 2), b2); }, {xt, b2});
+    CHECK_GRADCHECK([&] { return matmul(a1, b3); }, {a1, b3});  // size-1 batch dim
+    CHECK_GRADCHECK([&] { return matmul(a3, b4); }, {a3, b4});  // both broadcast
+    CHECK_GRADCHECK([&] { return matmul(a2, b4); }, {a2, b4});  // a missing batch dims
+    CHECK_GRADCHECK([&] { return matmul(b3.transpose(1, 2), a3.transpose(1, 2)); }, {a3, b3});
+}
+
+TEST_CASE("only inputs that require grad get a gradient") {
+    Tensor x = leaf({2, 3, 4}, 64), w = randn_seeded({5, 4}, 65);  // w: a constant
+    matmul(x, w.t()).backward(ones({2, 3, 5}, kF64));
+    CHECK(x.grad().defined());
+    CHECK(max_abs_diff(x.grad(), matmul(ones({2, 3, 5}, kF64), w)) < 1e-12);
+    Tensor c = randn_seeded({3, 4}, 66), v = leaf({4, 2}, 67);
+    matmul(c, v).backward(ones({3, 2}, kF64));
+    CHECK(v.grad().defined());
+    CHECK(max_abs_diff(v.grad(), matmul(c.t(), ones({3, 2}, kF64))) < 1e-12);
+}
+
+TEST_CASE("matmul bad inputs name the op and both shapes") {
+    Tensor a = zeros({4, 3}), b = zeros({5, 2});
+    CHECK(test::throws_with([&] { matmul(a, b); }, {"matmul", "inner", "[4, 3]", "[5, 2]"}));
+    CHECK(test::throws_with(
+        [&] {
+            matmul(zeros({3}), zeros({3, 2}));
+        },
+        {"matmul", "rank", "[3]", "[3, 2]"}));
+    CHECK(test::throws_with(
+        [&] {
+            matmul(zeros({2, 3}), zeros({3}));
+        },
+        {"matmul", "rank", "[2, 3]", "[3]"}));
+    CHECK(test::throws_with(
+        [&] {
+            matmul(zeros({2, 4, 3}), zeros({3, 3, 2}));
+        },
+        {"matmul", "batch", "[2, 4, 3]", "[3, 3, 2]"}));
+    CHECK(test::throws_with(
+        [&] {
+            matmul(zeros({2, 3}), zeros({3, 2}, kF64));
+        },
+        {"matmul", "float32", "float64", "[2, 3]", "[3, 2]"}));
+    CHECK(test::throws_with(
+        [&] {
+            matmul(from_ids({1, 2, 3, 4}, {2, 2}), from_ids({1, 2, 3, 4}, {2, 2}));
+        },
+        {"matmul", "int32", "[2, 2]"}));
+    CHECK(test::throws_with([&] { matmul(Tensor(), b); }, {"matmul", "undefined"}));
+}

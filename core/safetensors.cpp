@@ -1,0 +1,201 @@
+#include "core/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace qk {
+
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+const char* dtype_code(DType d) { return d == kF32 ? "F32" : d == kF64 ? "F64" : "I32"; }
+
+DType parse_dtype(const std::string& code, const std::string& name, const std::string& origin) {
+    if (code == "F32") return kF32;
+    if (code == "F64") return kF64;
+    if (code == "I32") return kI32;
+    throw Error(fmt::format("safetensors {}: tensor '{}' has dtype '{}'; supported: F32, F64, I32",
+                            origin, name, code));
+}
+
+void put_u64_le(std::string& out, uint64_t v) {
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t get_u64_le(const std::string& bytes) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(bytes[i]);
+    return v;
+}
+
+// Product of the shape times the element size, or throws if it overflows or a size is negative.
+uint64_t checked_nbytes(const nlohmann::json& shape, DType dtype, const std::string& name,
+                        const std::string& origin, Shape& out_shape) {
+    QK_CHECK(shape.is_array(), "safetensors {}: tensor '{}': shape must be an array", origin, name);
+    uint64_t n = dtype_size(dtype);
+    for (const auto& s : shape) {
+        QK_CHECK(s.is_number_unsigned(), "safetensors {}: tensor '{}': shape entries must be "
+                 "non-negative integers, got {}", origin, name, s.dump());
+        uint64_t size = s.get<uint64_t>();
+        QK_CHECK(size <= (uint64_t{1} << 62) && (size == 0 || n <= UINT64_MAX / size),
+                 "safetensors {}: tensor '{}': shape {} overflows", origin, name, shape.dump());
+        n *= size;
+        out_shape.push_back(static_cast<int64_t>(size));
+    }
+    return n;
+}
+
+}  // namespace
+
+const Tensor& SafetensorsFile::get(const std::string& name) const {
+    for (const auto& [n, t] : tensors)
+        if (n == name) return t;
+    throw Error(fmt::format("safetensors: tensor '{}' is missing from the file", name));
+}
+
+bool SafetensorsFile::contains(const std::string& name) const {
+    return std::any_of(tensors.begin(), tensors.end(), [&](const auto& p) { return p.first == name; });
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    QK_CHECK(fd >= 0, "write {}: cannot create {}: {}", path, tmp, std::strerror(errno));
+    size_t written = 0;
+    while (written < bytes.size()) {
+        ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+        if (n < 0) {
+            const std::string err = std::strerror(errno);
+            ::close(fd);
+            ::unlink(tmp.c_str());
+            throw Error(fmt::format("write {}: {} after {} of {} bytes", path, err, written, bytes.size()));
+        }
+        written += static_cast<size_t>(n);
+    }
+    const bool synced = ::fsync(fd) == 0;
+    ::close(fd);
+    if (!synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        const std::string err = std::strerror(errno);
+        ::unlink(tmp.c_str());
+        throw Error(fmt::format("write {}: could not flush and rename the temporary file: {}", path, err));
+    }
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+    nlohmann::json header = nlohmann::json::object();
+    if (!metadata.empty()) header["__metadata__"] = metadata;
+    std::string data;
+    for (const auto& [name, t] : tensors) {
+        QK_CHECK(name != "__metadata__" && !header.contains(name),
+                 "save_safetensors {}: tensor name '{}' is reserved or repeated", path, name);
+        QK_CHECK(t.device() == Device::cpu, "save_safetensors {}: tensor '{}' is on {}; copy it to "
+                 "the cpu first", path, name, t.device());
+        Tensor c = t.detach().contiguous();
+        const size_t begin = data.size();
+        data.append(static_cast<const char*>(c.raw_data()), c.numel() * dtype_size(c.dtype()));
+        header[name] = {{"dtype", dtype_code(c.dtype())}, {"shape", c.shape()},
+                        {"data_offsets", {begin, data.size()}}};
+    }
+    std::string json = header.dump();
+    json.append((8 - json.size() % 8) % 8, ' ');  // pad so the data buffer starts 8-aligned
+    std::string bytes;
+    bytes.reserve(8 + json.size() + data.size());
+    put_u64_le(bytes, json.size());
+    bytes += json;
+    bytes += data;
+    write_file_atomic(path, bytes);
+}
+
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& origin) {
+    QK_CHECK(bytes.size() >= 8, "safetensors {}: file is {} bytes, too short for the 8-byte header "
+             "length", origin, bytes.size());
+    const uint64_t header_len = get_u64_le(bytes);
+    QK_CHECK(header_len <= kMaxHeaderBytes, "safetensors {}: header length {} exceeds the {} byte cap",
+             origin, header_len, kMaxHeaderBytes);
+    QK_CHECK(header_len <= bytes.size() - 8, "safetensors {}: header length {} runs past the end of "
+             "the {} byte file (truncated?)", origin, header_len, bytes.size());
+    nlohmann::json header;
+    std::set<std::string> names;
+    bool duplicate = false;
+    std::string duplicate_name;
+    // JSON objects keep the last of repeated keys; safetensors forbids them, so watch the parse.
+    auto watch_keys = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        if (event == nlohmann::json::parse_event_t::key && depth == 1 &&
+            !names.insert(parsed.get<std::string>()).second) {
+            duplicate = true;
+            duplicate_name = parsed.get<std::string>();
+        }
+        return true;
+    };
+    try {
+        header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(header_len),
+                                       watch_keys);
+    } catch (const nlohmann::json::exception& e) {
+        throw Error(fmt::format("safetensors {}: header is not valid JSON: {}", origin, e.what()));
+    }
+    QK_CHECK(header.is_object(), "safetensors {}: header must be a JSON object", origin);
+    QK_CHECK(!duplicate, "safetensors {}: tensor name '{}' appears twice", origin, duplicate_name);
+    const uint64_t data_begin = 8 + header_len, data_size = bytes.size() - data_begin;
+
+    SafetensorsFile file;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (const auto& [name, entry] : header.items()) {
+        if (name == "__metadata__") {
+            QK_CHECK(entry.is_object(), "safetensors {}: __metadata__ must be an object", origin);
+            for (const auto& [k, v] : entry.items()) {
+                QK_CHECK(v.is_string(), "safetensors {}: __metadata__ value of '{}' must be a string", origin, k);
+                file.metadata[k] = v.get<std::string>();
+            }
+            continue;
+        }
+        QK_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
+                     entry.contains("data_offsets") && entry["dtype"].is_string(),
+                 "safetensors {}: tensor '{}' needs dtype, shape and data_offsets", origin, name);
+        const DType dtype = parse_dtype(entry["dtype"].get<std::string>(), name, origin);
+        Shape shape;
+        const uint64_t nbytes = checked_nbytes(entry["shape"], dtype, name, origin, shape);
+        const auto& offsets = entry["data_offsets"];
+        QK_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                     offsets[1].is_number_unsigned(),
+                 "safetensors {}: tensor '{}': data_offsets must be two non-negative integers", origin, name);
+        const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+        QK_CHECK(begin <= end && end <= data_size, "safetensors {}: tensor '{}': range [{}, {}) is outside "
+                 "the {} byte data buffer", origin, name, begin, end, data_size);
+        QK_CHECK(end - begin == nbytes, "safetensors {}: tensor '{}': range holds {} bytes, but {} {} "
+                 "needs {}", origin, name, end - begin, dtype_name(dtype), shape, nbytes);
+        Tensor t = Tensor::empty(shape, dtype);
+        if (nbytes) std::memcpy(t.raw_data(), bytes.data() + data_begin + begin, nbytes);
+        file.tensors.emplace_back(name, t);
+        ranges.emplace_back(begin, end);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    uint64_t covered = 0;
+    for (const auto& [begin, end] : ranges) {
+        QK_CHECK(begin == covered, "safetensors {}: data ranges overlap or leave a gap at byte {}",
+                 origin, std::min(begin, covered));
+        covered = end;
+    }
+    QK_CHECK(covered == data_size, "safetensors {}: tensors cover {} of the {} data bytes", origin,
+             covered, data_size);
+    return file;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    QK_CHECK(in, "safetensors: cannot open '{}'", path);
+    std::ostringstream buffer;
+    buffer << in.rdbuf();
+    return parse_safetensors(buffer.str(), path);
+}
+
+}  // namespace qk

@@ -1,0 +1,41 @@
+// safetensors I/O: the format of Hugging Face's safetensors, read and written by hand.
+//
+// File layout: 8-byte little-endian header length N; N bytes of JSON, an object mapping each
+// tensor name to {"dtype": "F32"|"F64"|"I32", "shape": [...], "data_offsets": [begin, end]}
+// (offsets relative to the data buffer), plus an optional "__metadata__" object of strings;
+// then the data buffer, raw little-endian values, row-major.
+//
+// Reading treats the file as hostile input and makes the reference implementation's checks:
+// the header length against the file size and a 100 MB cap, a JSON object, names unique, each
+// range inside the buffer with length = dtype size × product of the shape (overflow-checked),
+// ranges disjoint and together covering the buffer exactly.
+// Writing is atomic: a temporary file in the same directory, flushed, then renamed over the
+// target, so a crash never leaves a half-written checkpoint under the real name.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace qk {
+
+struct SafetensorsFile {
+    std::vector<std::pair<std::string, Tensor>> tensors;  // in file order
+    std::map<std::string, std::string> metadata;
+
+    const Tensor& get(const std::string& name) const;  // throws naming the missing tensor
+    bool contains(const std::string& name) const;
+};
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+SafetensorsFile load_safetensors(const std::string& path);
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& origin);  // for tests
+
+// Writes `bytes` to path atomically (temporary file + fsync + rename).
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+}  // namespace qk

@@ -1,0 +1,137 @@
+// Causal self-attention with the QK-norm family.
+//
+// Per head, on q, k, v of shape (B, H, T, D), D = C / H:
+//   none:              s = q·k / sqrt(D)
+//   layernorm/rmsnorm: s = N(q)·N(k) / sqrt(D); scope head: N over D with a gain of size D shared
+//                      by the heads; scope full: N over the C outputs before the head split
+//   l2 / lp:           s = g · (q/‖q‖_p)·(k/‖k‖_p), g learnable, no 1/sqrt(D)
+//   soft-cap:          s <- c·tanh(s/c) after the scaling, before the mask (fused in softmax)
+//   qkv_norm:          v is normalised like q and k (and the block drops ln_1)
+// then A = softmax(mask(s)), y = A v, heads merged, y = c_proj(y).
+//
+// The scale is applied to q (B·H·T·D values) rather than to s (B·H·T·T values): same result,
+// fewer multiplies once T > D.
+#include "nn/attention.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "core/factory.h"
+#include "ops/dropout.h"
+#include "ops/elementwise.h"
+#include "ops/join.h"
+#include "ops/matmul.h"
+#include "ops/norm.h"
+#include "ops/reduce.h"
+#include "ops/softmax.h"
+
+namespace qk::nn {
+
+namespace {
+
+bool is_lp_family(QKNorm v) { return v == QKNorm::l2 || v == QKNorm::lp; }
+
+// (B, T, C) -> (B, H, T, D), a view when possible.
+Tensor split_heads(const Tensor& t, int64_t n_head) {
+    const int64_t B = t.size(0), T = t.size(1), C = t.size(2);
+    return t.reshape({B, T, n_head, C / n_head}).transpose(1, 2);
+}
+
+// Mean Euclidean norm of the D-vectors of t: (B, H, T, D).
+double mean_vector_norm(const Tensor& t) { return mean(sqrt(sum(t * t, {-1}))).item(); }
+
+void measure_scores(const Tensor& s, const Tensor& attn, AttentionStats& stats) {
+    // s, attn: (B, H, T, T). Masked entries of s are ignored: only j <= i counts.
+    const int64_t T = s.size(-1);
+    Tensor s_c = s.contiguous().to(kF64), a_c = attn.contiguous().to(kF64);
+    const double* sp = s_c.data<double>();
+    const double* ap = a_c.data<double>();
+    const int64_t rows = s_c.numel() / T;
+    double max_abs = 0, entropy = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = r % T;
+        for (int64_t j = 0; j <= i; ++j) {
+            max_abs = std::max(max_abs, std::abs(sp[r * T + j]));
+            const double a = ap[r * T + j];
+            if (a > 0) entropy -= a * std::log(a);
+        }
+    }
+    stats.max_logit = max_abs;
+    stats.entropy = entropy / static_cast<double>(rows);
+}
+
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen, DType dtype)
+    : config_(config) {
+    config.validate();
+    const int64_t C = config.n_embd, D = config.head_dim();
+    const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+    c_attn = register_module("c_attn", std::make_shared<Linear>(C, 3 * C, config.bias, 0.02, gen, dtype));
+    if (config.qk_norm == QKNorm::layernorm || config.qk_norm == QKNorm::rmsnorm) {
+        const NormKind kind = config.qk_norm == QKNorm::layernorm ? NormKind::layernorm : NormKind::rmsnorm;
+        const int64_t width = config.qk_norm_scope == NormScope::head ? D : C;
+        q_norm = register_module("q_norm", std::make_shared<Norm>(kind, width, config.bias, dtype));
+        k_norm = register_module("k_norm", std::make_shared<Norm>(kind, width, config.bias, dtype));
+        if (config.qkv_norm)
+            v_norm = register_module("v_norm", std::make_shared<Norm>(kind, width, config.bias, dtype));
+    }
+    if (is_lp_family(config.qk_norm)) {
+        const int64_t n = config.qk_scale_per_head ? config.n_head : 1;
+        qk_scale = register_parameter("qk_scale", full({n}, config.initial_qk_scale(), dtype));
+    }
+    c_proj = register_module("c_proj", std::make_shared<Linear>(C, C, config.bias, proj_std, gen, dtype));
+}
+
+// Applies this layer's q/k/v normalisation to t: (B, H, T, D) for scope head, (B, T, C) for full.
+Tensor CausalSelfAttention::normalize(const Tensor& t, const std::shared_ptr<Norm>& norm) const {
+    if (is_lp_family(config_.qk_norm))
+        return lp_normalize(t, config_.qk_norm == QKNorm::l2 ? 2.0 : config_.lp_p, -1);
+    return norm ? norm->forward(t) : t;
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats, Generator* dropout_gen) {
+    QK_CHECK(x.dim() == 3 && x.size(2) == config_.n_embd,
+             "attention: input must be (B, T, {}), got {}", config_.n_embd, x.shape());
+    const int64_t H = config_.n_head, D = config_.head_dim();
+    const bool full_scope = config_.qk_norm_scope == NormScope::full && !is_lp_family(config_.qk_norm);
+    std::vector<Tensor> qkv = split(c_attn->forward(x), config_.n_embd, -1);  // 3 x (B, T, C)
+    Tensor q = qkv[0], k = qkv[1], v = qkv[2];
+    if (stats) {
+        NoGradGuard no_grad;
+        stats->q_norm = mean_vector_norm(split_heads(q, H));
+        stats->k_norm = mean_vector_norm(split_heads(k, H));
+    }
+    if (full_scope) {
+        q = normalize(q, q_norm);
+        k = normalize(k, k_norm);
+        if (config_.qkv_norm) v = normalize(v, v_norm);
+    }
+    q = split_heads(q, H);
+    k = split_heads(k, H);
+    v = split_heads(v, H);
+    if (!full_scope) {
+        q = normalize(q, q_norm);
+        k = normalize(k, k_norm);
+        if (config_.qkv_norm) v = normalize(v, v_norm);
+    }
+    if (is_lp_family(config_.qk_norm))
+        q = q * (config_.qk_scale_per_head ? qk_scale.view({H, 1, 1}) : qk_scale);
+    else
+        q = q * (1.0 / std::sqrt(static_cast<double>(D)));
+
+    Tensor s = matmul(q, k.transpose(-2, -1));  // (B, H, T, T)
+    Tensor attn = softmax(s, {.causal = true, .softcap = config_.attn_softcap});
+    if (stats) {
+        NoGradGuard no_grad;
+        measure_scores(s, attn, *stats);
+        stats->qk_scale = qk_scale.defined() ? mean(qk_scale).item() : 0.0;
+    }
+    if (config_.dropout > 0 && training())
+        attn = dropout(attn, config_.dropout, true, dropout_gen ? *dropout_gen : default_generator());
+    Tensor y = matmul(attn, v);  // (B, H, T, D)
+    y = y.transpose(1, 2).reshape({x.size(0), x.size(1), config_.n_embd});
+    return c_proj->forward(y);
+}
+
+}  // namespace qk::nn

@@ -1,0 +1,106 @@
+#include "nn/checkpoint.h"
+
+#include "core/safetensors.h"
+
+namespace qk::nn {
+
+namespace {
+
+uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+    auto it = m.find(key);
+    QK_CHECK(it != m.end(), "checkpoint {}: metadata '{}' is missing", path, key);
+    try {
+        return std::stoull(it->second);
+    } catch (const std::exception&) {
+        throw Error(fmt::format("checkpoint {}: metadata '{}' = '{}' is not an integer", path, key, it->second));
+    }
+}
+
+void check_matches(const std::string& path, const std::string& name, const Tensor& stored, const Tensor& expected) {
+    QK_CHECK(stored.shape() == expected.shape() && stored.dtype() == expected.dtype(),
+             "checkpoint {}: tensor '{}' is {} {}, the model expects {} {}", path, name, stored.dtype(),
+             stored.shape(), expected.dtype(), expected.shape());
+}
+
+}  // namespace
+
+void save_model(const std::string& path, const GPT& model, const Tokenizer& tokenizer,
+                const std::map<std::string, std::string>& extra_metadata) {
+    auto metadata = model.config().to_strings();
+    metadata["tokenizer"] = tokenizer.serialize();
+    metadata["format"] = "qknorm-gpt";
+    for (const auto& [k, v] : extra_metadata) metadata[k] = v;
+    save_safetensors(path, model.named_parameters(), metadata);
+}
+
+void load_weights_into(GPT& model, const std::string& path) {
+    SafetensorsFile file = load_safetensors(path);
+    auto params = model.named_parameters();
+    QK_CHECK(file.tensors.size() == params.size(),
+             "checkpoint {}: holds {} tensors, the model has {} parameters", path, file.tensors.size(),
+             params.size());
+    for (auto& [name, param] : params) {
+        QK_CHECK(file.contains(name), "checkpoint {}: tensor '{}' is missing", path, name);
+        const Tensor& stored = file.get(name);
+        check_matches(path, name, stored, param);
+        copy_into(param, stored);
+    }
+}
+
+LoadedModel load_model(const std::string& path) {
+    SafetensorsFile file = load_safetensors(path);
+    QK_CHECK(file.metadata.count("tokenizer"), "checkpoint {}: no tokenizer in __metadata__ (not a "
+             "qknorm model checkpoint?)", path);
+    LoadedModel out;
+    GPTConfig config = GPTConfig::from_strings(file.metadata);
+    out.model = std::make_unique<GPT>(config, 0);
+    out.tokenizer = Tokenizer::deserialize(file.metadata.at("tokenizer"));
+    QK_CHECK(out.tokenizer.vocab_size() == config.vocab_size, "checkpoint {}: tokenizer has {} symbols, "
+             "config vocab_size is {}", path, out.tokenizer.vocab_size(), config.vocab_size);
+    out.metadata = file.metadata;
+    load_weights_into(*out.model, path);
+    return out;
+}
+
+void save_training_state(const std::string& path, const GPT& model, const AdamW& optimizer,
+                         const TrainingState& state) {
+    auto params = model.named_parameters();
+    auto moments = optimizer.state();
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (size_t i = 0; i < params.size(); ++i) {
+        tensors.emplace_back("exp_avg." + params[i].first, moments[2 * i]);
+        tensors.emplace_back("exp_avg_sq." + params[i].first, moments[2 * i + 1]);
+    }
+    std::map<std::string, std::string> metadata = state.extra;
+    metadata["step"] = std::to_string(state.step);
+    metadata["optimizer_steps"] = std::to_string(optimizer.steps());
+    metadata["data_seed"] = std::to_string(state.data_seed);
+    metadata["data_counter"] = std::to_string(state.data_counter);
+    metadata["dropout_seed"] = std::to_string(state.dropout_seed);
+    metadata["dropout_counter"] = std::to_string(state.dropout_counter);
+    save_safetensors(path, tensors, metadata);
+}
+
+TrainingState load_training_state(const std::string& path, GPT& model, AdamW& optimizer) {
+    SafetensorsFile file = load_safetensors(path);
+    auto params = model.named_parameters();
+    std::vector<Tensor> moments;
+    for (auto& [name, param] : params)
+        for (const char* kind : {"exp_avg.", "exp_avg_sq."}) {
+            const std::string key = kind + name;
+            QK_CHECK(file.contains(key), "checkpoint {}: optimizer tensor '{}' is missing", path, key);
+            check_matches(path, key, file.get(key), param);
+            moments.push_back(file.get(key));
+        }
+    TrainingState state;
+    state.step = static_cast<int64_t>(parse_u64(file.metadata, "step", path));
+    state.data_seed = parse_u64(file.metadata, "data_seed", path);
+    state.data_counter = parse_u64(file.metadata, "data_counter", path);
+    state.dropout_seed = parse_u64(file.metadata, "dropout_seed", path);
+    state.dropout_counter = parse_u64(file.metadata, "dropout_counter", path);
+    optimizer.load_state(moments, static_cast<int64_t>(parse_u64(file.metadata, "optimizer_steps", path)));
+    state.extra = file.metadata;
+    return state;
+}
+
+}  // namespace qk::nn

@@ -1,0 +1,146 @@
+#include "nn/config.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace qk::nn {
+
+namespace {
+
+template <typename Enum, size_t N>
+Enum parse_enum(const std::string& s, const std::array<std::pair<const char*, Enum>, N>& names,
+                const char* what) {
+    std::string valid;
+    for (const auto& [name, value] : names) {
+        if (s == name) return value;
+        valid += (valid.empty() ? "" : ", ") + std::string(name);
+    }
+    throw Error(fmt::format("config: unknown {} '{}' (expected one of: {})", what, s, valid));
+}
+
+constexpr std::array<std::pair<const char*, QKNorm>, 5> kQKNorms{{{"none", QKNorm::none},
+                                                                  {"layernorm", QKNorm::layernorm},
+                                                                  {"rmsnorm", QKNorm::rmsnorm},
+                                                                  {"l2", QKNorm::l2},
+                                                                  {"lp", QKNorm::lp}}};
+constexpr std::array<std::pair<const char*, NormScope>, 2> kScopes{{{"head", NormScope::head},
+                                                                    {"full", NormScope::full}}};
+constexpr std::array<std::pair<const char*, NormKind>, 2> kNormKinds{
+    {{"layernorm", NormKind::layernorm}, {"rmsnorm", NormKind::rmsnorm}}};
+
+template <typename Enum, size_t N>
+std::string enum_name(Enum v, const std::array<std::pair<const char*, Enum>, N>& names) {
+    for (const auto& [name, value] : names)
+        if (value == v) return name;
+    return "?";
+}
+
+double parse_number(const std::string& s, const char* field) {
+    try {
+        size_t used = 0;
+        double v = std::stod(s, &used);
+        if (used == s.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw Error(fmt::format("config: {} must be a number, got '{}'", field, s));
+}
+
+}  // namespace
+
+std::string to_string(QKNorm v) { return enum_name(v, kQKNorms); }
+std::string to_string(NormScope v) { return enum_name(v, kScopes); }
+std::string to_string(NormKind v) { return enum_name(v, kNormKinds); }
+QKNorm parse_qk_norm(const std::string& s) { return parse_enum(s, kQKNorms, "qk_norm"); }
+NormScope parse_norm_scope(const std::string& s) { return parse_enum(s, kScopes, "qk_norm_scope"); }
+NormKind parse_norm_kind(const std::string& s) { return parse_enum(s, kNormKinds, "norm"); }
+
+double GPTConfig::initial_qk_scale() const {
+    if (qk_scale_init == "henry") {
+        const double t = static_cast<double>(block_size);
+        return std::log2(t * t - t);
+    }
+    if (qk_scale_init == "sqrt_d") return std::sqrt(static_cast<double>(head_dim()));
+    return parse_number(qk_scale_init, "qk_scale_init (henry, sqrt_d or a number)");
+}
+
+void GPTConfig::validate() const {
+    auto positive = [](int64_t v, const char* name) {
+        QK_CHECK(v > 0, "config: {} must be > 0, got {}", name, v);
+    };
+    positive(vocab_size, "vocab_size");
+    positive(block_size, "block_size");
+    positive(n_layer, "n_layer");
+    positive(n_head, "n_head");
+    positive(n_embd, "n_embd");
+    QK_CHECK(n_embd % n_head == 0, "config: n_embd {} must be divisible by n_head {}", n_embd, n_head);
+    QK_CHECK(dropout >= 0 && dropout < 1, "config: dropout must be in [0, 1), got {}", dropout);
+    QK_CHECK(lp_p >= 1, "config: lp_p must be >= 1, got {}", lp_p);
+    QK_CHECK(attn_softcap >= 0 && logit_softcap >= 0 && z_loss >= 0,
+             "config: attn_softcap {}, logit_softcap {} and z_loss {} must be >= 0", attn_softcap,
+             logit_softcap, z_loss);
+    QK_CHECK(!qkv_norm || qk_norm != QKNorm::none,
+             "config: qkv_norm needs a qk_norm to apply to v (got qk_norm=none)");
+    QK_CHECK(block_size >= 2 || (qk_norm != QKNorm::l2 && qk_norm != QKNorm::lp) ||
+                 qk_scale_init != "henry",
+             "config: the henry scale log2(T²−T) needs block_size >= 2, got {}", block_size);
+    if (qk_norm == QKNorm::l2 || qk_norm == QKNorm::lp) (void)initial_qk_scale();
+}
+
+std::map<std::string, std::string> GPTConfig::to_strings() const {
+    return {{"vocab_size", std::to_string(vocab_size)},
+            {"block_size", std::to_string(block_size)},
+            {"n_layer", std::to_string(n_layer)},
+            {"n_head", std::to_string(n_head)},
+            {"n_embd", std::to_string(n_embd)},
+            {"bias", bias ? "true" : "false"},
+            {"tie_embeddings", tie_embeddings ? "true" : "false"},
+            {"norm", to_string(norm)},
+            {"dropout", fmt::format("{}", dropout)},
+            {"qk_norm", to_string(qk_norm)},
+            {"qk_norm_scope", to_string(qk_norm_scope)},
+            {"lp_p", fmt::format("{}", lp_p)},
+            {"qk_scale_init", qk_scale_init},
+            {"qk_scale_per_head", qk_scale_per_head ? "true" : "false"},
+            {"attn_softcap", fmt::format("{}", attn_softcap)},
+            {"qkv_norm", qkv_norm ? "true" : "false"},
+            {"logit_softcap", fmt::format("{}", logit_softcap)},
+            {"z_loss", fmt::format("{}", z_loss)}};
+}
+
+GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fields) {
+    GPTConfig c;
+    auto get = [&](const char* key) -> const std::string& {
+        auto it = fields.find(key);
+        QK_CHECK(it != fields.end(), "config: field '{}' is missing", key);
+        return it->second;
+    };
+    auto integer = [&](const char* key) { return static_cast<int64_t>(parse_number(get(key), key)); };
+    auto boolean = [&](const char* key) {
+        const std::string& v = get(key);
+        QK_CHECK(v == "true" || v == "false", "config: {} must be true or false, got '{}'", key, v);
+        return v == "true";
+    };
+    c.vocab_size = integer("vocab_size");
+    c.block_size = integer("block_size");
+    c.n_layer = integer("n_layer");
+    c.n_head = integer("n_head");
+    c.n_embd = integer("n_embd");
+    c.bias = boolean("bias");
+    c.tie_embeddings = boolean("tie_embeddings");
+    c.norm = parse_norm_kind(get("norm"));
+    c.dropout = parse_number(get("dropout"), "dropout");
+    c.qk_norm = parse_qk_norm(get("qk_norm"));
+    c.qk_norm_scope = parse_norm_scope(get("qk_norm_scope"));
+    c.lp_p = parse_number(get("lp_p"), "lp_p");
+    c.qk_scale_init = get("qk_scale_init");
+    c.qk_scale_per_head = boolean("qk_scale_per_head");
+    c.attn_softcap = parse_number(get("attn_softcap"), "attn_softcap");
+    c.qkv_norm = boolean("qkv_norm");
+    c.logit_softcap = parse_number(get("logit_softcap"), "logit_softcap");
+    c.z_loss = parse_number(get("z_loss"), "z_loss");
+    c.validate();
+    return c;
+}
+
+}  // namespace qk::nn

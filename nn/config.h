@@ -1,0 +1,58 @@
+// GPTConfig: every switch of the model (DESIGN §7), with checks and a string form for checkpoints.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "core/dtype.h"
+#include "nn/layers.h"
+
+namespace qk::nn {
+
+// How q and k are normalised before their dot product.
+enum class QKNorm {
+    none,       // s = q·k / sqrt(D)
+    layernorm,  // s = LN(q)·LN(k) / sqrt(D)      (ViT-22B, OLMo 2)
+    rmsnorm,    // s = RMS(q)·RMS(k) / sqrt(D)    (Qwen3, Gemma 3)
+    l2,         // s = g · q̂·k̂,  q̂ = q/‖q‖₂       (Henry et al. 2020)
+    lp,         // s = g · q̂·k̂,  q̂ = q/‖q‖_p      (Lopez-Rubio et al.)
+};
+enum class NormScope { head, full };  // statistics over D per head, or over all C channels
+
+struct GPTConfig {
+    int64_t vocab_size = 65;
+    int64_t block_size = 256;  // T_max
+    int64_t n_layer = 4;
+    int64_t n_head = 4;
+    int64_t n_embd = 128;
+    bool bias = true;
+    bool tie_embeddings = true;
+    NormKind norm = NormKind::layernorm;  // the block norms ln_1, ln_2, ln_f
+    double dropout = 0.0;
+
+    QKNorm qk_norm = QKNorm::none;
+    NormScope qk_norm_scope = NormScope::head;
+    double lp_p = 2.0;                     // p of the lp variant
+    std::string qk_scale_init = "henry";   // l2/lp: "henry" (log2(T²−T)), "sqrt_d", or a number
+    bool qk_scale_per_head = false;        // g of shape (H) instead of (1)
+    double attn_softcap = 0.0;             // c in s <- c·tanh(s/c); 0 = off (Gemma 2: 50)
+    bool qkv_norm = false;                 // normalise v too, and drop ln_1 (Rybakov et al.)
+    double logit_softcap = 0.0;            // cap on the output logits; 0 = off (Gemma 2: 30)
+    double z_loss = 0.0;                   // weight of mean(logsumexp(logits)²); PaLM: 1e-4
+
+    int64_t head_dim() const { return n_embd / n_head; }
+    double initial_qk_scale() const;  // g₀ for l2/lp, from qk_scale_init
+    void validate() const;            // throws qk::Error naming the offending field
+
+    std::map<std::string, std::string> to_strings() const;  // for checkpoint __metadata__
+    static GPTConfig from_strings(const std::map<std::string, std::string>& fields);
+};
+
+std::string to_string(QKNorm v);
+std::string to_string(NormScope v);
+std::string to_string(NormKind v);
+QKNorm parse_qk_norm(const std::string& s);
+NormScope parse_norm_scope(const std::string& s);
+NormKind parse_norm_kind(const std::string& s);
+
+}  // namespace qk::nn

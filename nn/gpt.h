@@ -1,0 +1,58 @@
+// The GPT: embeddings, L blocks, final norm, LM head (DESIGN §7; nanoGPT names and layouts).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nn/attention.h"
+
+namespace qk::nn {
+
+class MLP : public Module {
+public:
+    MLP(const GPTConfig& config, Generator& gen, DType dtype = kF32);
+    Tensor forward(const Tensor& x) const;  // c_proj(gelu_tanh(c_fc(x)))
+
+    std::shared_ptr<Linear> c_fc, c_proj;
+};
+
+class Block : public Module {
+public:
+    Block(const GPTConfig& config, Generator& gen, DType dtype = kF32);
+    // x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). With qkv_norm, ln_1 is dropped.
+    Tensor forward(const Tensor& x, AttentionStats* stats, Generator* dropout_gen);
+
+    std::shared_ptr<Norm> ln_1, ln_2;  // ln_1 null with qkv_norm
+    std::shared_ptr<CausalSelfAttention> attn;
+    std::shared_ptr<MLP> mlp;
+    double dropout;
+};
+
+struct GPTOutput {
+    Tensor logits;  // (B, T, V)
+    Tensor loss;    // scalar: cross-entropy (+ z-loss), when targets were given
+    Tensor cross_entropy;  // the cross-entropy alone (what "loss" means in reports)
+    std::vector<AttentionStats> stats;  // per layer, when asked for
+};
+
+class GPT : public Module {
+public:
+    GPT(const GPTConfig& config, uint64_t seed, DType dtype = kF32);
+
+    // ids, targets: (B, T) int32 with T <= block_size; targets may be undefined.
+    GPTOutput forward(const Tensor& ids, const Tensor& targets = {}, bool with_stats = false);
+
+    const GPTConfig& config() const { return config_; }
+    Generator& dropout_generator() { return dropout_gen_; }
+
+    std::shared_ptr<Embedding> wte, wpe;
+    std::vector<std::shared_ptr<Block>> h;
+    std::shared_ptr<Norm> ln_f;
+    std::shared_ptr<Linear> lm_head;  // null when tie_embeddings
+
+private:
+    GPTConfig config_;
+    Generator dropout_gen_;
+};
+
+}  // namespace qk::nn

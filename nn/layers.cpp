@@ -1,0 +1,39 @@
+#include "nn/layers.h"
+
+#include "core/factory.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/matmul.h"
+#include "ops/norm.h"
+
+namespace qk::nn {
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, double init_std,
+               Generator& gen, DType dtype) {
+    weight = register_parameter("weight", normal({out_features, in_features}, 0, init_std, dtype, gen));
+    if (with_bias) bias = register_parameter("bias", zeros({out_features}, dtype));
+}
+
+Tensor Linear::forward(const Tensor& x) const {
+    Tensor y = matmul(x, weight.t());  // the transpose is a GEMM flag, not a copy
+    return bias.defined() ? y + bias : y;
+}
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator& gen, DType dtype) {
+    weight = register_parameter("weight", normal({num_embeddings, dim}, 0, init_std, dtype, gen));
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
+
+Norm::Norm(NormKind kind_in, int64_t dim, bool with_bias, DType dtype, double eps_in)
+    : kind(kind_in), eps(eps_in) {
+    weight = register_parameter("weight", ones({dim}, dtype));
+    if (with_bias && kind == NormKind::layernorm)
+        bias = register_parameter("bias", zeros({dim}, dtype));
+}
+
+Tensor Norm::forward(const Tensor& x) const {
+    return kind == NormKind::layernorm ? layer_norm(x, weight, bias, eps) : rms_norm(x, weight, eps);
+}
+
+}  // namespace qk::nn

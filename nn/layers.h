@@ -1,0 +1,42 @@
+// The basic layers: Linear, Embedding, LayerNorm, RMSNorm. Shapes and initialisation follow
+// nanoGPT so that checkpoints interoperate (Linear.weight is (out_features, in_features)).
+#pragma once
+
+#include "core/rng.h"
+#include "nn/module.h"
+
+namespace qk::nn {
+
+class Linear : public Module {
+public:
+    // weight ~ N(0, init_std), bias = 0.
+    Linear(int64_t in_features, int64_t out_features, bool bias, double init_std, Generator& gen,
+           DType dtype = kF32);
+    Tensor forward(const Tensor& x) const;  // x: (..., in) -> (..., out) = x Wᵀ + b
+
+    Tensor weight, bias;  // bias undefined when built without
+};
+
+class Embedding : public Module {
+public:
+    Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator& gen, DType dtype = kF32);
+    Tensor forward(const Tensor& ids) const;  // ids: int32 (...) -> (..., dim)
+
+    Tensor weight;
+};
+
+// Normalisation over the last dim of size `dim`: LayerNorm (weight and optional bias) or RMSNorm
+// (weight only). One class, because every place that takes a norm lets the config choose.
+enum class NormKind { layernorm, rmsnorm };
+
+class Norm : public Module {
+public:
+    Norm(NormKind kind, int64_t dim, bool bias, DType dtype = kF32, double eps = 1e-5);
+    Tensor forward(const Tensor& x) const;
+
+    NormKind kind;
+    double eps;
+    Tensor weight, bias;
+};
+
+}  // namespace qk::nn

@@ -1,0 +1,46 @@
+// Module: a tree of named parameters and sub-modules, like torch.nn.Module.
+//
+// Names are dotted paths built from the registration names, e.g.
+// "transformer.h.0.attn.c_attn.weight", so checkpoints match nanoGPT's state_dict keys.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace qk::nn {
+
+class Module {
+public:
+    virtual ~Module() = default;
+
+    // Every parameter below this module, depth first in registration order, with its dotted name.
+    std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+    std::vector<Tensor> parameters() const;
+    int64_t parameter_count() const;
+    void zero_grad();
+
+    void train(bool on = true);  // recursive; dropout and friends read training()
+    void eval() { train(false); }
+    bool training() const { return training_; }
+
+protected:
+    Tensor register_parameter(std::string name, Tensor value);  // marks it requires_grad
+    template <class M>
+    std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
+        children_.emplace_back(std::move(name), module);
+        return module;
+    }
+
+private:
+    void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
+
+    std::vector<std::pair<std::string, Tensor>> params_;
+    std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+    bool training_ = true;
+};
+
+}  // namespace qk::nn

@@ -1,0 +1,62 @@
+// Optimisers, the learning-rate schedule and gradient clipping.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace qk::nn {
+
+struct AdamWOptions {
+    double lr = 1e-3;
+    double beta1 = 0.9, beta2 = 0.95;
+    double eps = 1e-8;
+    double weight_decay = 0.1;
+    // Decoupled (AdamW, Loshchilov & Hutter): p -= lr * wd * p.
+    // Independent (Wortsman et al. 2023): p -= (lr / lr_max) * wd * p, so the decay per step does
+    // not scale with the peak learning rate; lr_max is the schedule's peak.
+    bool independent_weight_decay = false;
+    double lr_max = 1e-3;
+};
+
+// AdamW. Weight decay applies to parameters of rank >= 2 only (matrices and embeddings, not
+// biases, norm gains or qk scales), as in nanoGPT.
+class AdamW {
+public:
+    AdamW(std::vector<Tensor> params, AdamWOptions options);
+    void step(double lr);  // one update with this step's learning rate; skips params without grad
+    void zero_grad();
+
+    int64_t steps() const { return step_; }
+    // The moments, for checkpoints: m then v per parameter, in parameter order.
+    std::vector<Tensor> state() const;
+    void load_state(const std::vector<Tensor>& state, int64_t steps);
+
+private:
+    std::vector<Tensor> params_, m_, v_;
+    AdamWOptions options_;
+    int64_t step_ = 0;
+};
+
+// SGD with momentum: v = μ v + g; p -= lr (g + μ v) if nesterov else lr v.
+class SGD {
+public:
+    SGD(std::vector<Tensor> params, double momentum = 0.9, double weight_decay = 0.0);
+    void step(double lr);
+    void zero_grad();
+
+private:
+    std::vector<Tensor> params_, velocity_;
+    double momentum_, weight_decay_;
+};
+
+// Linear warmup from 0 to lr_max over warmup steps, then cosine decay to lr_min at total steps.
+double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, double lr_min);
+
+// Scales all gradients so that their global L2 norm is at most max_norm (if max_norm > 0).
+// Returns the norm before clipping. A NaN or Inf norm throws, unless throw_on_nonfinite is false:
+// then it is returned and nothing is scaled (the trainer reports the divergence itself).
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, bool throw_on_nonfinite = true);
+
+}  // namespace qk::nn

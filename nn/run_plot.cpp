@@ -1,0 +1,57 @@
+// The plot of a run: losses, learning rate and gradient norm, and the stability signals per layer
+// (max attention logit, attention entropy, mean ‖q‖ and ‖k‖), read back from metrics.jsonl.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "nn/plot.h"
+
+namespace qk::nn {
+
+void write_run_plot(const std::string& run_dir) {
+    using nlohmann::json;
+    std::ifstream in(run_dir + "/metrics.jsonl");
+    plot::Series train{"train", {}, {}}, val{"val", {}, {}}, grad{"grad norm", {}, {}};
+    std::vector<plot::Series> max_logit, entropy, q_norm, k_norm;
+    std::string line;
+    while (std::getline(in, line)) {
+        json j = json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.contains("loss") || !j["loss"].is_number()) continue;
+        const double step = j["step"].get<double>();
+        train.x.push_back(step);
+        train.y.push_back(j["loss"].get<double>());
+        if (j.contains("val_loss")) {
+            val.x.push_back(step);
+            val.y.push_back(j["val_loss"].get<double>());
+        }
+        if (j.contains("grad_norm")) {
+            grad.x.push_back(step);
+            grad.y.push_back(j["grad_norm"].get<double>());
+        }
+        if (!j.contains("layers")) continue;
+        const auto& layers = j["layers"];
+        for (size_t i = 0; i < layers.size(); ++i) {
+            for (auto* group : {&max_logit, &entropy, &q_norm, &k_norm})
+                if (group->size() <= i) group->push_back({fmt::format("layer {}", i), {}, {}});
+            auto add = [&](std::vector<plot::Series>& g, const char* key) {
+                g[i].x.push_back(step);
+                g[i].y.push_back(layers[i][key].get<double>());
+            };
+            add(max_logit, "max_logit");
+            add(entropy, "entropy");
+            add(q_norm, "q_norm");
+            add(k_norm, "k_norm");
+        }
+    }
+    std::vector<plot::Panel> panels{
+        {"Loss (nats/token)", "step", "cross-entropy", false, false, {train, val}},
+        {"Gradient norm (before clipping)", "step", "‖g‖", false, true, {grad}},
+        {"Max |attention logit|", "step", "max |s|", false, true, max_logit},
+        {"Attention entropy", "step", "mean −Σ A log A", false, false, entropy},
+        {"Mean ‖q‖ before normalisation", "step", "‖q‖", false, false, q_norm},
+        {"Mean ‖k‖ before normalisation", "step", "‖k‖", false, false, k_norm},
+    };
+    write_file_atomic(run_dir + "/plot.svg", plot::render_svg(panels, 2));
+}
+
+}  // namespace qk::nn
