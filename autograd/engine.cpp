@@ -60,6 +60,16 @@ void accumulate_into_leaf(TensorImpl& leaf, Tensor grad) {
     }
 }
 
+// Adds g into a node's pending output gradient. In place when nothing but the engine holds the
+// pending tensor (the usual case: a fresh backward result), which saves allocating, and touching
+// for the first time, one more full-size tensor per junction (every residual connection is one).
+void accumulate_pending(Tensor& pending, const Tensor& g) {
+    if (exclusively_owned(pending, pending.dtype()) && g.dtype() == pending.dtype())
+        add_(pending, g);
+    else
+        pending = pending + g;
+}
+
 void check_gradient(const Node& node, size_t i, const Tensor& grad) {
     const Edge& edge = node.inputs[i];
     QK_CHECK(grad.shape() == edge.shape,
@@ -122,9 +132,13 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
                  "backward: the graph through '{}' was already freed by an earlier backward(); "
                  "call backward(/*retain_graph=*/true) the first time to go through it twice",
                  node->name());
-        Tensor dy = std::move(found->second);
-        grads.erase(found);  // frees this gradient as soon as it is consumed
-        std::vector<Tensor> dinputs = node->backward(dy);
+        std::vector<Tensor> dinputs;
+        {
+            Tensor dy = std::move(found->second);
+            grads.erase(found);  // frees this gradient as soon as it is consumed
+            dinputs = node->backward(dy);
+        }  // dy dropped here, so that an input gradient that is a view of it (a transpose's, a
+           // reshape's) holds its memory alone and can be accumulated into or kept without a copy
         QK_CHECK(dinputs.size() == node->inputs.size(),
                  "backward of {}: returned {} gradients for {} inputs", node->name(),
                  dinputs.size(), node->inputs.size());
@@ -134,8 +148,8 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
             if (!g.defined() || (!edge.fn && !edge.leaf)) continue;
             check_gradient(*node, i, g);
             if (edge.fn) {
-                auto [slot, fresh] = grads.try_emplace(edge.fn.get(), g);
-                if (!fresh) slot->second = slot->second + g;
+                auto [slot, fresh] = grads.try_emplace(edge.fn.get(), std::move(g));
+                if (!fresh) accumulate_pending(slot->second, g);
             } else {
                 accumulate_into_leaf(*edge.leaf, std::move(g));
             }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 namespace qk {
 
@@ -38,20 +39,25 @@ uint64_t get_u64_le(const std::string& bytes) {
 }
 
 // Product of the shape times the element size, or throws if it overflows or a size is negative.
+// The product of the non-zero sizes must fit in int64 too: an empty tensor of shape
+// (0, 2^62, 2^62) has no bytes, but its row-major strides would overflow.
 uint64_t checked_nbytes(const nlohmann::json& shape, DType dtype, const std::string& name,
                         const std::string& origin, Shape& out_shape) {
     QK_CHECK(shape.is_array(), "safetensors {}: tensor '{}': shape must be an array", origin, name);
-    uint64_t n = dtype_size(dtype);
+    constexpr uint64_t kMax = static_cast<uint64_t>(INT64_MAX);
+    uint64_t extent = dtype_size(dtype);
+    bool empty = false;
     for (const auto& s : shape) {
         QK_CHECK(s.is_number_unsigned(), "safetensors {}: tensor '{}': shape entries must be "
                  "non-negative integers, got {}", origin, name, s.dump());
-        uint64_t size = s.get<uint64_t>();
-        QK_CHECK(size <= (uint64_t{1} << 62) && (size == 0 || n <= UINT64_MAX / size),
-                 "safetensors {}: tensor '{}': shape {} overflows", origin, name, shape.dump());
-        n *= size;
+        const uint64_t size = s.get<uint64_t>();
+        QK_CHECK(size == 0 || extent <= kMax / size, "safetensors {}: tensor '{}': shape {} overflows",
+                 origin, name, shape.dump());
+        extent *= std::max<uint64_t>(size, 1);
+        empty = empty || size == 0;
         out_shape.push_back(static_cast<int64_t>(size));
     }
-    return n;
+    return empty ? 0 : extent;
 }
 
 }  // namespace
@@ -148,7 +154,9 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
     const uint64_t data_begin = 8 + header_len, data_size = bytes.size() - data_begin;
 
     SafetensorsFile file;
-    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    // (begin, end, index into file.tensors): the JSON object iterates its keys sorted by name,
+    // so the tensors are put back in the order of their data, the order they were written in.
+    std::vector<std::tuple<uint64_t, uint64_t, size_t>> ranges;
     for (const auto& [name, entry] : header.items()) {
         if (name == "__metadata__") {
             QK_CHECK(entry.is_object(), "safetensors {}: __metadata__ must be an object", origin);
@@ -175,18 +183,21 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
                  "needs {}", origin, name, end - begin, dtype_name(dtype), shape, nbytes);
         Tensor t = Tensor::empty(shape, dtype);
         if (nbytes) std::memcpy(t.raw_data(), bytes.data() + data_begin + begin, nbytes);
+        ranges.emplace_back(begin, end, file.tensors.size());
         file.tensors.emplace_back(name, t);
-        ranges.emplace_back(begin, end);
     }
     std::sort(ranges.begin(), ranges.end());
     uint64_t covered = 0;
-    for (const auto& [begin, end] : ranges) {
+    std::vector<std::pair<std::string, Tensor>> in_order;
+    for (const auto& [begin, end, index] : ranges) {
         QK_CHECK(begin == covered, "safetensors {}: data ranges overlap or leave a gap at byte {}",
                  origin, std::min(begin, covered));
         covered = end;
+        in_order.push_back(std::move(file.tensors[index]));
     }
     QK_CHECK(covered == data_size, "safetensors {}: tensors cover {} of the {} data bytes", origin,
              covered, data_size);
+    file.tensors = std::move(in_order);
     return file;
 }
 

@@ -1,5 +1,6 @@
 #include "core/storage.h"
 
+#include <atomic>
 #include <cstdlib>
 
 namespace qk {
@@ -15,6 +16,16 @@ void* cpu_allocate(std::size_t nbytes) {
 }
 void cpu_release(void* ptr, std::size_t) { std::free(ptr); }
 
+// Relaxed atomics: the counts only need to be exact, not ordered against other memory.
+std::atomic<std::size_t> live_bytes{0}, peak_bytes{0};
+
+void count_allocation(std::size_t nbytes) {
+    const std::size_t now = live_bytes.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+    std::size_t peak = peak_bytes.load(std::memory_order_relaxed);
+    while (now > peak && !peak_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+}
+
 }  // namespace
 
 const Allocator& cuda_allocator();  // defined by the CUDA backend, or by its stub
@@ -24,10 +35,18 @@ const Allocator& allocator_for(Device device) {
     return device == Device::cpu ? cpu : cuda_allocator();
 }
 
+std::size_t live_storage_bytes() { return live_bytes.load(std::memory_order_relaxed); }
+std::size_t peak_storage_bytes() { return peak_bytes.load(std::memory_order_relaxed); }
+void reset_peak_storage_bytes() { peak_bytes.store(live_bytes.load(std::memory_order_relaxed)); }
+
 Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
     data_ = allocator_for(device).allocate(nbytes);
+    if (device == Device::cpu) count_allocation(nbytes);
 }
 
-Storage::~Storage() { allocator_for(device_).release(data_, nbytes_); }
+Storage::~Storage() {
+    allocator_for(device_).release(data_, nbytes_);
+    if (device_ == Device::cpu) live_bytes.fetch_sub(nbytes_, std::memory_order_relaxed);
+}
 
 }  // namespace qk

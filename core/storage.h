@@ -17,6 +17,13 @@ struct Allocator {
 // Returns the allocator for a device; throws "built without CUDA support" for cuda in a CPU build.
 const Allocator& allocator_for(Device device);
 
+// Bytes held by live cpu Storages (what tensors asked for, before the allocator rounds up), and
+// the most held at once since the last reset_peak_storage_bytes(). Benchmarks read these to
+// report a training step's peak memory as parameters + optimiser state + activations.
+std::size_t live_storage_bytes();
+std::size_t peak_storage_bytes();
+void reset_peak_storage_bytes();  // peak := live
+
 class Storage {
 public:
     Storage(std::size_t nbytes, Device device);

@@ -1,5 +1,7 @@
 #include "nn/checkpoint.h"
 
+#include <algorithm>
+
 #include "core/safetensors.h"
 
 namespace qk::nn {
@@ -36,15 +38,19 @@ void save_model(const std::string& path, const GPT& model, const Tokenizer& toke
 void load_weights_into(GPT& model, const std::string& path) {
     SafetensorsFile file = load_safetensors(path);
     auto params = model.named_parameters();
-    QK_CHECK(file.tensors.size() == params.size(),
-             "checkpoint {}: holds {} tensors, the model has {} parameters", path, file.tensors.size(),
-             params.size());
-    for (auto& [name, param] : params) {
+    // Every check before the first copy, so that a bad file leaves the model untouched; each
+    // error names the tensor (a bare count mismatch would not say which one).
+    for (const auto& [name, param] : params) {
         QK_CHECK(file.contains(name), "checkpoint {}: tensor '{}' is missing", path, name);
-        const Tensor& stored = file.get(name);
-        check_matches(path, name, stored, param);
-        copy_into(param, stored);
+        check_matches(path, name, file.get(name), param);
     }
+    for (const auto& [name, stored] : file.tensors) {
+        const bool known =
+            std::any_of(params.begin(), params.end(), [&](const auto& p) { return p.first == name; });
+        QK_CHECK(known, "checkpoint {}: tensor '{}' ({} {}) is not a parameter of this model", path,
+                 name, stored.dtype(), stored.shape());
+    }
+    for (auto& [name, param] : params) copy_into(param, file.get(name));
 }
 
 LoadedModel load_model(const std::string& path) {
@@ -53,6 +59,16 @@ LoadedModel load_model(const std::string& path) {
              "qknorm model checkpoint?)", path);
     LoadedModel out;
     GPTConfig config = GPTConfig::from_strings(file.metadata);
+    // The config comes from the file too: bound the model it asks for by the values the file
+    // holds before allocating it (a hostile n_embd = 10^9 would otherwise allocate exabytes).
+    double stored = 0;
+    for (const auto& [name, t] : file.tensors) stored += static_cast<double>(t.numel());
+    const double C = static_cast<double>(config.n_embd);
+    const double needed = static_cast<double>(config.n_layer) * 12 * C * C +
+                          static_cast<double>(config.vocab_size + config.block_size) * C;
+    QK_CHECK(needed <= stored, "checkpoint {}: its config (L={}, C={}, V={}, T={}) needs at least "
+             "{:.0f} parameter values, the file holds {:.0f}", path, config.n_layer, config.n_embd,
+             config.vocab_size, config.block_size, needed, stored);
     out.model = std::make_unique<GPT>(config, 0);
     out.tokenizer = Tokenizer::deserialize(file.metadata.at("tokenizer"));
     QK_CHECK(out.tokenizer.vocab_size() == config.vocab_size, "checkpoint {}: tokenizer has {} symbols, "

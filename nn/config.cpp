@@ -46,6 +46,17 @@ double parse_number(const std::string& s, const char* field) {
     throw Error(fmt::format("config: {} must be a number, got '{}'", field, s));
 }
 
+// Whole numbers only: "2.5" or "1e30" for a layer count is a corrupt config, not a rounding.
+int64_t parse_integer(const std::string& s, const char* field) {
+    try {
+        size_t used = 0;
+        const long long v = std::stoll(s, &used);
+        if (used == s.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw Error(fmt::format("config: {} must be an integer, got '{}'", field, s));
+}
+
 }  // namespace
 
 std::string to_string(QKNorm v) { return enum_name(v, kQKNorms); }
@@ -115,7 +126,7 @@ GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fiel
         QK_CHECK(it != fields.end(), "config: field '{}' is missing", key);
         return it->second;
     };
-    auto integer = [&](const char* key) { return static_cast<int64_t>(parse_number(get(key), key)); };
+    auto integer = [&](const char* key) { return parse_integer(get(key), key); };
     auto boolean = [&](const char* key) {
         const std::string& v = get(key);
         QK_CHECK(v == "true" || v == "false", "config: {} must be true or false, got '{}'", key, v);

@@ -1,6 +1,7 @@
 #include "nn/data.h"
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 
@@ -43,11 +44,18 @@ Tokenizer Tokenizer::deserialize(const std::string& s) {
     std::string vocab;
     for (size_t i = 6; i < s.size(); i += 2) {
         unsigned value = 0;
-        QK_CHECK(std::sscanf(s.c_str() + i, "%2x", &value) == 1, "Tokenizer: bad hex at {} in '{}'", i,
-                 s.substr(0, 40));
+        // isxdigit first: sscanf alone would accept " a", "+a" or "0x" as hex.
+        QK_CHECK(std::isxdigit(static_cast<unsigned char>(s[i])) &&
+                     std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+                     std::sscanf(s.c_str() + i, "%2x", &value) == 1,
+                 "Tokenizer: bad hex at {} in '{}'", i, s.substr(0, 40));
         vocab.push_back(static_cast<char>(value));
     }
-    return char_level(vocab);
+    // Ids are positions in the vocabulary: a reordered or repeated one would silently remap them.
+    Tokenizer t = char_level(vocab);
+    QK_CHECK(t.vocab_ == vocab, "Tokenizer: the vocabulary in '{}' is not sorted unique bytes",
+             s.substr(0, 40));
+    return t;
 }
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {

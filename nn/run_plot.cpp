@@ -1,5 +1,6 @@
 // The plot of a run: losses, learning rate and gradient norm, and the stability signals per layer
 // (max attention logit, attention entropy, mean ‖q‖ and ‖k‖), read back from metrics.jsonl.
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -7,6 +8,17 @@
 #include "nn/plot.h"
 
 namespace qk::nn {
+
+namespace {
+
+// The JSON library writes NaN and Inf as null (a diverging run's attention logits, say): read
+// anything that is not a number back as NaN, which the plot skips.
+double number(const nlohmann::json& j, const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_number() ? it->get<double>() : NAN;
+}
+
+}  // namespace
 
 void write_run_plot(const std::string& run_dir) {
     using nlohmann::json;
@@ -16,26 +28,27 @@ void write_run_plot(const std::string& run_dir) {
     std::string line;
     while (std::getline(in, line)) {
         json j = json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.contains("loss") || !j["loss"].is_number()) continue;
-        const double step = j["step"].get<double>();
+        if (j.is_discarded() || !j.is_object() || !j.contains("loss") || !j["loss"].is_number())
+            continue;
+        const double step = number(j, "step");
         train.x.push_back(step);
         train.y.push_back(j["loss"].get<double>());
         if (j.contains("val_loss")) {
             val.x.push_back(step);
-            val.y.push_back(j["val_loss"].get<double>());
+            val.y.push_back(number(j, "val_loss"));
         }
         if (j.contains("grad_norm")) {
             grad.x.push_back(step);
-            grad.y.push_back(j["grad_norm"].get<double>());
+            grad.y.push_back(number(j, "grad_norm"));
         }
-        if (!j.contains("layers")) continue;
+        if (!j.contains("layers") || !j["layers"].is_array()) continue;
         const auto& layers = j["layers"];
         for (size_t i = 0; i < layers.size(); ++i) {
             for (auto* group : {&max_logit, &entropy, &q_norm, &k_norm})
                 if (group->size() <= i) group->push_back({fmt::format("layer {}", i), {}, {}});
             auto add = [&](std::vector<plot::Series>& g, const char* key) {
                 g[i].x.push_back(step);
-                g[i].y.push_back(layers[i][key].get<double>());
+                g[i].y.push_back(layers[i].is_object() ? number(layers[i], key) : NAN);
             };
             add(max_logit, "max_logit");
             add(entropy, "entropy");

@@ -80,7 +80,9 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
 TrainConfig load_run_config(const std::string& run_dir) {
     const std::string path = run_dir + "/config.json";
     QK_CHECK(fs::exists(path), "resume: {} has no config.json (not a qknorm run directory?)", run_dir);
-    return TrainConfig::from_json(read_text_file(path));
+    TrainConfig c = TrainConfig::from_json(read_text_file(path));
+    c.run_dir = run_dir;  // the directory may have moved, or been named relative to another cwd
+    return c;
 }
 
 std::string default_data_path() {
@@ -169,6 +171,20 @@ void print_progress(int64_t step, int64_t total, double loss, double val_loss, d
     std::fflush(stderr);
 }
 
+// A NaN or Inf anywhere in the weights or the optimizer moments: such a checkpoint is never written.
+bool all_finite(const std::vector<Tensor>& tensors) {
+    for (const Tensor& t : tensors) {
+        bool ok = true;
+        const Tensor c = t.contiguous();
+        dispatch_float(c.dtype(), [&](auto tag) {
+            const auto* data = c.data<decltype(tag)>();
+            for (int64_t i = 0; i < t.numel() && ok; ++i) ok = std::isfinite(data[i]);
+        });
+        if (!ok) return false;
+    }
+    return true;
+}
+
 json stats_to_json(const std::vector<AttentionStats>& stats) {
     json layers = json::array();
     for (const auto& s : stats)
@@ -231,6 +247,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
 
     TrainResult result;
     result.final_val_loss = NAN;
+    result.steps_done = start_step;  // a resumed run that was already complete reports its steps
     double last_val = NAN, step_seconds_total = 0;
     const double tokens_per_step = static_cast<double>(cfg.batch_size * cfg.model.block_size);
     for (int64_t step = start_step; step < cfg.steps; ++step) {
@@ -269,6 +286,15 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         result.final_loss = loss;
         result.steps_done = step + 1;
         if ((step + 1) % cfg.checkpoint_every == 0 || step + 1 == cfg.steps) {
+            // The loss was finite before this step's update, but the update itself can overflow
+            // (a huge lr · weight decay): check what would be saved.
+            if (!all_finite(model.parameters()) || !all_finite(optimizer.state())) {
+                result.diverged = true;
+                result.message = fmt::format("training diverged at step {}: the update made a weight or "
+                                             "an optimizer moment NaN or Inf; the last good checkpoint "
+                                             "is kept", step + 1);
+                break;
+            }
             TrainingState state{step + 1, data_gen.seed(), data_gen.counter(), model.dropout_generator().seed(),
                                 model.dropout_generator().counter(), {{"train_config", cfg.to_json()}}};
             write_checkpoint(cfg, model, optimizer, tokenizer, state);
@@ -278,6 +304,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
             print_progress(step + 1, cfg.steps, loss, last_val, tokens_per_step / mean_step,
                            mean_step * static_cast<double>(cfg.steps - step - 1));
         }
+        if (cfg.stop_after > 0 && step + 1 >= cfg.stop_after) return result;  // as if killed
     }
     if (cfg.progress) fmt::print(stderr, "\n");
     result.final_val_loss = last_val;

@@ -28,6 +28,9 @@ struct TrainConfig {
     std::string run_dir = "runs/default";
     int64_t sample_tokens = 300;
     bool progress = true;  // the progress bar on stderr
+    // Tests: stop after this many steps as if the process were killed (no plot, no sample), to
+    // check that resuming gives the same losses. 0 = off. Not saved in config.json.
+    int64_t stop_after = 0;
 
     std::string to_json() const;
     static TrainConfig from_json(const std::string& json);

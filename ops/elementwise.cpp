@@ -22,17 +22,21 @@ namespace qk {
 
 namespace cpu {
 
+// `if (parallel : ...)`, not a bare `if`: on a combined `parallel for simd` a bare if clause also
+// binds to the simd construct (OpenMP 5.0), and when false it turns vectorisation off, so every
+// tensor below the threading threshold (most of a small model's) ran one element at a time.
+
 // y: (n), x: (n), both contiguous.   y = f(x, s)
 template <class T, class F>
 void unary_forward(T* y, const T* x, int64_t n, T s, F f) {
-#pragma omp parallel for simd if (n >= (1 << 17))
+#pragma omp parallel for simd if (parallel : n >= (1 << 17))
     for (int64_t i = 0; i < n; ++i) y[i] = f(x[i], s);
 }
 
 // dx, dy, saved: (n), contiguous.   dx = f(dy, saved, s)
 template <class T, class F>
 void unary_backward(T* dx, const T* dy, const T* saved, int64_t n, T s, F f) {
-#pragma omp parallel for simd if (n >= (1 << 17))
+#pragma omp parallel for simd if (parallel : n >= (1 << 17))
     for (int64_t i = 0; i < n; ++i) dx[i] = f(dy[i], saved[i], s);
 }
 

@@ -18,7 +18,7 @@
 // V = 50257 that is one pass over a 200 KB row instead of three, and exp is the costly part.
 //
 // Accumulation: Σ exp per row in T, vectorised (one partial sum per SIMD lane; exp is
-// math::exp_fast, see ops/reduce.h); the sum of the N row losses in double and in row order, so
+// math::exp_fast, see ops/elementwise_math.h); the sum of the N row losses in double and in row order, so
 // that the loss does not depend on the thread count (cheap next to the N·V exps).
 //
 // Bad input: targets must be int32 in [0, V) or ignore_index; a batch where every target is
@@ -32,7 +32,7 @@
 
 #include "autograd/node.h"
 #include "core/factory.h"
-#include "ops/reduce.h"  // math::exp_fast
+#include "ops/elementwise_math.h"  // math::exp_fast
 
 namespace qk {
 

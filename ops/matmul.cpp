@@ -24,6 +24,14 @@
 // whenever x's batch and row dims merge into one strided dim; its dB = xᵀ · dY is likewise one
 // GEMM with inner dim B·T instead of B GEMMs and a sum.
 //
+// linear(x, W, b) = x · Wᵀ + b, a Linear layer as one op, W: (N, K) as nanoGPT stores it:
+//     y[.., n] = Σ_k x[.., k] · W[n, k] + b[n]                                  saves x, W
+// Backward, over the rows r of x flattened to (R, K) and dY to (R, N):
+//     dx = dY · W        dW = dYᵀ · x        db[n] = Σ_r dY[r, n]
+// Why one op and not matmul(x, W.t()) + b: the bias is written into y first and GEMM adds the
+// product onto it (beta = 1), where the two-op form has GEMM clear y, then reads y back and writes
+// a second tensor for the sum; and dW comes out as a row-major (N, K) matrix, W's own layout.
+//
 // Kernel ladder: v1, the naive triple loop that mirrors the sum above, is the reference in
 // tests/test_matmul.cpp; v2 is OpenBLAS, faster because it blocks for the caches and registers
 // (packed panels, an AVX-512 micro-kernel) so each loaded element is reused many times.
@@ -53,15 +61,22 @@ struct GemmLayout {
     int64_t ld = 1;
 };
 
-// y: (M, N) row-major with leading dim ldy; op(a): (M, K); op(b): (K, N).    y = op(a) · op(b)
+// y: (M, N) row-major with leading dim ldy; op(a): (M, K); op(b): (K, N).
+//     y = op(a) · op(b) + beta · y          (beta 0: y's old contents are ignored)
 template <class T>
 void gemm(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLayout lb, int64_t M,
-          int64_t N, int64_t K) {
+          int64_t N, int64_t K, T beta = T(0)) {
     const auto ta = la.trans ? CblasTrans : CblasNoTrans, tb = lb.trans ? CblasTrans : CblasNoTrans;
     if constexpr (std::is_same_v<T, float>)
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a, la.ld, b, lb.ld, 0.0f, y, ldy);
+        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a, la.ld, b, lb.ld, beta, y, ldy);
     else
-        cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a, la.ld, b, lb.ld, 0.0, y, ldy);
+        cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a, la.ld, b, lb.ld, beta, y, ldy);
+}
+
+// y: (rows, N) contiguous; bias: (N).    y[r, :] = bias, the starting value of linear's GEMM
+template <class T>
+void fill_rows(T* y, const T* bias, int64_t rows, int64_t N) {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(bias, N, y + r * N);
 }
 
 // y: (batch..., M, N) contiguous; a, b: one matrix per batch index at the given batch strides
@@ -210,27 +225,124 @@ Tensor matmul_forward(const Tensor& a_in, const Tensor& b_in) {
     return y;
 }
 
+// True when GEMM reads t's last two dims as a transposed row-major matrix, strides (1, ld): W.t()
+// in a Linear layer, kᵀ in attention.
+bool stored_transposed(const Tensor& t) {
+    const int64_t r = t.dim() - 2, c = t.dim() - 1;
+    if (t.size(r) == 1 || t.size(c) == 1) return false;
+    auto layout = gemm_layout(t.size(r), t.size(c), t.strides()[r], t.strides()[c]);
+    return layout && layout->trans;
+}
+
 // dB = sum_to(aᵀ · dY, b.shape). When b is one matrix shared by every batch (the Linear case),
 // the batch sum folds into the GEMM's inner dim: dB = a_rowsᵀ · dY_rows, (K, B·M)·(B·M, N).
-Tensor grad_b(const Tensor& a, const Tensor& dy, const Shape& b_shape) {
+// A gradient comes out in its input's layout: when b is a transposed view (Linear's W.t()), dB is
+// computed as (dYᵀ · a)ᵀ, a transposed view of a row-major (N, K) product, so that the transpose
+// node hands W a contiguous gradient (one that the leaf keeps as it is, rather than copying).
+Tensor grad_b(const Tensor& a, const Tensor& dy, const Shape& b_shape, bool trans) {
     const bool shared_b = numel_of(Shape(b_shape.begin(), b_shape.end() - 2)) == 1;
-    if (shared_b && dy.dim() > 2) return matmul(as_rows(a).t(), as_rows(dy)).view(b_shape);
-    return sum_to(matmul(a.transpose(-2, -1), dy), b_shape);
+    if (shared_b && dy.dim() > 2) {
+        const Tensor a_rows = as_rows(a), dy_rows = as_rows(dy);
+        Tensor db = trans ? matmul(dy_rows.t(), a_rows).t() : matmul(a_rows.t(), dy_rows);
+        return db.reshape(b_shape);  // a view: b_shape only adds leading 1s
+    }
+    Tensor db = trans ? matmul(dy.transpose(-2, -1), a).transpose(-2, -1)
+                      : matmul(a.transpose(-2, -1), dy);
+    return sum_to(db, b_shape);
+}
+
+// dA = sum_to(dY · bᵀ, a.shape), in a's layout like grad_b: (b · dYᵀ)ᵀ when a is transposed.
+Tensor grad_a(const Tensor& b, const Tensor& dy, const Shape& a_shape, bool trans) {
+    Tensor da = trans ? matmul(b, dy.transpose(-2, -1)).transpose(-2, -1)
+                      : matmul(dy, b.transpose(-2, -1));
+    return sum_to(da, a_shape);
+}
+
+// t: (..., K) as a 2-D (rows, K) matrix; a 1-D t is one row.
+Tensor rows_of(const Tensor& t) {
+    const int64_t K = t.size(-1);
+    if (t.dim() >= 2 && K > 0) return as_rows(t);
+    return t.reshape({numel_of(Shape(t.shape().begin(), t.shape().end() - 1)), K});
+}
+
+void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+    QK_CHECK(x.defined() && weight.defined(), "linear: got an undefined x or weight");
+    QK_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
+             "linear: x is {}, weight is {} (expected weight (out_features, {}))", x.shape(),
+             weight.shape(), x.dim() >= 1 ? x.size(-1) : 0);
+    QK_CHECK(is_floating(x.dtype()) && x.dtype() == weight.dtype(),
+             "linear: needs float32 or float64 x and weight of one dtype, got x {} {} and weight "
+             "{} {}",
+             x.dtype(), x.shape(), weight.dtype(), weight.shape());
+    QK_CHECK(x.device() == weight.device(), "linear: x is on {}, weight on {}", x.device(),
+             weight.device());
+    if (!bias.defined()) return;
+    QK_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0) && bias.dtype() == weight.dtype() &&
+                 bias.device() == weight.device(),
+             "linear: bias is {} {}, expected {} [{}] for weight {}", bias.dtype(), bias.shape(),
+             weight.dtype(), weight.size(0), weight.shape());
+    QK_CHECK(weight.size(0) <= INT_MAX && weight.size(1) <= INT_MAX,
+             "linear: weight {} has a dim above BLAS's int range", weight.shape());
 }
 
 }  // namespace
 
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+    check_linear_args(x, weight, bias);
+    const int64_t K = weight.size(1), N = weight.size(0);
+    const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));  // rows of x
+    QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape());
+    Shape out_shape = x.shape();
+    out_shape.back() = N;
+    Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
+    const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
+    switch (y.device()) {
+        case Device::cpu:
+            dispatch_float(y.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                T* yp = y.data<T>();
+                if (b.defined()) cpu::fill_rows(yp, b.data<T>(), R, N);  // y = b, then += x · Wᵀ
+                if (R * N == 0) return;
+                if (K == 0) {  // an empty sum: y is the bias, or 0
+                    if (!b.defined()) std::fill_n(yp, R * N, T(0));
+                    return;
+                }
+                auto [a, la] = gemm_operand(rows_of(x.detach()));  // (R, K): a view if rows merge
+                auto [w, lw] = gemm_operand(weight.detach().t());  // (K, N): W read transposed
+                cpu::gemm(yp, N, a.template data<T>(), la, w.template data<T>(), lw, R, N, K,
+                          b.defined() ? T(1) : T(0));
+            });
+            break;
+        case Device::cuda:
+            QK_CHECK(false, "linear: no CUDA kernel yet");
+    }
+    const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
+    const bool need_b = bias.defined() && bias.requires_grad();
+    auto backward = [need_x, need_w, need_b, N, x_shape = x.shape(),
+                     x_saved = need_w ? x.detach() : Tensor(),
+                     w_saved = need_x ? weight.detach() : Tensor()](const Tensor& dy) {
+        const Tensor dy_rows = rows_of(dy);                                            // (R, N)
+        Tensor dx, dw, db;
+        if (need_x) dx = matmul(dy_rows, w_saved).reshape(x_shape);                    // dY · W
+        if (need_w) dw = matmul(dy_rows.t(), rows_of(x_saved));                        // dYᵀ · x
+        if (need_b) db = sum_to(dy_rows, {N});                                         // Σ_r dY
+        return std::vector<Tensor>{dx, dw, db};
+    };
+    return autograd::record("linear", y, {x, weight, bias}, std::move(backward));
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
     check_args(a, b);
     Tensor y = matmul_forward(a.detach(), b.detach());
-    // Save only what the backward reads: b for dA, a for dB (and only for inputs wanting grad).
+    // Save only what the backward reads: b for dA, a for dB (and only for inputs wanting grad),
+    // and whether each input is a transposed view (its gradient is made in the same layout).
     const bool need_a = a.requires_grad(), need_b = b.requires_grad();
     Tensor a_saved = need_b ? a.detach() : Tensor(), b_saved = need_a ? b.detach() : Tensor();
-    auto backward = [need_a, need_b, a_saved, b_saved, a_shape = a.shape(),
-                     b_shape = b.shape()](const Tensor& dy) {
+    auto backward = [need_a, need_b, a_saved, b_saved, a_shape = a.shape(), b_shape = b.shape(),
+                     a_trans = stored_transposed(a), b_trans = stored_transposed(b)](const Tensor& dy) {
         Tensor da, db;
-        if (need_a) da = sum_to(matmul(dy, b_saved.transpose(-2, -1)), a_shape);  // dY · bᵀ
-        if (need_b) db = grad_b(a_saved, dy, b_shape);                            // aᵀ · dY
+        if (need_a) da = grad_a(b_saved, dy, a_shape, a_trans);  // dY · bᵀ
+        if (need_b) db = grad_b(a_saved, dy, b_shape, b_trans);  // aᵀ · dY
         return std::vector<Tensor>{da, db};
     };
     return autograd::record("matmul", y, {a, b}, std::move(backward));

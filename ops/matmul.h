@@ -15,6 +15,11 @@ namespace qk {
 // made contiguous first. Differentiable in both inputs.
 Tensor matmul(const Tensor& a, const Tensor& b);
 
+// A Linear layer as one op: x: (..., in), weight: (out, in), bias: (out) or undefined ->
+// (..., out) = x · weightᵀ + bias. Same result as matmul(x, weight.t()) + bias, with the bias
+// added inside the GEMM (see ops/matmul.cpp). Differentiable in all three.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+
 namespace detail {
 // How many operands matmul has copied because GEMM could not read them as stored (for tests).
 int64_t matmul_operand_copies();

@@ -29,20 +29,18 @@
 //              At p = 1, |x| has a kink at 0; we use the subgradient sign(x) with sign(0) = 0.
 //
 // Kernels (namespace cpu): v1 mirrors the formulas with plain loops on one thread and is kept as
-// the reference the tests hold v2 against; v2 (no suffix) is what the ops call. v2 is 4-30x
-// faster because (a) `omp simd reduction` lets the compiler split each row sum into SIMD-lane
-// partial sums (a plain float `acc += x[c]` is one serial chain of dependent adds, which the
-// compiler may not reassociate), (b) it multiplies by rstd or 1/n instead of dividing per element,
-// recomputes xhat instead of staging rows in buffers, and takes |x|^p by multiplication for
-// integer p (std::pow is a scalar libm call), (c) it runs rows on OpenMP threads.
+// the reference the tests hold v2 against; v2 (no suffix) is what the ops call, 4-30x faster:
+// (a) row sums keep 16 SIMD-lane partial sums (a plain float `acc += x[c]` is one serial chain of
+// dependent adds, which the compiler may not reassociate), (b) it multiplies by rstd or 1/n
+// instead of dividing per element, recomputes xhat instead of staging rows in buffers, and takes
+// |x|^p by multiplication for integer p (std::pow is a scalar libm call), (c) OpenMP over rows.
 //
 // Statistics: two passes over a row (mean, then Σ(x - mean)²) rather than Welford or Σx, Σx².
 // The row (C = 384 floats = 1.5 KB) is in L1 after the first pass, so memory traffic is still one
 // read of x; Welford needs a division per element and a loop-carried running mean (it does not
 // vectorise), and Σx² - (Σx)²/C cancels catastrophically when |mean| ≫ std. Row sums accumulate in
-// T (float for float32), like llm.c: the SIMD lanes make each serial chain C/16 long, and float32
-// stays within 1e-6 of float64 (relative to the output's scale) at C = 4096 in the tests; at mean
-// 100, std 1 the error is that of rounding the mean itself to float.
+// T (float for float32), like llm.c, in a fixed lane order (row_sum says why): float32 stays
+// within 1e-6 of float64 (relative to the output's scale) at C = 4096 in the tests.
 #include "ops/norm.h"
 
 #include <omp.h>
@@ -58,14 +56,14 @@ namespace qk {
 
 namespace cpu {
 
-// Below this many elements a second thread costs more to wake than it saves.
+// Rows go to OpenMP threads above 2^15 elements (~10 µs of work, the order of a sleeping thread's
+// wake-up under OMP_WAIT_POLICY=passive).
 constexpr int64_t kParallelWork = 1 << 15;
 
-// Σ term(c) for c in [0, C), in kLanes partial sums (lane = c mod kLanes: one AVX-512 register of
-// T) added pairwise at the end. The fixed order is the point: left to the compiler (`omp simd
-// reduction`), a build that does not vectorise (debug, sanitizers) sums a row as one serial
-// chain, and float32 layer_norm at C = 4096, mean 100 measured 10x less accurate (5e-5) there.
-// With lanes every build gives the same bits, and each serial chain is only C/16 long.
+// Σ term(c), c in [0, C), in kLanes partial sums (lane = c mod kLanes: an AVX-512 register of T)
+// added pairwise at the end. The fixed order is the point: with `omp simd reduction`, a build that
+// does not vectorise (debug, sanitizers) sums a row in one serial chain, and float32 layer_norm at
+// C = 4096, mean 100 measured 10x less accurate (5e-5) there. Lanes: the same order in all builds.
 template <class T, class Term>
 T row_sum(int64_t C, Term term) {
     constexpr int kLanes = 64 / sizeof(T);
@@ -182,10 +180,9 @@ void lp_normalize_backward_v1(T* dx, const T* dy, const T* x, const T* norm, int
 
 // ---- v2: one read of each input row from memory, vectorised, threads over rows ---------------
 
-// Runs row(r, dw, db) for every row, on threads when the work is large, each thread adding its
-// rows' parameter gradients into its own (C) buffers dw, db. The buffers are summed in thread
-// order afterwards, so the result does not depend on which thread finished first (atomics or a
-// critical section would sum in finishing order, and a training run would not replay exactly).
+// Runs row(r, dw, db) for every row, each thread adding its rows' parameter gradients into its own
+// (C) buffers dw, db, summed in thread order afterwards: the result does not depend on which
+// thread finished first (atomics or a critical section would, and a run would not replay exactly).
 template <class T, class RowFn>
 void for_rows_accumulating(T* dweight, T* dbias, int64_t rows, int64_t C, RowFn row) {
     const int threads = rows * C >= kParallelWork ? omp_get_max_threads() : 1;
@@ -231,21 +228,27 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* weight, con
 }
 
 // One row: dxr (C) written; dw, db (C) accumulated; dyr, xr, weight (C); m, s its mean and rstd.
+// The two row sums share their loop with the parameter gradients, so they use `omp simd
+// reduction` rather than row_sum: their terms have random signs (no offset to lose precision
+// to), and fusing saves a pass that measured 1.5-2x on this kernel.
 template <class T>
 void layer_norm_backward_row(T* dxr, T* dw, T* db, const T* dyr, const T* xr, const T* weight, T m,
                              T s, int64_t C) {
-    // Passes 1 and 2 (the row is in L1 after the first): the two row means.
-    const T mean_dxhat = row_sum<T>(C, [=](int64_t c) { return dyr[c] * weight[c]; }) / T(C);
-    const T mean_dxhat_xhat =
-        row_sum<T>(C, [=](int64_t c) { return dyr[c] * weight[c] * ((xr[c] - m) * s); }) / T(C);
-    // Pass 3: dx and the parameter gradients.
-#pragma omp simd
+    T sum_dxhat = 0, sum_dxhat_xhat = 0;
+#pragma omp simd reduction(+ : sum_dxhat, sum_dxhat_xhat)
+    for (int64_t c = 0; c < C; ++c) {
+        const T xhat = (xr[c] - m) * s, dxhat = dyr[c] * weight[c];
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += dxhat * xhat;
+        dw[c] += dyr[c] * xhat;  // dweight = Σ_rows dy · xhat
+        db[c] += dyr[c];         // dbias = Σ_rows dy
+    }
+    const T mean_dxhat = sum_dxhat / T(C), mean_dxhat_xhat = sum_dxhat_xhat / T(C);
+#pragma omp simd  // second pass over xr, dyr: in L1
     for (int64_t c = 0; c < C; ++c) {
         const T xhat = (xr[c] - m) * s, dxhat = dyr[c] * weight[c];
         //              direct   mean term     rstd term
         dxr[c] = s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
-        dw[c] += dyr[c] * xhat;  // dweight = Σ_rows dy · xhat
-        db[c] += dyr[c];         // dbias = Σ_rows dy
     }
 }
 
@@ -278,17 +281,22 @@ void rms_norm_forward(T* y, T* rstd, const T* x, const T* weight, int64_t rows, 
 }
 
 // One row: dxr (C) written; dw (C) accumulated; dyr, xr (C); weight (C) or nullptr; s its rstd.
+// The row sum shares its loop with dweight, as in layer_norm_backward_row.
 template <class T>
 void rms_norm_backward_row(T* dxr, T* dw, const T* dyr, const T* xr, const T* weight, T s,
                            int64_t C) {
-    auto dxhat = [=](int64_t c) { return dyr[c] * (weight ? weight[c] : T(1)); };
-    const T mean_dxhat_xhat =
-        row_sum<T>(C, [=](int64_t c) { return dxhat(c) * (xr[c] * s); }) / T(C);
+    T sum_dxhat_xhat = 0;
+#pragma omp simd reduction(+ : sum_dxhat_xhat)
+    for (int64_t c = 0; c < C; ++c) {
+        const T xhat = xr[c] * s, dxhat = dyr[c] * (weight ? weight[c] : T(1));
+        sum_dxhat_xhat += dxhat * xhat;
+        dw[c] += dyr[c] * xhat;  // dweight = Σ_rows dy · xhat (discarded without weight)
+    }
+    const T mean_dxhat_xhat = sum_dxhat_xhat / T(C);
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) {
-        const T xhat = xr[c] * s;
-        dxr[c] = s * (dxhat(c) - xhat * mean_dxhat_xhat);  // direct - rstd term
-        dw[c] += dyr[c] * xhat;  // dweight = Σ_rows dy · xhat (discarded without weight)
+        const T xhat = xr[c] * s, dxhat = dyr[c] * (weight ? weight[c] : T(1));
+        dxr[c] = s * (dxhat - xhat * mean_dxhat_xhat);  // direct - rstd term
     }
 }
 
@@ -300,10 +308,9 @@ void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const T* rstd
     });
 }
 
-// Integer p in 3..8 takes |a|^p by multiplication, which vectorises, where std::pow is a scalar
-// libm call (measured ~20x slower than the p = 2 path here). K is a compile-time constant so
-// that int_pow has no branch: with a run-time k, GCC unswitches the loop per k and the copies
-// lose `omp simd`, leaving a serial float reduction.
+// Integer p in 3..8 takes |a|^p by multiplication, which vectorises where std::pow (a scalar libm
+// call) runs ~20x slower. K is a compile-time constant so that int_pow is straight-line code: with
+// a run-time k the row loops did not vectorise (3x slower).
 template <int K, class T>
 inline T int_pow(T a) {
     T r = a;
@@ -311,22 +318,17 @@ inline T int_pow(T a) {
     return r;
 }
 
-// Calls f(std::integral_constant<int, K>{}) with K = p when p is an integer in 3..8, and returns
-// whether it did.
-template <class F>
+// Calls f(std::integral_constant<int, K>{}) with K = p if p is an integer in 3..8 (trying K = 3,
+// 4, ... in turn); returns whether it did.
+template <int K = 3, class F>
 bool with_small_int_power(double p, F&& f) {
-    if (p != std::floor(p) || p < 3 || p > 8) return false;
-    // clang-format off
-    switch (int(p)) {
-        case 3: f(std::integral_constant<int, 3>{}); break;
-        case 4: f(std::integral_constant<int, 4>{}); break;
-        case 5: f(std::integral_constant<int, 5>{}); break;
-        case 6: f(std::integral_constant<int, 6>{}); break;
-        case 7: f(std::integral_constant<int, 7>{}); break;
-        default: f(std::integral_constant<int, 8>{}); break;
+    if constexpr (K > 8) {
+        return false;
+    } else {
+        if (p != K) return with_small_int_power<K + 1>(p, f);
+        f(std::integral_constant<int, K>{});
+        return true;
     }
-    // clang-format on
-    return true;
 }
 
 // Σ_c pw(|x_c| · inv_m) over one row.
@@ -393,14 +395,16 @@ void lp_normalize_backward(T* dx, const T* dy, const T* x, const T* norm, int64_
             lp_backward_row(dxr, dyr, xr, C, inv, [](T v) { return T((v > 0) - (v < 0)); });
         } else if (p == T(2)) {  // g = y
             lp_backward_row(dxr, dyr, xr, C, inv, [](T v) { return v; });
-        } else if (!with_small_int_power(p, [&](auto K) {  // g = sign(y)|y|^(p-1) by products
-                       constexpr int k = decltype(K)::value;
-                       lp_backward_row(dxr, dyr, xr, C, inv, [](T v) {
-                           return std::copysign(int_pow<k - 1>(std::abs(v)), v);
-                       });
-                   })) {  // any other p: g = sign(y)|y|^(p-1), 0 at y = 0 since p > 1
-            lp_backward_row(dxr, dyr, xr, C, inv,
-                            [p](T v) { return std::copysign(std::pow(std::abs(v), p - 1), v); });
+        } else {  // g = sign(y)|y|^(p-1): by products for integer p, else std::pow
+            const bool integer_p = with_small_int_power(p, [&](auto K) {
+                constexpr int k = decltype(K)::value;
+                lp_backward_row(dxr, dyr, xr, C, inv,
+                                [](T v) { return std::copysign(int_pow<k - 1>(std::abs(v)), v); });
+            });
+            if (!integer_p)  // g is 0 at y = 0 since p > 1
+                lp_backward_row(dxr, dyr, xr, C, inv, [p](T v) {
+                    return std::copysign(std::pow(std::abs(v), p - 1), v);
+                });
         }
     }
 }
@@ -549,8 +553,8 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
 Tensor lp_normalize(const Tensor& x_in, double p, int64_t dim, double eps) {
     check_input("lp_normalize", x_in, eps);
     QK_CHECK(p >= 1 && std::isfinite(p),
-             "lp_normalize: p must be a finite number >= 1 (‖x‖_p is not a norm below 1), got {} "
-             "(x has shape {})",
+             "lp_normalize: p must be finite and >= 1 (below 1 ‖x‖_p is not a norm), got {} for x "
+             "of shape {}",
              p, x_in.shape());
     // The kernels normalise contiguous rows: swap `dim` to the end (a view), copy once, and swap
     // the result back. QK-norm uses dim = -1, which needs neither step.

@@ -2,6 +2,9 @@
 //
 // Each view is differentiable, and its backward is the inverse rearrangement of dy:
 //     view / reshape:  dx = dy.reshape(x.shape)
+//                      (reshape is a view whenever the strides allow one, contiguous or not;
+//                      only a reshape that no strides can express, e.g. merging a transposed
+//                      pair of dims, copies)
 //     transpose:       dx = dy.transpose(d0, d1)            (its own inverse)
 //     permute(order):  dx = dy.permute(inverse(order))
 //     narrow:          dx = zeros(x.shape), dx[narrowed region] = dy
@@ -9,6 +12,7 @@
 //     squeeze/unsqueeze: the other one
 // contiguous(), clone() and to(dtype) copy; their backward passes dy through (cast back for to).
 #include <numeric>
+#include <optional>
 
 #include "autograd/node.h"
 #include "core/factory.h"
@@ -41,6 +45,33 @@ Shape infer_size(Shape shape, int64_t numel, const char* op, const Shape& from) 
     return shape;
 }
 
+// The strides that read a tensor of `shape`/`strides` as `target` without moving data, if any
+// exist (the algorithm of PyTorch's computeStride). The old dims split into chunks that are
+// contiguous among themselves (each dim's stride = the next one's stride × size); a new shape is
+// a view iff its dims regroup the elements of each chunk separately, and then each new dim's stride
+// is (the chunk's innermost stride) × (the sizes of the new dims inside it that follow).
+std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, const Shape& target) {
+    Shape out(target.size(), 0);
+    int64_t view_d = static_cast<int64_t>(target.size()) - 1;
+    int64_t chunk_stride = strides.back(), chunk_numel = 1, view_numel = 1;
+    for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+        chunk_numel *= shape[d];
+        const bool chunk_ends = d == 0 || (shape[d - 1] != 1 && strides[d - 1] != chunk_numel * chunk_stride);
+        if (!chunk_ends) continue;
+        while (view_d >= 0 && (view_numel < chunk_numel || target[view_d] == 1)) {
+            out[view_d] = view_numel * chunk_stride;
+            view_numel *= target[view_d--];
+        }
+        if (view_numel != chunk_numel) return std::nullopt;
+        if (d > 0) {
+            chunk_stride = strides[d - 1];
+            chunk_numel = view_numel = 1;
+        }
+    }
+    if (view_d != -1) return std::nullopt;
+    return out;
+}
+
 }  // namespace
 
 Tensor Tensor::view(const Shape& shape_in) const {
@@ -53,8 +84,17 @@ Tensor Tensor::view(const Shape& shape_in) const {
     });
 }
 
-Tensor Tensor::reshape(const Shape& shape) const {
-    return is_contiguous() ? view(shape) : contiguous().view(shape);
+Tensor Tensor::reshape(const Shape& shape_in) const {
+    if (is_contiguous()) return view(shape_in);
+    // Not contiguous: still a view when the strides allow one, e.g. splitting the last dim of a
+    // narrowed (B, T, 3C) tensor's (B, T, C) piece into heads (B, T, H, D).
+    const Shape shape = infer_size(shape_in, numel(), "reshape", this->shape());
+    std::optional<Shape> st = numel() > 0 ? view_strides(this->shape(), strides(), shape) : std::nullopt;
+    if (!st) return contiguous().view(shape);
+    Tensor y = make_view(*this, shape, *st, offset());
+    return autograd::record("reshape", y, {*this}, [xs = this->shape()](const Tensor& dy) {
+        return Grads{dy.reshape(xs)};
+    });
 }
 
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {

@@ -198,3 +198,65 @@ TEST_CASE("matmul bad inputs name the op and both shapes") {
         {"matmul", "int32", "[2, 2]"}));
     CHECK(test::throws_with([&] { matmul(Tensor(), b); }, {"matmul", "undefined"}));
 }
+
+TEST_CASE("gradients come back in their input's layout: W.t() and kᵀ get contiguous gradients") {
+    // The Linear case: W is read as the transposed view W.t(); its gradient is made as a
+    // row-major (out, in) matrix, so the leaf keeps it without a copy.
+    Tensor x = leaf({2, 3, 4}, 68), w = leaf({5, 4}, 69);
+    matmul(x, w.t()).backward(randn_seeded({2, 3, 5}, 70));
+    CHECK(w.grad().is_contiguous());
+    CHECK(max_abs_diff(w.grad(), matmul(randn_seeded({2, 3, 5}, 70).reshape({6, 5}).t(),
+                                        x.detach().reshape({6, 4}))) < 1e-12);
+    // Attention's q · kᵀ: k's gradient arrives contiguous (B, T, D), not as a transposed view.
+    Tensor q = leaf({2, 3, 4}, 71), k = leaf({2, 3, 4}, 72);
+    Tensor kt = k.transpose(1, 2);
+    Tensor s = matmul(q, kt);
+    Tensor dk;
+    {
+        Tensor ds = randn_seeded({2, 3, 3}, 73);
+        s.backward(ds);
+        dk = matmul(ds.transpose(1, 2), q.detach());  // dk = dsᵀ · q
+    }
+    CHECK(k.grad().is_contiguous());
+    CHECK(max_abs_diff(k.grad(), dk) < 1e-12);
+    Tensor at = leaf({4, 3}, 74), b = leaf({4, 5}, 75);  // a transposed a: its gradient too
+    CHECK_GRADCHECK([&] { return matmul(at.t(), b); }, {at, b});
+}
+
+// linear(x, W, b) against the two-op form it fuses, matmul(x, W.t()) + b, in float64.
+TEST_CASE("linear matches matmul(x, W.t()) + b, forward and gradients") {
+    Tensor w = leaf({5, 4}, 76), b = leaf({5}, 77), x_base = leaf({4, 6}, 78);
+    Tensor x_t = x_base.t();  // rows that do not merge: read through a copy
+    auto two_ops = [&](const Tensor& x) {  // matmul needs rank >= 2: a 1-D x is one row
+        return x.dim() == 1 ? matmul(x.unsqueeze(0), w.t()).squeeze(0) : matmul(x, w.t());
+    };
+    for (Tensor x : {leaf({2, 3, 4}, 79), leaf({4}, 80), x_t}) {
+        INFO("x ", x.shape(), " strides ", x.strides());
+        CHECK(max_abs_diff(linear(x, w, b), two_ops(x) + b) < 1e-12);
+        CHECK(max_abs_diff(linear(x, w), two_ops(x)) < 1e-12);
+    }
+    Tensor x3 = leaf({2, 3, 4}, 81), x1 = leaf({4}, 82);
+    CHECK_GRADCHECK([&] { return linear(x3, w, b); }, {x3, w, b});
+    CHECK_GRADCHECK([&] { return linear(x3, w); }, {x3, w});
+    CHECK_GRADCHECK([&] { return linear(x1, w, b); }, {x1, w, b});
+    CHECK_GRADCHECK([&] { return linear(x_t, w, b); }, {x_base, w, b});
+    Tensor x32 = randn_seeded({6, 4}, 83, kF32), w32 = randn_seeded({5, 4}, 84, kF32),
+           b32 = randn_seeded({5}, 85, kF32);
+    CHECK(max_abs_diff(linear(x32, w32, b32), matmul(x32, w32.t()) + b32) < 1e-5);
+    Tensor x0 = zeros({3, 0}, kF64), w0 = zeros({2, 0}, kF64), b0 = from_vector({1, 2}, {2}, kF64);
+    CHECK(linear(x0, w0, b0).to_vector<double>() == std::vector<double>{1, 2, 1, 2, 1, 2});
+    CHECK(linear(x0, w0).to_vector<double>() == std::vector<double>(6, 0.0));
+    x0.requires_grad_(), w0.requires_grad_(), b0.requires_grad_();
+    linear(x0, w0, b0).backward(ones({3, 2}, kF64));  // an empty inner dim: only db is nonzero
+    CHECK(b0.grad().to_vector<double>() == std::vector<double>{3, 3});
+    CHECK(x0.grad().shape() == Shape{3, 0});
+}
+
+TEST_CASE("linear bad inputs name the op and the shapes") {
+    CHECK(test::throws_with([&] { linear(zeros({2, 3}), zeros({4, 5})); },
+                            {"linear", "[2, 3]", "[4, 5]", "(out_features, 3)"}));
+    CHECK(test::throws_with([&] { linear(zeros({2, 3}), zeros({4, 3}), zeros({5})); },
+                            {"linear", "bias", "[5]", "[4]"}));
+    CHECK(test::throws_with([&] { linear(zeros({2, 3}), zeros({4, 3}, kF64)); },
+                            {"linear", "float32", "float64"}));
+}

@@ -227,7 +227,7 @@ TEST_CASE("parameter gradients are the same run to run with two threads") {
     const auto w = random_values<float>(C, 22);
     std::vector<float> mean(rows), rstd(rows), y(rows * C), dx(rows * C);
     cpu::layer_norm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(),
-                            (const float*)nullptr, rows, C, 1e-5f);
+                            static_cast<const float*>(nullptr), rows, C, 1e-5f);
     std::vector<float> dw_first(C), db_first(C), dw(C), db(C);
     cpu::layer_norm_backward(dx.data(), dw_first.data(), db_first.data(), dy.data(), x.data(),
                              mean.data(), rstd.data(), w.data(), rows, C);

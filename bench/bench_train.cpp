@@ -1,0 +1,242 @@
+// bench_train: one GPT training step (forward, backward, clip, AdamW), against raw sgemm.
+//
+//   QK_NUM_THREADS=1 OMP_WAIT_POLICY=passive ./build/bench/bench_train     (then QK_NUM_THREADS=2)
+//   ./build/bench/bench_train A        only config A (quick);  B: only config B
+//   perf record -g ./build/bench/bench_train B profile [layernorm]   steps only, for a profiler
+//
+// The step is the trainer's (nn/trainer.cpp): forward with targets, loss.backward(),
+// clip_grad_norm(1.0), AdamW step, zero_grad, on random int32 ids and targets.
+//
+// Model FLOPs per step (the PaLM/nanoGPT count: 2 per multiply-add forward, 4 backward):
+//   B·T · (6 · (12·L·C² + V·C) + 12·L·T·C)
+// 12·L·C² are the Linear weights, V·C the tied LM head, 12·L·T·C the attention's q·kᵀ and A·v
+// (forward + backward) at full T×T; the causal half is not discounted. Norms, softmax, gelu and
+// AdamW are not counted: they are the "non-GEMM" time that this benchmark exposes.
+//
+// The reference is raw cblas_sgemm in the same run and with the same thread count: the three
+// GEMMs of one Linear layer's training step at the MLP up-projection's shape, x·Wᵀ (N,T),
+// dY·W (N,N) and xᵀ·dY (T,N) with x: (B·T, C), W: (4C, C), and their FLOPs over their total time,
+// timed alternately with the step (best of each; see time_pairs). A step at fraction 1.0 would
+// run every model FLOP as fast as the best-case big GEMM.
+//
+// Memory: live cpu Storage bytes (core/storage.h counts them), sampled around the step: at the
+// start (parameters + AdamW moments), after the forward (+ the activations the graph saved), and
+// the peak during the step (+ gradients and backward temporaries). RSS is the process's high-water.
+#include <cblas.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "nn/gpt.h"
+#include "nn/optim.h"
+#include "qk.h"
+
+using namespace qk;
+
+namespace {
+
+struct Config {
+    const char* name;
+    int64_t L, C, H, T, B;
+};
+constexpr int64_t kVocab = 65;
+
+double model_flops(const Config& c) {
+    const double BT = double(c.B * c.T), L = double(c.L), C = double(c.C), T = double(c.T);
+    return BT * (6 * (12 * L * C * C + double(kVocab) * C) + 12 * L * T * C);
+}
+
+// The three GEMMs of a Linear C -> 4C training step on B·T tokens, on buffers owned here.
+class RawSgemm {
+public:
+    explicit RawSgemm(const Config& c)
+        : M(c.B * c.T), K(c.C), N(4 * c.C), x(M * K, 0.5f), w(N * K, 0.25f), dy(M * N, 0.125f),
+          y(M * N), dx(M * K), dw(K * N) {}
+    void operator()() {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x.data(), K, w.data(),
+                    K, 0.0f, y.data(), N);  // y = x·Wᵀ
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dy.data(), N,
+                    w.data(), K, 0.0f, dx.data(), K);  // dx = dY·W
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, M, 1.0f, x.data(), K, dy.data(),
+                    N, 0.0f, dw.data(), N);  // dWᵀ = xᵀ·dY
+    }
+    double flops() const { return 3 * 2.0 * double(M) * double(N) * double(K); }
+
+private:
+    int64_t M, K, N;
+    std::vector<float> x, w, dy, y, dx, dw;
+};
+
+// Best (minimum) seconds of raw() and of step() over calls alternated pair by pair, the order
+// flipped each pair (as bench_matmul does). The cores are shared: a neighbour only ever adds
+// time, so the minimum is the steadiest estimate, and both calls see the same neighbours.
+// Each call is timed twice: wall clock, and CPU time of the process (with one thread, the time
+// the step actually ran, which excludes the time a neighbour held the core).
+struct Timing {
+    double raw_s = 1e30, step_s = 1e30;          // wall clock
+    double raw_cpu_s = 1e30, step_cpu_s = 1e30;  // process CPU time
+};
+double cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+template <class Fn>
+void time_one(Fn& fn, double& best_wall, double& best_cpu) {
+    using clock = std::chrono::steady_clock;
+    const double c0 = cpu_seconds();
+    const auto t0 = clock::now();
+    fn();
+    best_wall = std::min(best_wall, std::chrono::duration<double>(clock::now() - t0).count());
+    best_cpu = std::min(best_cpu, cpu_seconds() - c0);
+}
+template <class Raw, class Step>
+Timing time_pairs(Raw& raw, Step& step, double min_seconds, int min_pairs) {
+    using clock = std::chrono::steady_clock;
+    raw();  // warm-up: first-touch page faults, OpenBLAS's buffers, the allocator's free lists
+    step();
+    Timing t;
+    const auto start = clock::now();
+    for (int pairs = 0; pairs < min_pairs ||
+                        std::chrono::duration<double>(clock::now() - start).count() < min_seconds;
+         ++pairs) {
+        if (pairs % 2 == 0) {
+            time_one(raw, t.raw_s, t.raw_cpu_s);
+            time_one(step, t.step_s, t.step_cpu_s);
+        } else {
+            time_one(step, t.step_s, t.step_cpu_s);
+            time_one(raw, t.raw_s, t.raw_cpu_s);
+        }
+        if (pairs >= 200) break;
+    }
+    return t;
+}
+
+struct Result {
+    std::string config, variant;
+    double ms, tokens_per_s, gflops, raw_gflops, cpu_fraction;
+    double param_mb, adam_mb, saved_mb, peak_mb, rss_mb;
+    double loss;
+};
+
+double mb(std::size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+double rss_high_water_mb() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return double(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
+    nn::GPTConfig cfg;
+    cfg.vocab_size = kVocab;
+    cfg.block_size = c.T;
+    cfg.n_layer = c.L;
+    cfg.n_head = c.H;
+    cfg.n_embd = c.C;
+    cfg.qk_norm = variant;
+    cfg.qk_norm_scope = nn::NormScope::head;
+
+    const std::size_t before_model = live_storage_bytes();
+    nn::GPT model(cfg, /*seed=*/1);
+    const std::size_t param_bytes = live_storage_bytes() - before_model;
+    nn::AdamW opt(model.parameters(), nn::AdamWOptions{.lr = 1e-3});
+    const std::size_t adam_bytes = live_storage_bytes() - before_model - param_bytes;
+
+    Generator gen(7);
+    auto random_ids = [&] {
+        Tensor t = Tensor::empty({c.B, c.T}, kI32);
+        int32_t* p = t.data<int32_t>();
+        for (int64_t i = 0; i < t.numel(); ++i)
+            p[i] = static_cast<int32_t>(gen.next_block()[0] % kVocab);
+        return t;
+    };
+    const Tensor ids = random_ids(), targets = random_ids();
+
+    double loss = 0;
+    std::size_t start_bytes = 0, after_forward = 0, peak = 0;
+    auto step = [&] {
+        start_bytes = live_storage_bytes();
+        reset_peak_storage_bytes();
+        nn::GPTOutput out = model.forward(ids, targets);
+        after_forward = live_storage_bytes();
+        out.loss.backward();
+        nn::clip_grad_norm(model.parameters(), 1.0);
+        opt.step(1e-3);
+        opt.zero_grad();
+        loss = out.cross_entropy.item();
+        peak = peak_storage_bytes();
+    };
+    if (profile) {  // a few plain steps for a sampling profiler; no table
+        for (int i = 0, n = c.C >= 256 ? 6 : 60; i < n; ++i) step();
+        return {};
+    }
+    RawSgemm raw(c);
+    const bool big = c.C >= 256;
+    const Timing t = time_pairs(raw, step, big ? 10.0 : 3.0, big ? 4 : 15);
+    const double seconds = t.step_s;
+    const double flops = model_flops(c);
+    return {c.name,
+            nn::to_string(variant),
+            seconds * 1e3,
+            double(c.B * c.T) / seconds,
+            flops / seconds / 1e9,
+            raw.flops() / t.raw_s / 1e9,
+            (flops / t.step_cpu_s) / (raw.flops() / t.raw_cpu_s),
+            mb(param_bytes),
+            mb(adam_bytes),
+            mb(after_forward - start_bytes),
+            mb(peak),
+            rss_high_water_mb(),
+            loss};
+}
+
+void print_table(const std::vector<Result>& rows) {
+    fmt::print(
+        "\n| config | qk_norm | ms/step | tokens/s | model GFLOP/s | raw sgemm GFLOP/s | fraction "
+        "| fraction by CPU time | params MB | AdamW MB | saved activations MB | peak live MB | RSS "
+        "high-water MB |\n");
+    fmt::print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (const Result& r : rows)
+        fmt::print(
+            "| {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.1f} | {:.1f} | "
+            "{:.1f} | {:.1f} | {:.0f} |\n",
+            r.config, r.variant, r.ms, r.tokens_per_s, r.gflops, r.raw_gflops,
+            r.gflops / r.raw_gflops, r.cpu_fraction, r.param_mb, r.adam_mb, r.saved_mb, r.peak_mb, r.rss_mb);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::string only = argc > 1 ? argv[1] : "";
+    const bool profile = argc > 2 && std::string(argv[2]) == "profile";
+    const std::string profile_variant = argc > 3 ? argv[3] : "none";
+    const Config configs[] = {{"A (L4 C128 H4 T64 B16)", 4, 128, 4, 64, 16},
+                              {"B (L6 C384 H6 T256 B8)", 6, 384, 6, 256, 8}};
+    fmt::print("# GPT training step, float32, V = {}, {} thread(s) (QK_NUM_THREADS)\n", kVocab,
+               num_threads());
+    fmt::print("raw sgemm: x·Wᵀ, dY·W, xᵀ·dY of a Linear C -> 4C on B·T tokens, same thread count\n");
+    std::vector<Result> rows;
+    for (const Config& c : configs) {
+        if (!only.empty() && c.name[0] != only[0]) continue;
+        for (nn::QKNorm v : {nn::QKNorm::none, nn::QKNorm::layernorm}) {
+            if (profile && nn::to_string(v) != profile_variant) continue;
+            rows.push_back(bench_one(c, v, profile));
+            if (profile) return 0;
+            fmt::print(stderr, "{} {}: {:.1f} ms/step, loss {:.3f}\n", c.name,
+                       nn::to_string(v), rows.back().ms, rows.back().loss);
+        }
+    }
+    print_table(rows);
+    fmt::print(
+        "\nparams: weights (float32); AdamW: m and v; saved activations: live bytes after the "
+        "forward minus at the step's start (what the graph keeps for backward); peak live: "
+        "all live Storage bytes at the step's peak (params + AdamW + activations + gradients + "
+        "temporaries).\n");
+    return 0;
+}

@@ -1,0 +1,533 @@
+// Checkpoints: safetensors written bit-identically and in the standard layout (checked by parsing
+// the bytes here), hostile files rejected with a qk::Error that names the problem, atomic writes,
+// model / training-state checkpoints that restore exactly, and the config's string form that
+// they carry in __metadata__.
+#include <unistd.h>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "helpers.h"
+#include "nn/checkpoint.h"
+
+using namespace qk;
+using namespace qk::nn;
+using qk::test::max_abs_diff;
+using qk::test::throws_with;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// A fresh directory under /tmp, removed with everything in it at the end of the test.
+struct TempDir {
+    fs::path path;
+    explicit TempDir(const std::string& tag) {
+        path =
+            fs::temp_directory_path() / ("qk_test_ckpt_" + tag + "_" + std::to_string(::getpid()));
+        fs::remove_all(path);
+        fs::create_directories(path);
+    }
+    ~TempDir() { fs::remove_all(path); }
+    std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string read_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), {}};
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// A safetensors file from its parts: 8-byte little-endian header length, header, data.
+std::string make_file(const std::string& header, const std::string& data,
+                      uint64_t header_len = UINT64_MAX) {
+    if (header_len == UINT64_MAX) header_len = header.size();
+    std::string out;
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((header_len >> (8 * i)) & 0xff));
+    return out + header + data;
+}
+
+// The tensors of the round-trip test: every dtype, rank 0, empty, and a transposed view.
+std::vector<std::pair<std::string, Tensor>> sample_tensors() {
+    Generator gen(3);
+    Tensor f32 = randn({3, 5}, kF32, gen), f64 = randn({2, 3, 4}, kF64, gen);
+    {
+        auto v = f32.to_vector<float>();
+        v[0] = -0.0f, v[1] = 1e-40f, v[2] = std::numeric_limits<float>::max();  // sign, denormal
+        std::memcpy(f32.raw_data(), v.data(), v.size() * 4);
+    }
+    return {{"weights.f32", f32},
+            {"weights.f64", f64},
+            {"ids", from_ids({-7, 0, 2147483647, -2147483647 - 1}, {2, 2})},
+            {"scalar", scalar_tensor(2.5, kF64)},
+            {"empty", zeros({0, 4}, kF32)},
+            {"transposed", f64.transpose(0, 2)}};
+}
+
+bool bit_identical(const Tensor& a, const Tensor& b) {
+    if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+    Tensor ca = a.contiguous(), cb = b.contiguous();
+    return std::memcmp(ca.raw_data(), cb.raw_data(), ca.numel() * dtype_size(ca.dtype())) == 0;
+}
+
+std::string parse_error(const std::string& bytes) {
+    try {
+        parse_safetensors(bytes, "hostile.safetensors");
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
+// One F32 tensor "a" of shape [1] (4 bytes) in a header, with the given overrides.
+std::string tensor_entry(const std::string& dtype, const std::string& shape,
+                         const std::string& offsets) {
+    return R"({"dtype":")" + dtype + R"(","shape":)" + shape + R"(,"data_offsets":)" + offsets +
+           "}";
+}
+
+}  // namespace
+
+// ---- safetensors ---------------------------------------------------------------------------
+
+TEST_CASE("safetensors round trip is bit-identical for f32, f64, i32, rank 0, empty, views") {
+    TempDir dir("roundtrip");
+    const auto tensors = sample_tensors();
+    const std::map<std::string, std::string> metadata{{"format", "pt"},
+                                                      {"note", "quote \" and\nnewline, é"}};
+    save_safetensors(dir / "t.safetensors", tensors, metadata);
+    SafetensorsFile back = load_safetensors(dir / "t.safetensors");
+    REQUIRE(back.tensors.size() == tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+        CAPTURE(tensors[i].first);
+        CHECK(back.tensors[i].first == tensors[i].first);  // in the order they were written
+        CHECK(bit_identical(back.tensors[i].second, tensors[i].second));
+        CHECK(bit_identical(back.get(tensors[i].first), tensors[i].second));
+    }
+    CHECK(back.metadata == metadata);
+    CHECK(back.contains("scalar"));
+    CHECK(!back.contains("nothing"));
+    CHECK(throws_with([&] { back.get("nothing"); }, {"'nothing'", "missing"}));
+    // No metadata at all is fine too.
+    save_safetensors(dir / "u.safetensors", {{"x", ones({2})}});
+    CHECK(load_safetensors(dir / "u.safetensors").metadata.empty());
+}
+
+TEST_CASE("the file is standard safetensors: LE header length, JSON header, data_offsets") {
+    TempDir dir("layout");
+    const auto tensors = sample_tensors();
+    save_safetensors(dir / "t.safetensors", tensors, {{"k", "v"}});
+    const std::string bytes = read_bytes(dir / "t.safetensors");
+    REQUIRE(bytes.size() >= 8);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+    REQUIRE(8 + n <= bytes.size());
+    CHECK(n % 8 == 0);  // padded with spaces so the data starts 8-byte aligned
+    const json header = json::parse(bytes.substr(8, n));
+    REQUIRE(header.is_object());
+    CHECK(header["__metadata__"] == json{{"k", "v"}});
+    const std::string data = bytes.substr(8 + n);
+    size_t total = 0;
+    for (const auto& [name, t] : tensors) {
+        CAPTURE(name);
+        const json& e = header.at(name);
+        CHECK(e["dtype"] == (t.dtype() == kF32 ? "F32" : t.dtype() == kF64 ? "F64" : "I32"));
+        CHECK(e["shape"].get<Shape>() == t.shape());
+        const auto begin = e["data_offsets"][0].get<size_t>(),
+                   end = e["data_offsets"][1].get<size_t>();
+        Tensor c = t.contiguous();
+        const size_t nbytes = c.numel() * dtype_size(c.dtype());
+        REQUIRE(end - begin == nbytes);
+        REQUIRE(end <= data.size());
+        CHECK(std::memcmp(data.data() + begin, c.raw_data(), nbytes) == 0);  // raw little-endian
+        total += nbytes;
+    }
+    CHECK(total == data.size());
+    CHECK(header.size() == tensors.size() + 1);
+}
+
+TEST_CASE("hostile safetensors files give a qk::Error naming the problem") {
+    const std::string four(4, '\0'), eight(8, '\0'), twelve(12, '\0');
+    const std::string a = tensor_entry("F32", "[1]", "[0,4]");
+    struct Case {
+        const char* what;
+        std::string bytes;
+        std::vector<std::string> words;
+    };
+    const std::vector<Case> cases{
+        {"empty file", "", {"0 bytes", "too short"}},
+        {"short file", "abc", {"3 bytes", "too short"}},
+        {"header longer than the file",
+         make_file("{}", "", 100),
+         {"header length 100", "truncated"}},
+        {"header over the cap", make_file("{}", "", 200'000'000), {"200000000", "cap"}},
+        {"huge header length", make_file("{}", "", UINT64_MAX - 3), {"cap"}},
+        {"empty header", make_file("", ""), {"not valid JSON"}},
+        {"not JSON", make_file("{\"a\": [1, 2", four), {"not valid JSON"}},
+        {"not UTF-8", make_file("{\"\xff\": 1}", ""), {"not valid JSON"}},
+        {"a JSON array", make_file("[1, 2]", ""), {"must be a JSON object"}},
+        {"a JSON string", make_file("\"hi\"", ""), {"must be a JSON object"}},
+        {"entry not an object",
+         make_file(R"({"a": 5})", ""),
+         {"'a'", "needs dtype, shape and data_offsets"}},
+        {"missing data_offsets",
+         make_file(R"({"a":{"dtype":"F32","shape":[1]}})", four),
+         {"'a'", "data_offsets"}},
+        {"missing dtype",
+         make_file(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", four),
+         {"'a'", "dtype"}},
+        {"dtype not a string",
+         make_file(R"({"a":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", four),
+         {"'a'", "dtype"}},
+        {"unknown dtype",
+         make_file(R"({"a":)" + tensor_entry("BF16", "[2]", "[0,4]") + "}", four),
+         {"'a'", "BF16", "F32, F64, I32"}},
+        {"shape not an array",
+         make_file(R"({"a":)" + tensor_entry("F32", "4", "[0,4]") + "}", four),
+         {"'a'", "shape must be an array"}},
+        {"negative size",
+         make_file(R"({"a":)" + tensor_entry("F32", "[-1]", "[0,4]") + "}", four),
+         {"'a'", "non-negative integers", "-1"}},
+        {"fractional size",
+         make_file(R"({"a":)" + tensor_entry("F32", "[1.5]", "[0,4]") + "}", four),
+         {"'a'", "1.5"}},
+        {"shape product overflows",
+         make_file(R"({"a":)" + tensor_entry("F32", "[4294967296,4294967296]", "[0,4]") + "}",
+                   four),
+         {"'a'", "overflows"}},
+        {"empty but strides overflow",
+         make_file(R"({"a":)" +
+                       tensor_entry("F32", "[0,4611686018427387904,4611686018427387904]", "[0,0]") +
+                       "}",
+                   ""),
+         {"'a'", "overflows"}},
+        {"offsets not two integers",
+         make_file(R"({"a":)" + tensor_entry("F32", "[1]", "[0]") + "}", four),
+         {"'a'", "two non-negative integers"}},
+        {"negative offset",
+         make_file(R"({"a":)" + tensor_entry("F32", "[1]", "[-4,0]") + "}", four),
+         {"'a'", "data_offsets"}},
+        {"offsets outside the buffer",
+         make_file(R"({"a":)" + tensor_entry("F32", "[1]", "[0,400]") + "}", four),
+         {"'a'", "[0, 400)", "outside the 4 byte data buffer"}},
+        {"offsets reversed",
+         make_file(R"({"a":)" + tensor_entry("F32", "[0]", "[4,0]") + "}", four),
+         {"'a'", "[4, 0)"}},
+        {"length != dtype size × shape",
+         make_file(R"({"a":)" + tensor_entry("F32", "[2]", "[0,4]") + "}", four),
+         {"'a'", "holds 4 bytes", "float32 [2] needs 8"}},
+        {"overlapping ranges",
+         make_file(R"({"a":)" + a + R"(,"b":)" + tensor_entry("F64", "[1]", "[2,10]") + "}",
+                   twelve),
+         {"overlap"}},
+        {"gap between ranges",
+         make_file(R"({"a":)" + a + R"(,"b":)" + tensor_entry("F32", "[1]", "[8,12]") + "}",
+                   twelve),
+         {"gap at byte 4"}},
+        {"buffer not covered", make_file(R"({"a":)" + a + "}", eight), {"cover 4 of the 8"}},
+        {"duplicate names",
+         make_file(R"({"a":)" + a + R"(,"a":)" + a + "}", eight),
+         {"'a'", "appears twice"}},
+        {"metadata not an object",
+         make_file(R"({"__metadata__":[1]})", ""),
+         {"__metadata__", "object"}},
+        {"metadata value not a string",
+         make_file(R"({"__metadata__":{"step":1}})", ""),
+         {"__metadata__", "'step'", "string"}},
+    };
+    for (const auto& c : cases) {
+        CAPTURE(c.what);
+        const std::string msg = parse_error(c.bytes);
+        CAPTURE(msg);
+        CHECK(msg.find("hostile.safetensors") != std::string::npos);
+        for (const auto& w : c.words)
+            CHECK_MESSAGE(msg.find(w) != std::string::npos, "missing '" << w << "'");
+    }
+    // Sanity: the two-tensor layout used above is accepted when it is right.
+    CHECK(parse_safetensors(
+              make_file(R"({"a":)" + a + R"(,"b":)" + tensor_entry("F64", "[1]", "[4,12]") + "}",
+                        twelve),
+              "ok")
+              .tensors.size() == 2);
+}
+
+TEST_CASE("every truncation and many byte corruptions of a real file fail cleanly") {
+    TempDir dir("fuzz");
+    save_safetensors(dir / "t.safetensors", sample_tensors(), {{"k", "v"}});
+    const std::string good = read_bytes(dir / "t.safetensors");
+    CHECK(parse_safetensors(good, "good").tensors.size() == 6);
+    int errors = 0;
+    for (size_t n = 0; n < good.size(); ++n) {
+        try {
+            parse_safetensors(good.substr(0, n), "cut");
+        } catch (const Error&) {
+            ++errors;
+        }
+    }
+    CHECK(errors == static_cast<int>(good.size()));  // a file cut anywhere is always rejected
+    // Corrupt one header byte at a time (the data bytes are free-form): Error or success only;
+    // any other exception or a crash fails the test (and ASan checks the reads in CI).
+    Generator gen(17);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(good[i]);
+    for (int trial = 0; trial < 3000; ++trial) {
+        std::string bad = good;
+        const size_t pos = static_cast<size_t>(gen.uniform() * (8 + n));
+        bad[pos] = static_cast<char>(gen.uniform() * 256);
+        try {
+            parse_safetensors(bad, "corrupt");
+        } catch (const Error&) {
+        }
+    }
+    // A truncated file on disk, through load_safetensors.
+    write_bytes(dir / "cut.safetensors", good.substr(0, good.size() - 3));
+    CHECK(throws_with([&] { load_safetensors(dir / "cut.safetensors"); }, {"cut.safetensors"}));
+    CHECK(throws_with([&] { load_safetensors(dir / "absent.safetensors"); },
+                      {"cannot open", "absent"}));
+}
+
+TEST_CASE("writes are atomic: no temporary file remains, an existing file is replaced") {
+    TempDir dir("atomic");
+    const std::string path = dir / "m.safetensors";
+    save_safetensors(path, {{"x", full({1000}, 1.0)}});
+    save_safetensors(path, {{"y", full({3}, 2.0, kF64)}});
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir.path))
+        names.push_back(e.path().filename().string());
+    CHECK(names == std::vector<std::string>{"m.safetensors"});
+    SafetensorsFile f = load_safetensors(path);
+    REQUIRE(f.tensors.size() == 1);
+    CHECK(f.tensors[0].first == "y");
+    CHECK(f.get("y").to_vector<double>() == std::vector<double>{2, 2, 2});
+    // Failure paths: an unwritable place, and names the format reserves or repeats.
+    CHECK(throws_with(
+        [&] {
+            save_safetensors(dir / "no/such/dir/m.safetensors", {{"x", ones({1})}});
+        },
+        {"no/such/dir/m.safetensors"}));
+    CHECK(throws_with(
+        [&] {
+            save_safetensors(path, {{"x", ones({1})}, {"x", ones({1})}});
+        },
+        {"'x'", "repeated"}));
+    CHECK(throws_with(
+        [&] {
+            save_safetensors(path, {{"__metadata__", ones({1})}});
+        },
+        {"reserved"}));
+    CHECK(load_safetensors(path).contains("y"));  // a failed save leaves the old file alone
+    names.clear();
+    for (const auto& e : fs::directory_iterator(dir.path))
+        names.push_back(e.path().filename().string());
+    CHECK(names.size() == 1);
+}
+
+// ---- model and training-state checkpoints --------------------------------------------------
+
+namespace {
+
+GPTConfig small_config() {
+    GPTConfig c;
+    c.vocab_size = 11, c.block_size = 8, c.n_layer = 2, c.n_head = 2, c.n_embd = 16;
+    return c;
+}
+
+// Gives every parameter distinct values, so that a swapped tensor would show.
+void scramble(GPT& model, uint64_t seed) {
+    NoGradGuard no_grad;
+    Generator gen(seed);
+    for (auto& [name, p] : model.named_parameters()) copy_into(p, randn(p.shape(), p.dtype(), gen));
+}
+
+}  // namespace
+
+TEST_CASE("save_model / load_model round trip: weights, config and tokenizer restored") {
+    TempDir dir("model");
+    const Tokenizer tok = Tokenizer::char_level("abcdefghij\n");
+    for (bool tied : {true, false}) {
+        CAPTURE(tied);
+        GPTConfig c = small_config();
+        c.tie_embeddings = tied, c.qk_norm = QKNorm::l2, c.qk_scale_per_head = true, c.bias = !tied;
+        GPT model(c, 5);
+        scramble(model, 6);
+        const std::string path = dir / "model.safetensors";
+        save_model(path, model, tok, {{"step", "42"}});
+        LoadedModel loaded = load_model(path);
+        CHECK(loaded.model->config().to_strings() == c.to_strings());
+        CHECK(loaded.tokenizer.serialize() == tok.serialize());
+        CHECK(loaded.metadata.at("step") == "42");
+        auto want = model.named_parameters(), got = loaded.model->named_parameters();
+        REQUIRE(want.size() == got.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+            CHECK(got[i].first == want[i].first);
+            CHECK(bit_identical(got[i].second, want[i].second));
+        }
+        Tensor ids = from_ids({1, 2, 3, 4, 5, 6}, {2, 3});
+        CHECK(max_abs_diff(loaded.model->forward(ids).logits, model.forward(ids).logits) == 0);
+        // Tied: wte is stored once and there is no lm_head; untied: lm_head.weight is stored.
+        SafetensorsFile file = load_safetensors(path);
+        CHECK(file.tensors.size() == want.size());
+        CHECK(file.contains("lm_head.weight") == !tied);
+        CHECK(file.contains("transformer.wte.weight"));
+        CHECK(file.metadata.at("qk_norm") == "l2");
+    }
+}
+
+TEST_CASE("loading into another config, or a file missing a tensor, names the tensor and shapes") {
+    TempDir dir("mismatch");
+    const Tokenizer tok = Tokenizer::char_level("abcdefghij\n");
+    GPT model(small_config(), 5);
+    const std::string path = dir / "model.safetensors";
+    save_model(path, model, tok);
+
+    GPTConfig narrow = small_config();
+    narrow.n_embd = 8;
+    GPT other(narrow, 5);
+    CHECK(throws_with([&] { load_weights_into(other, path); },
+                      {path, "transformer.wte.weight", "[11, 16]", "[11, 8]"}));
+    GPTConfig deeper = small_config();
+    deeper.n_layer = 3;
+    GPT three(deeper, 5);
+    CHECK(throws_with([&] { load_weights_into(three, path); },
+                      {"transformer.h.2.ln_1.weight", "missing"}));
+    GPTConfig shallow = small_config();
+    shallow.n_layer = 1;
+    GPT one(shallow, 5);
+    const Tensor before = one.named_parameters()[0].second.clone();
+    CHECK(throws_with([&] { load_weights_into(one, path); },
+                      {"transformer.h.1.", "not a parameter"}));
+    CHECK(max_abs_diff(one.named_parameters()[0].second, before) == 0);  // nothing half-loaded
+    GPT f64(small_config(), 5, kF64);
+    CHECK(throws_with([&] { load_weights_into(f64, path); }, {"float32", "float64"}));
+
+    // A file without one tensor, and one whose config metadata is hostile.
+    auto params = model.named_parameters();
+    std::vector<std::pair<std::string, Tensor>> partial;
+    for (const auto& p : params)
+        if (p.first != "transformer.h.1.ln_2.bias") partial.push_back(p);
+    auto metadata = model.config().to_strings();
+    metadata["tokenizer"] = tok.serialize();
+    save_safetensors(dir / "partial.safetensors", partial, metadata);
+    CHECK(throws_with([&] { load_model(dir / "partial.safetensors"); },
+                      {"'transformer.h.1.ln_2.bias'", "missing"}));
+    auto huge = metadata;
+    huge["n_embd"] = "1000000000", huge["n_head"] = "1";
+    save_safetensors(dir / "huge.safetensors", params, huge);
+    CHECK(
+        throws_with([&] { load_model(dir / "huge.safetensors"); }, {"C=1000000000", "file holds"}));
+    auto no_tok = model.config().to_strings();
+    save_safetensors(dir / "notok.safetensors", params, no_tok);
+    CHECK(throws_with([&] { load_model(dir / "notok.safetensors"); }, {"tokenizer"}));
+    auto wrong_vocab = metadata;
+    wrong_vocab["tokenizer"] = Tokenizer::char_level("abc").serialize();
+    save_safetensors(dir / "vocab.safetensors", params, wrong_vocab);
+    CHECK(throws_with([&] { load_model(dir / "vocab.safetensors"); },
+                      {"tokenizer has 3", "vocab_size is 11"}));
+    auto bad_field = metadata;
+    bad_field.erase("qk_norm");
+    save_safetensors(dir / "field.safetensors", params, bad_field);
+    CHECK(throws_with([&] { load_model(dir / "field.safetensors"); }, {"qk_norm", "missing"}));
+}
+
+TEST_CASE("training state round trip: moments, step counts and generator states") {
+    TempDir dir("state");
+    GPT model(small_config(), 5);
+    AdamW opt(model.parameters(), {});
+    Tensor ids = from_ids({1, 2, 3, 4, 5, 6}, {2, 3}),
+           targets = from_ids({2, 3, 4, 5, 6, 7}, {2, 3});
+    for (int i = 0; i < 3; ++i) {
+        model.forward(ids, targets).loss.backward();
+        opt.step(1e-2);
+        opt.zero_grad();
+    }
+    TrainingState state{3, 77, 123, 88, 456, {{"train_config", "{}"}}};
+    save_training_state(dir / "s.safetensors", model, opt, state);
+    GPT fresh(small_config(), 9);
+    AdamW opt2(fresh.parameters(), {});
+    TrainingState back = load_training_state(dir / "s.safetensors", fresh, opt2);
+    CHECK(back.step == 3);
+    CHECK(back.data_seed == 77);
+    CHECK(back.data_counter == 123);
+    CHECK(back.dropout_seed == 88);
+    CHECK(back.dropout_counter == 456);
+    CHECK(back.extra.at("train_config") == "{}");
+    CHECK(opt2.steps() == 3);
+    for (size_t i = 0; i < opt.state().size(); ++i)
+        CHECK(bit_identical(opt2.state()[i], opt.state()[i]));
+    // The state file of another model is rejected, naming the optimizer tensor.
+    GPTConfig narrow = small_config();
+    narrow.n_embd = 8;
+    GPT other(narrow, 5);
+    AdamW opt3(other.parameters(), {});
+    CHECK(throws_with([&] { load_training_state(dir / "s.safetensors", other, opt3); },
+                      {"exp_avg.transformer.wte.weight", "[11, 8]"}));
+}
+
+// ---- the config's string form (checkpoint metadata)
+// ----------------------------------------------------------------------------
+
+TEST_CASE("GPTConfig round-trips through to_strings / from_strings") {
+    GPTConfig c;
+    c.vocab_size = 77, c.block_size = 33, c.n_layer = 3, c.n_head = 5, c.n_embd = 40,
+    c.bias = false;
+    c.tie_embeddings = false, c.norm = NormKind::rmsnorm, c.dropout = 0.125, c.qk_norm = QKNorm::lp;
+    c.qk_norm_scope = NormScope::full, c.lp_p = 3.5, c.qk_scale_init = "2.75",
+    c.qk_scale_per_head = true;
+    c.attn_softcap = 50, c.qkv_norm = true, c.logit_softcap = 30, c.z_loss = 1e-4;
+    const auto fields = c.to_strings();
+    GPTConfig back = GPTConfig::from_strings(fields);
+    CHECK(back.to_strings() == fields);
+    CHECK(back.dropout == c.dropout);
+    CHECK(back.z_loss == c.z_loss);
+    CHECK(back.lp_p == 3.5);
+    CHECK(back.qk_norm == QKNorm::lp);
+    CHECK(back.norm == NormKind::rmsnorm);
+    for (auto v : {QKNorm::none, QKNorm::layernorm, QKNorm::rmsnorm, QKNorm::l2, QKNorm::lp})
+        CHECK(parse_qk_norm(to_string(v)) == v);
+    double third = 1.0 / 3;  // a double that needs all 17 digits survives too
+    c.dropout = third;
+    CHECK(GPTConfig::from_strings(c.to_strings()).dropout == third);
+}
+
+TEST_CASE("GPTConfig::validate and from_strings name the offending field") {
+    auto bad = [](std::function<void(GPTConfig&)> edit, std::initializer_list<std::string> words) {
+        GPTConfig c;
+        edit(c);
+        return throws_with([&] { c.validate(); }, words);
+    };
+    CHECK(bad([](GPTConfig& c) { c.n_head = 5; }, {"n_embd 128", "n_head 5"}));
+    CHECK(bad([](GPTConfig& c) { c.n_layer = 0; }, {"n_layer", "0"}));
+    CHECK(bad([](GPTConfig& c) { c.dropout = 1; }, {"dropout"}));
+    CHECK(bad([](GPTConfig& c) { c.lp_p = 0.5; }, {"lp_p", "0.5"}));
+    CHECK(bad([](GPTConfig& c) { c.attn_softcap = -1; }, {"attn_softcap"}));
+    CHECK(bad([](GPTConfig& c) { c.qkv_norm = true; }, {"qkv_norm", "none"}));
+    CHECK(bad([](GPTConfig& c) { c.qk_norm = QKNorm::l2, c.qk_scale_init = "big"; },
+              {"qk_scale_init", "big"}));
+    CHECK(bad([](GPTConfig& c) { c.qk_norm = QKNorm::l2, c.block_size = 1; }, {"block_size"}));
+
+    const auto good = GPTConfig().to_strings();
+    auto with = [&](const std::string& key, const std::string& value) {
+        auto f = good;
+        if (value.empty())
+            f.erase(key);
+        else
+            f[key] = value;
+        return f;
+    };
+    CHECK(throws_with([&] { GPTConfig::from_strings(with("n_head", "")); }, {"n_head", "missing"}));
+    CHECK(throws_with([&] { GPTConfig::from_strings(with("bias", "yes")); }, {"bias", "yes"}));
+    CHECK(throws_with([&] { GPTConfig::from_strings(with("qk_norm", "l3")); },
+                      {"qk_norm", "l3", "lp"}));
+    CHECK(throws_with([&] { GPTConfig::from_strings(with("dropout", "0.1x")); },
+                      {"dropout", "0.1x"}));
+    CHECK(
+        throws_with([&] { GPTConfig::from_strings(with("n_layer", "2.5")); }, {"n_layer", "2.5"}));
+    CHECK(
+        throws_with([&] { GPTConfig::from_strings(with("n_embd", "1e30")); }, {"n_embd", "1e30"}));
+}
