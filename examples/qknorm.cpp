@@ -7,6 +7,9 @@
 // Every flag has a default; `qknorm train --help` lists them with what they do.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fmt/chrono.h>
 
 #include "core/threading.h"
 #include "nn/checkpoint.h"
@@ -83,8 +86,8 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg) {
     cmd->add_option("--keep-checkpoints", cfg.keep_checkpoints, "how many recent checkpoints to keep")
         ->capture_default_str();
     cmd->add_option("--seed", cfg.seed, "seed of the weights, the batches and dropout")->capture_default_str();
-    cmd->add_option("--run-dir", cfg.run_dir, "where the checkpoints, metrics.jsonl and plot.svg go")
-        ->capture_default_str();
+    cmd->add_option("--run-dir", cfg.run_dir,
+                    "where the checkpoints, metrics.jsonl and plot.svg go (default: runs/<date-time>)");
     cmd->add_option("--sample-tokens", cfg.sample_tokens, "characters to generate at the end; 0 = none")
         ->capture_default_str();
 }
@@ -99,6 +102,7 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
         cfg.model.qk_norm_scope = parse_norm_scope(flags.qk_scope);
     }
     cfg.progress = !quiet;
+    if (cfg.run_dir.empty()) cfg.run_dir = fmt::format("runs/{:%Y%m%d-%H%M%S}", fmt::localtime(std::time(nullptr)));
     fmt::print("qknorm train: L={} H={} C={} T={} B={}, qk_norm={} ({}), steps {}, lr {}, run dir {}{}\n",
                cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size, cfg.batch_size,
                to_string(cfg.model.qk_norm), to_string(cfg.model.qk_norm_scope), cfg.steps, cfg.lr,
@@ -115,9 +119,19 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
     return 0;
 }
 
+// The newest run directory under runs/ (their names are dates, so they sort by time).
+std::string newest_run() {
+    std::string newest;
+    if (std::filesystem::exists("runs"))
+        for (const auto& entry : std::filesystem::directory_iterator("runs"))
+            if (entry.is_directory() && entry.path().string() > newest) newest = entry.path().string();
+    QK_CHECK(!newest.empty(), "sample: no run under runs/; pass --run DIR or --ckpt FILE");
+    return newest;
+}
+
 int run_sample(const std::string& run, const std::string& ckpt, const std::string& prompt,
                const SampleOptions& options, uint64_t seed) {
-    const std::string path = !ckpt.empty() ? ckpt : latest_model_checkpoint(run);
+    const std::string path = !ckpt.empty() ? ckpt : latest_model_checkpoint(run.empty() ? newest_run() : run);
     QK_CHECK(!path.empty(), "sample: {} holds no checkpoint; pass --run DIR or --ckpt FILE", run);
     LoadedModel loaded = load_model(path);
     Generator gen(seed);
@@ -131,8 +145,20 @@ int run_sample(const std::string& run, const std::string& ckpt, const std::strin
 int main(int argc, char** argv) {
     CLI::App app{"qknorm: train GPT-style transformers with QK-norm and its variants"};
     app.require_subcommand(1);
+    // The default model: QK-LayerNorm per head, sized to train on Tiny Shakespeare in minutes on
+    // one cpu core (see README: Training).
     TrainConfig cfg;
     cfg.model.qk_norm = QKNorm::layernorm;
+    cfg.model.n_layer = 4;
+    cfg.model.n_head = 4;
+    cfg.model.n_embd = 128;
+    cfg.model.block_size = 64;
+    cfg.batch_size = 32;
+    cfg.steps = 1500;
+    cfg.warmup = 100;
+    cfg.lr = 3e-3;
+    cfg.lr_min = 3e-4;
+    cfg.run_dir = "";  // runs/<date-time> unless --run-dir is given
     ModelFlags flags;
     std::string resume_dir;
     bool quiet = false;
@@ -147,10 +173,10 @@ int main(int argc, char** argv) {
     train_cmd->add_flag("--quiet", quiet, "no progress bar");
 
     CLI::App* sample_cmd = app.add_subcommand("sample", "generate text from a trained model");
-    std::string run = "runs/default", ckpt, prompt;
+    std::string run, ckpt, prompt;
     SampleOptions options;
     uint64_t seed = 0;
-    sample_cmd->add_option("--run", run, "run directory (its latest checkpoint is used)")->capture_default_str();
+    sample_cmd->add_option("--run", run, "run directory, its latest checkpoint is used (default: the newest under runs/)");
     sample_cmd->add_option("--ckpt", ckpt, "a model checkpoint file, instead of --run");
     sample_cmd->add_option("--prompt", prompt, "text to continue (default: a newline)");
     sample_cmd->add_option("--tokens", options.max_new_tokens, "tokens to generate")->capture_default_str();

@@ -17,9 +17,10 @@
 // backward is a single pass, read x, one exp, write dx. At V = 65 either is cheap; at GPT-2's
 // V = 50257 that is one pass over a 200 KB row instead of three, and exp is the costly part.
 //
-// Accumulation: Σ exp per row in T, vectorised (one partial sum per SIMD lane; exp is
-// math::exp_fast, see ops/elementwise_math.h); the sum of the N row losses in double and in row order, so
-// that the loss does not depend on the thread count (cheap next to the N·V exps).
+// Accumulation: Σ exp per row in T, in math::lane_sum's 16 partial sums (ops/lane_sum.h: the
+// same bits in every build type, vectorised or not; exp is
+// math::exp_fast, see ops/elementwise_math.h); the sum of the N row losses in double and in row
+// order, so that the loss does not depend on the thread count (cheap next to the N·V exps).
 //
 // Bad input: targets must be int32 in [0, V) or ignore_index; a batch where every target is
 // ignored has no mean (torch returns NaN): that is an error here, never a silent NaN.
@@ -33,6 +34,7 @@
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "ops/elementwise_math.h"  // math::exp_fast
+#include "ops/lane_sum.h"
 
 namespace qk {
 
@@ -48,9 +50,8 @@ T row_logsumexp(const T* x, int64_t V) {
     T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < V; ++j) m = x[j] > m ? x[j] : m;
-    T S = 0;  // Σ exp(x − m)
-#pragma omp simd reduction(+ : S)
-    for (int64_t j = 0; j < V; ++j) S += math::exp_fast(x[j] - m);
+    const T S =
+        math::lane_sum<T>(V, [&](int64_t j) { return math::exp_fast(x[j] - m); });  // Σ exp(x − m)
     return m + std::log(S);
 }
 

@@ -39,8 +39,11 @@
 // The row (C = 384 floats = 1.5 KB) is in L1 after the first pass, so memory traffic is still one
 // read of x; Welford needs a division per element and a loop-carried running mean (it does not
 // vectorise), and Σx² - (Σx)²/C cancels catastrophically when |mean| ≫ std. Row sums accumulate in
-// T (float for float32), like llm.c, in a fixed lane order (row_sum says why): float32 stays
-// within 1e-6 of float64 (relative to the output's scale) at C = 4096 in the tests.
+// T (float for float32), like llm.c, but a row sum that stands alone goes through math::lane_sum
+// (16 interleaved partial sums, the same order in every build): left to `omp simd reduction`, a
+// build that does not vectorise (debug, sanitizers) sums a row in one serial chain, and float32
+// layer_norm at C = 4096, mean 100 measured 10x less accurate there (5e-5). With lanes, float32
+// stays within 1e-6 of float64 (relative to the output's scale) at C = 4096 in the tests.
 #include "ops/norm.h"
 
 #include <omp.h>
@@ -51,6 +54,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "ops/lane_sum.h"
 
 namespace qk {
 
@@ -59,23 +63,6 @@ namespace cpu {
 // Rows go to OpenMP threads above 2^15 elements (~10 µs of work, the order of a sleeping thread's
 // wake-up under OMP_WAIT_POLICY=passive).
 constexpr int64_t kParallelWork = 1 << 15;
-
-// Σ term(c), c in [0, C), in kLanes partial sums (lane = c mod kLanes: an AVX-512 register of T)
-// added pairwise at the end. The fixed order is the point: with `omp simd reduction`, a build that
-// does not vectorise (debug, sanitizers) sums a row in one serial chain, and float32 layer_norm at
-// C = 4096, mean 100 measured 10x less accurate (5e-5) there. Lanes: the same order in all builds.
-template <class T, class Term>
-T row_sum(int64_t C, Term term) {
-    constexpr int kLanes = 64 / sizeof(T);
-    T lane[kLanes] = {};
-    int64_t c = 0;
-    for (; c + kLanes <= C; c += kLanes)
-        for (int l = 0; l < kLanes; ++l) lane[l] += term(c + l);
-    for (int l = 0; c + l < C; ++l) lane[l] += term(c + l);
-    for (int width = kLanes / 2; width > 0; width /= 2)
-        for (int l = 0; l < width; ++l) lane[l] += lane[l + width];
-    return lane[0];
-}
 
 // ---- v1: the formulas, plain loops, one thread -----------------------------------------------
 
@@ -211,9 +198,10 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* weight, con
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * C;
         T* yr = y + r * C;
-        const T m = row_sum<T>(C, [=](int64_t c) { return xr[c]; }) / T(C);
+        const T m = math::lane_sum<T>(C, [=](int64_t c) { return xr[c]; }) / T(C);
         // Second pass over the row, now in L1: Σ(x - mean)², no cancellation against mean².
-        const T var = row_sum<T>(C, [=](int64_t c) { return (xr[c] - m) * (xr[c] - m); }) / T(C);
+        const T var =
+            math::lane_sum<T>(C, [=](int64_t c) { return (xr[c] - m) * (xr[c] - m); }) / T(C);
         const T s = T(1) / std::sqrt(var + eps);
         if (bias) {
 #pragma omp simd
@@ -229,7 +217,7 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* weight, con
 
 // One row: dxr (C) written; dw, db (C) accumulated; dyr, xr, weight (C); m, s its mean and rstd.
 // The two row sums share their loop with the parameter gradients, so they use `omp simd
-// reduction` rather than row_sum: their terms have random signs (no offset to lose precision
+// reduction` rather than lane_sum: their terms have random signs (no offset to lose precision
 // to), and fusing saves a pass that measured 1.5-2x on this kernel.
 template <class T>
 void layer_norm_backward_row(T* dxr, T* dw, T* db, const T* dyr, const T* xr, const T* weight, T m,
@@ -267,7 +255,7 @@ void rms_norm_forward(T* y, T* rstd, const T* x, const T* weight, int64_t rows, 
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * C;
         T* yr = y + r * C;
-        const T ms = row_sum<T>(C, [=](int64_t c) { return xr[c] * xr[c]; }) / T(C);
+        const T ms = math::lane_sum<T>(C, [=](int64_t c) { return xr[c] * xr[c]; }) / T(C);
         const T s = T(1) / std::sqrt(ms + eps);
         if (weight) {
 #pragma omp simd
@@ -334,7 +322,7 @@ bool with_small_int_power(double p, F&& f) {
 // Σ_c pw(|x_c| · inv_m) over one row.
 template <class T, class Pow>
 T scaled_power_sum(const T* xr, int64_t C, T inv_m, Pow pw) {
-    return row_sum<T>(C, [=](int64_t c) { return pw(std::abs(xr[c]) * inv_m); });
+    return math::lane_sum<T>(C, [=](int64_t c) { return pw(std::abs(xr[c]) * inv_m); });
 }
 
 // ‖x‖_p of one row. For p != 1 the row is first scaled by 1/max|x| (an extra pass over L1), so
@@ -375,7 +363,7 @@ void lp_normalize_forward(T* y, T* norm, const T* x, int64_t rows, int64_t C, T 
 // dx = (dy - s · g(y)) · inv for one row, y = x · inv, g(y) = ∂n/∂x written through y.
 template <class T, class G>
 void lp_backward_row(T* dxr, const T* dyr, const T* xr, int64_t C, T inv, G g) {
-    const T s = row_sum<T>(C, [=](int64_t c) { return dyr[c] * (xr[c] * inv); });  // Σ dy·y
+    const T s = math::lane_sum<T>(C, [=](int64_t c) { return dyr[c] * (xr[c] * inv); });  // Σ dy·y
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) dxr[c] = (dyr[c] - s * g(xr[c] * inv)) * inv;  // direct - norm
 }

@@ -33,9 +33,10 @@
 //
 // Speed: every loop over a row vectorises (exp and the cap's tanh are math::exp_fast and
 // math::tanh_fast, polynomials, because glibc's expf and tanhf are scalar calls that would stop the
-// loop from vectorising; the softmax cap backward's log remains a scalar call). Sums accumulate in T: the SIMD reduction keeps
-// one partial sum per lane, which held a float32 softmax over 50257 logits to 7e-6 relative of
-// float64 (most of it the rounding of the input); double accumulators cost ~25 % here.
+// loop from vectorising; the softmax cap backward's log remains a scalar call). Sums accumulate in
+// T in math::lane_sum's 16 interleaved partial sums (ops/lane_sum.h), which held a float32 softmax
+// over 50257 logits to 7e-6 relative of float64 (most of it the rounding of the input) in every
+// build type; double accumulators cost ~25 % here.
 //
 // The naive reference (v1: the same math from composite ops max, exp, sum) lives next to the
 // tests in tests/test_softmax.cpp; this file holds the fused v2, faster because it reads x and
@@ -49,6 +50,7 @@
 
 #include "autograd/node.h"
 #include "ops/elementwise_math.h"  // math::exp_fast, math::tanh_fast
+#include "ops/lane_sum.h"
 
 namespace qk {
 
@@ -95,21 +97,17 @@ T softmax_row_forward(T* y, const T* x, const T* keep, int64_t n, int64_t Tk, T 
         return -inf;
     }
     // Masked entries come out of the same loops: exp(−inf − m) = 0, and −inf − lse = −inf.
-    T S = 0;  // Σ exp(z − m)
     if constexpr (kLog) {
-#pragma omp simd reduction(+ : S)
-        for (int64_t j = 0; j < Tk; ++j) S += math::exp_fast(visible_z(j) - m);
+        const T S =
+            math::lane_sum<T>(Tk, [&](int64_t j) { return math::exp_fast(visible_z(j) - m); });
         const T lse = m + std::log(S);
 #pragma omp simd
         for (int64_t j = 0; j < Tk; ++j) y[j] = visible_z(j) - lse;  // y = z − lse
         return lse;
     } else {
-#pragma omp simd reduction(+ : S)
-        for (int64_t j = 0; j < Tk; ++j) {
-            const T e = math::exp_fast(visible_z(j) - m);
-            y[j] = e;
-            S += e;
-        }
+#pragma omp simd
+        for (int64_t j = 0; j < Tk; ++j) y[j] = math::exp_fast(visible_z(j) - m);
+        const T S = math::lane_sum<T>(Tk, [&](int64_t j) { return y[j]; });  // Σ exp(z − m)
         const T inv_S = T(1) / S;
 #pragma omp simd
         for (int64_t j = 0; j < Tk; ++j) y[j] *= inv_S;  // y = exp(z − m) / S
@@ -146,15 +144,11 @@ void softmax_row_backward(T* dx, const T* dy, const T* y, const T* keep, T lse, 
     // come out as 0 from the same loops, since there y = 0 (softmax) or exp(y) = 0 (log).
     auto g = [&](int64_t j) { return !kCausal || keep[j] != T(0) ? dy[j] : T(0); };
     if constexpr (kLog) {
-        T sum_dy = 0;
-#pragma omp simd reduction(+ : sum_dy)
-        for (int64_t j = 0; j < Tk; ++j) sum_dy += g(j);
+        const T sum_dy = math::lane_sum<T>(Tk, g);
 #pragma omp simd
         for (int64_t j = 0; j < Tk; ++j) dx[j] = g(j) - math::exp_fast(y[j]) * sum_dy;  // dz
     } else {
-        T dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < Tk; ++j) dot += g(j) * y[j];
+        const T dot = math::lane_sum<T>(Tk, [&](int64_t j) { return g(j) * y[j]; });
 #pragma omp simd
         for (int64_t j = 0; j < Tk; ++j) dx[j] = y[j] * (g(j) - dot);  // dz
     }

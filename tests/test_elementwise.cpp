@@ -103,3 +103,51 @@ TEST_CASE("elementwise bad inputs name the op and the shapes") {
     CHECK(test::throws_with([&] { mul(a, d); }, {"mul", "float32", "float64"}));
     CHECK(test::throws_with([&] { softcap(a, 0); }, {"softcap", "> 0"}));
 }
+
+// The float32 fast paths (ops/elementwise_math.h) against the float64 std:: reference (v1):
+// tanh_fast over its two branches, and gelu and its slope, written through exp(−2u).
+TEST_CASE("math::tanh_fast (float) is within 3 ulp of tanh, and keeps ±1, 0 and NaN") {
+    double worst = 0;
+    for (float x = -12.0f; x < 12.0f; x += 0.000731f) {
+        const double want = std::tanh(double(x));
+        if (want != 0) worst = std::max(worst, std::abs(math::tanh_fast(x) - want) / std::abs(want));
+    }
+    for (float x = -1e-3f; x < 1e-3f; x += 3.1e-7f) {  // the odd polynomial near 0
+        const double want = std::tanh(double(x));
+        if (want != 0) worst = std::max(worst, std::abs(math::tanh_fast(x) - want) / std::abs(want));
+    }
+    CHECK(worst < 3 * 5.96e-8);
+    CHECK(math::tanh_fast(0.0f) == 0.0f);
+    CHECK(math::tanh_fast(100.0f) == 1.0f);
+    CHECK(math::tanh_fast(-std::numeric_limits<float>::infinity()) == -1.0f);
+    CHECK(std::isnan(math::tanh_fast(std::numeric_limits<float>::quiet_NaN())));
+    CHECK(math::tanh_fast(0.3) == std::tanh(0.3));  // double: std::tanh itself
+}
+
+TEST_CASE("float32 gelu, tanh and softcap agree with float64, forward and backward") {
+    Tensor x64 = leaf({64, 257}, 9, 4.0);  // |x| up to ~16: both tanh branches, gelu's tails
+    Tensor x32 = x64.detach().to(kF32);
+    x32.requires_grad_();
+    Tensor dy = randn({64, 257}, kF64);
+    using Op = Tensor (*)(const Tensor&);
+    for (Op op : {Op([](const Tensor& t) { return gelu(t); }), Op([](const Tensor& t) { return tanh(t); }),
+                  Op([](const Tensor& t) { return softcap(t, 3.0); })}) {
+        x64.zero_grad(), x32.zero_grad();
+        Tensor y64 = op(x64), y32 = op(x32);
+        y64.backward(dy);
+        y32.backward(dy.to(kF32));
+        // Values up to ~16 in float32 (ulp 2e-6 there; measured 7.5e-7), slopes up to ~1.1
+        // times dy of a few units (measured 6.2e-7).
+        CHECK(test::max_abs_diff(y32, y64) < 2e-6);
+        CHECK(test::max_abs_diff(x32.grad(), x64.grad()) < 1.5e-6);
+    }
+    // Far tails: gelu(x) -> 0 and its slope -> 0 below, gelu(x) = x and slope 1 above; no NaN.
+    Tensor tails = from_vector({-1000, -50, -10.5, 10.5, 50, 1000}, {6}, kF32);
+    tails.requires_grad_();
+    Tensor g = gelu(tails);
+    g.backward(ones({6}));
+    for (double v : g.to_vector<double>()) CHECK(std::isfinite(v));
+    CHECK(g.to_vector<double>()[5] == 1000);
+    CHECK(tails.grad().to_vector<double>()[0] == doctest::Approx(0).epsilon(1e-20));
+    CHECK(tails.grad().to_vector<double>()[4] == 1);
+}
