@@ -53,10 +53,17 @@ double model_flops(const Config& c) {
 
 // The three GEMMs of a Linear C -> 4C training step on B·T tokens, on buffers owned here.
 class RawSgemm {
-public:
+  public:
     explicit RawSgemm(const Config& c)
-        : M(c.B * c.T), K(c.C), N(4 * c.C), x(M * K, 0.5f), w(N * K, 0.25f), dy(M * N, 0.125f),
-          y(M * N), dx(M * K), dw(K * N) {}
+        : M(c.B * c.T),
+          K(c.C),
+          N(4 * c.C),
+          x(M * K, 0.5f),
+          w(N * K, 0.25f),
+          dy(M * N, 0.125f),
+          y(M * N),
+          dx(M * K),
+          dw(K * N) {}
     void operator()() {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x.data(), K, w.data(),
                     K, 0.0f, y.data(), N);  // y = x·Wᵀ
@@ -67,7 +74,7 @@ public:
     }
     double flops() const { return 3 * 2.0 * double(M) * double(N) * double(K); }
 
-private:
+  private:
     int64_t M, K, N;
     std::vector<float> x, w, dy, y, dx, dw;
 };
@@ -207,7 +214,8 @@ void print_table(const std::vector<Result>& rows) {
             "| {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.1f} | {:.1f} | "
             "{:.1f} | {:.1f} | {:.0f} |\n",
             r.config, r.variant, r.ms, r.tokens_per_s, r.gflops, r.raw_gflops,
-            r.gflops / r.raw_gflops, r.cpu_fraction, r.param_mb, r.adam_mb, r.saved_mb, r.peak_mb, r.rss_mb);
+            r.gflops / r.raw_gflops, r.cpu_fraction, r.param_mb, r.adam_mb, r.saved_mb, r.peak_mb,
+            r.rss_mb);
 }
 
 }  // namespace
@@ -220,7 +228,8 @@ int main(int argc, char** argv) {
                               {"B (L6 C384 H6 T256 B8)", 6, 384, 6, 256, 8}};
     fmt::print("# GPT training step, float32, V = {}, {} thread(s) (QK_NUM_THREADS)\n", kVocab,
                num_threads());
-    fmt::print("raw sgemm: x·Wᵀ, dY·W, xᵀ·dY of a Linear C -> 4C on B·T tokens, same thread count\n");
+    fmt::print(
+        "raw sgemm: x·Wᵀ, dY·W, xᵀ·dY of a Linear C -> 4C on B·T tokens, same thread count\n");
     std::vector<Result> rows;
     for (const Config& c : configs) {
         if (!only.empty() && c.name[0] != only[0]) continue;
@@ -228,8 +237,8 @@ int main(int argc, char** argv) {
             if (profile && nn::to_string(v) != profile_variant) continue;
             rows.push_back(bench_one(c, v, profile));
             if (profile) return 0;
-            fmt::print(stderr, "{} {}: {:.1f} ms/step, loss {:.3f}\n", c.name,
-                       nn::to_string(v), rows.back().ms, rows.back().loss);
+            fmt::print(stderr, "{} {}: {:.1f} ms/step, loss {:.3f}\n", c.name, nn::to_string(v),
+                       rows.back().ms, rows.back().loss);
         }
     }
     print_table(rows);

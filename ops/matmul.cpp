@@ -12,7 +12,10 @@
 // broadcast along (an input matrix shared by several batches fed all of them):
 //     dA = sum_to(dY · bᵀ, a.shape)        dB = sum_to(aᵀ · dY, b.shape)
 // Both products are matmuls on transposed views, so the backward is this same forward with the
-// transpose flags flipped: nothing is copied.
+// transpose flags flipped: nothing is copied. Each gradient is made in its input's layout: for an
+// input that is a transposed view (W.t() in x · W.t(), kᵀ in q · kᵀ) the product is computed
+// transposed, dBᵀ = dYᵀ · a, so the view's backward hands its base a contiguous gradient, which
+// a leaf keeps and an accumulation adds in place, instead of a transposed one it must copy.
 //
 // Memory layout. GEMM reads a (rows, cols) matrix with strides (ld, 1) as row-major ("N") and one
 // with strides (1, ld), i.e. a transposed view, as the transpose of a row-major matrix ("T"), with
@@ -236,9 +239,7 @@ bool stored_transposed(const Tensor& t) {
 
 // dB = sum_to(aᵀ · dY, b.shape). When b is one matrix shared by every batch (the Linear case),
 // the batch sum folds into the GEMM's inner dim: dB = a_rowsᵀ · dY_rows, (K, B·M)·(B·M, N).
-// A gradient comes out in its input's layout: when b is a transposed view (Linear's W.t()), dB is
-// computed as (dYᵀ · a)ᵀ, a transposed view of a row-major (N, K) product, so that the transpose
-// node hands W a contiguous gradient (one that the leaf keeps as it is, rather than copying).
+// trans (b is a transposed view): dB = (dYᵀ · a)ᵀ, the transposed view of a row-major product.
 Tensor grad_b(const Tensor& a, const Tensor& dy, const Shape& b_shape, bool trans) {
     const bool shared_b = numel_of(Shape(b_shape.begin(), b_shape.end() - 2)) == 1;
     if (shared_b && dy.dim() > 2) {
@@ -246,15 +247,15 @@ Tensor grad_b(const Tensor& a, const Tensor& dy, const Shape& b_shape, bool tran
         Tensor db = trans ? matmul(dy_rows.t(), a_rows).t() : matmul(a_rows.t(), dy_rows);
         return db.reshape(b_shape);  // a view: b_shape only adds leading 1s
     }
-    Tensor db = trans ? matmul(dy.transpose(-2, -1), a).transpose(-2, -1)
-                      : matmul(a.transpose(-2, -1), dy);
+    Tensor db =
+        trans ? matmul(dy.transpose(-2, -1), a).transpose(-2, -1) : matmul(a.transpose(-2, -1), dy);
     return sum_to(db, b_shape);
 }
 
 // dA = sum_to(dY · bᵀ, a.shape), in a's layout like grad_b: (b · dYᵀ)ᵀ when a is transposed.
 Tensor grad_a(const Tensor& b, const Tensor& dy, const Shape& a_shape, bool trans) {
-    Tensor da = trans ? matmul(b, dy.transpose(-2, -1)).transpose(-2, -1)
-                      : matmul(dy, b.transpose(-2, -1));
+    Tensor da =
+        trans ? matmul(b, dy.transpose(-2, -1)).transpose(-2, -1) : matmul(dy, b.transpose(-2, -1));
     return sum_to(da, a_shape);
 }
 
@@ -276,13 +277,13 @@ void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias
              x.dtype(), x.shape(), weight.dtype(), weight.shape());
     QK_CHECK(x.device() == weight.device(), "linear: x is on {}, weight on {}", x.device(),
              weight.device());
+    QK_CHECK(weight.size(0) <= INT_MAX && weight.size(1) <= INT_MAX,
+             "linear: weight {} has a dim above BLAS's int range", weight.shape());
     if (!bias.defined()) return;
     QK_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0) && bias.dtype() == weight.dtype() &&
                  bias.device() == weight.device(),
              "linear: bias is {} {}, expected {} [{}] for weight {}", bias.dtype(), bias.shape(),
              weight.dtype(), weight.size(0), weight.shape());
-    QK_CHECK(weight.size(0) <= INT_MAX && weight.size(1) <= INT_MAX,
-             "linear: weight {} has a dim above BLAS's int range", weight.shape());
 }
 
 }  // namespace
@@ -321,11 +322,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     auto backward = [need_x, need_w, need_b, N, x_shape = x.shape(),
                      x_saved = need_w ? x.detach() : Tensor(),
                      w_saved = need_x ? weight.detach() : Tensor()](const Tensor& dy) {
-        const Tensor dy_rows = rows_of(dy);                                            // (R, N)
+        const Tensor dy_rows = rows_of(dy);  // (R, N)
         Tensor dx, dw, db;
-        if (need_x) dx = matmul(dy_rows, w_saved).reshape(x_shape);                    // dY · W
-        if (need_w) dw = matmul(dy_rows.t(), rows_of(x_saved));                        // dYᵀ · x
-        if (need_b) db = sum_to(dy_rows, {N});                                         // Σ_r dY
+        if (need_x) dx = matmul(dy_rows, w_saved).reshape(x_shape);  // dY · W
+        if (need_w) dw = matmul(dy_rows.t(), rows_of(x_saved));      // dYᵀ · x
+        if (need_b) db = sum_to(dy_rows, {N});                       // Σ_r dY
         return std::vector<Tensor>{dx, dw, db};
     };
     return autograd::record("linear", y, {x, weight, bias}, std::move(backward));
@@ -339,7 +340,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     const bool need_a = a.requires_grad(), need_b = b.requires_grad();
     Tensor a_saved = need_b ? a.detach() : Tensor(), b_saved = need_a ? b.detach() : Tensor();
     auto backward = [need_a, need_b, a_saved, b_saved, a_shape = a.shape(), b_shape = b.shape(),
-                     a_trans = stored_transposed(a), b_trans = stored_transposed(b)](const Tensor& dy) {
+                     a_trans = stored_transposed(a),
+                     b_trans = stored_transposed(b)](const Tensor& dy) {
         Tensor da, db;
         if (need_a) da = grad_a(b_saved, dy, a_shape, a_trans);  // dY · bᵀ
         if (need_b) db = grad_b(a_saved, dy, b_shape, b_trans);  // aᵀ · dY

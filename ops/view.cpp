@@ -56,7 +56,8 @@ std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, cons
     int64_t chunk_stride = strides.back(), chunk_numel = 1, view_numel = 1;
     for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
         chunk_numel *= shape[d];
-        const bool chunk_ends = d == 0 || (shape[d - 1] != 1 && strides[d - 1] != chunk_numel * chunk_stride);
+        const bool chunk_ends =
+            d == 0 || (shape[d - 1] != 1 && strides[d - 1] != chunk_numel * chunk_stride);
         if (!chunk_ends) continue;
         while (view_d >= 0 && (view_numel < chunk_numel || target[view_d] == 1)) {
             out[view_d] = view_numel * chunk_stride;
@@ -89,7 +90,8 @@ Tensor Tensor::reshape(const Shape& shape_in) const {
     // Not contiguous: still a view when the strides allow one, e.g. splitting the last dim of a
     // narrowed (B, T, 3C) tensor's (B, T, C) piece into heads (B, T, H, D).
     const Shape shape = infer_size(shape_in, numel(), "reshape", this->shape());
-    std::optional<Shape> st = numel() > 0 ? view_strides(this->shape(), strides(), shape) : std::nullopt;
+    std::optional<Shape> st =
+        numel() > 0 ? view_strides(this->shape(), strides(), shape) : std::nullopt;
     if (!st) return contiguous().view(shape);
     Tensor y = make_view(*this, shape, *st, offset());
     return autograd::record("reshape", y, {*this}, [xs = this->shape()](const Tensor& dy) {

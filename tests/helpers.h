@@ -3,7 +3,12 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "qk.h"
@@ -42,6 +47,24 @@ bool throws_with(F&& f, std::initializer_list<std::string> fragments) {
         return true;
     }
     return false;
+}
+
+// A fresh directory under /tmp, removed with everything in it at the end of the test.
+struct TempDir {
+    std::filesystem::path path;
+    explicit TempDir(const std::string& tag) {
+        path = std::filesystem::temp_directory_path() /
+               ("qk_test_" + tag + "_" + std::to_string(::getpid()));
+        std::filesystem::remove_all(path);
+        std::filesystem::create_directories(path);
+    }
+    ~TempDir() { std::filesystem::remove_all(path); }
+    std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+inline std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), {}};
 }
 
 #define CHECK_GRADCHECK(...)                                   \

@@ -18,27 +18,11 @@ using namespace qk::nn;
 using qk::test::max_abs_diff;
 using qk::test::throws_with;
 namespace fs = std::filesystem;
+using qk::test::read_file;
+using qk::test::TempDir;
 using json = nlohmann::json;
 
 namespace {
-
-// A fresh directory under /tmp, removed with everything in it at the end of the test.
-struct TempDir {
-    fs::path path;
-    explicit TempDir(const std::string& tag) {
-        path =
-            fs::temp_directory_path() / ("qk_test_ckpt_" + tag + "_" + std::to_string(::getpid()));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
-    std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string read_bytes(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), {}};
-}
 
 void write_bytes(const std::string& path, const std::string& bytes) {
     std::ofstream(path, std::ios::binary) << bytes;
@@ -97,7 +81,7 @@ std::string tensor_entry(const std::string& dtype, const std::string& shape,
 // ---- safetensors ---------------------------------------------------------------------------
 
 TEST_CASE("safetensors round trip is bit-identical for f32, f64, i32, rank 0, empty, views") {
-    TempDir dir("roundtrip");
+    TempDir dir("ckpt_roundtrip");
     const auto tensors = sample_tensors();
     const std::map<std::string, std::string> metadata{{"format", "pt"},
                                                       {"note", "quote \" and\nnewline, é"}};
@@ -120,10 +104,10 @@ TEST_CASE("safetensors round trip is bit-identical for f32, f64, i32, rank 0, em
 }
 
 TEST_CASE("the file is standard safetensors: LE header length, JSON header, data_offsets") {
-    TempDir dir("layout");
+    TempDir dir("ckpt_layout");
     const auto tensors = sample_tensors();
     save_safetensors(dir / "t.safetensors", tensors, {{"k", "v"}});
-    const std::string bytes = read_bytes(dir / "t.safetensors");
+    const std::string bytes = read_file(dir / "t.safetensors");
     REQUIRE(bytes.size() >= 8);
     uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
@@ -258,9 +242,9 @@ TEST_CASE("hostile safetensors files give a qk::Error naming the problem") {
 }
 
 TEST_CASE("every truncation and many byte corruptions of a real file fail cleanly") {
-    TempDir dir("fuzz");
+    TempDir dir("ckpt_fuzz");
     save_safetensors(dir / "t.safetensors", sample_tensors(), {{"k", "v"}});
-    const std::string good = read_bytes(dir / "t.safetensors");
+    const std::string good = read_file(dir / "t.safetensors");
     CHECK(parse_safetensors(good, "good").tensors.size() == 6);
     int errors = 0;
     for (size_t n = 0; n < good.size(); ++n) {
@@ -293,7 +277,7 @@ TEST_CASE("every truncation and many byte corruptions of a real file fail cleanl
 }
 
 TEST_CASE("writes are atomic: no temporary file remains, an existing file is replaced") {
-    TempDir dir("atomic");
+    TempDir dir("ckpt_atomic");
     const std::string path = dir / "m.safetensors";
     save_safetensors(path, {{"x", full({1000}, 1.0)}});
     save_safetensors(path, {{"y", full({3}, 2.0, kF64)}});
@@ -348,7 +332,7 @@ void scramble(GPT& model, uint64_t seed) {
 }  // namespace
 
 TEST_CASE("save_model / load_model round trip: weights, config and tokenizer restored") {
-    TempDir dir("model");
+    TempDir dir("ckpt_model");
     const Tokenizer tok = Tokenizer::char_level("abcdefghij\n");
     for (bool tied : {true, false}) {
         CAPTURE(tied);
@@ -380,7 +364,7 @@ TEST_CASE("save_model / load_model round trip: weights, config and tokenizer res
 }
 
 TEST_CASE("loading into another config, or a file missing a tensor, names the tensor and shapes") {
-    TempDir dir("mismatch");
+    TempDir dir("ckpt_mismatch");
     const Tokenizer tok = Tokenizer::char_level("abcdefghij\n");
     GPT model(small_config(), 5);
     const std::string path = dir / "model.safetensors";
@@ -436,7 +420,7 @@ TEST_CASE("loading into another config, or a file missing a tensor, names the te
 }
 
 TEST_CASE("training state round trip: moments, step counts and generator states") {
-    TempDir dir("state");
+    TempDir dir("ckpt_state");
     GPT model(small_config(), 5);
     AdamW opt(model.parameters(), {});
     Tensor ids = from_ids({1, 2, 3, 4, 5, 6}, {2, 3}),

@@ -108,14 +108,13 @@ TEST_CASE("elementwise bad inputs name the op and the shapes") {
 // tanh_fast over its two branches, and gelu and its slope, written through exp(−2u).
 TEST_CASE("math::tanh_fast (float) is within 3 ulp of tanh, and keeps ±1, 0 and NaN") {
     double worst = 0;
-    for (float x = -12.0f; x < 12.0f; x += 0.000731f) {
+    auto probe = [&](float x) {
         const double want = std::tanh(double(x));
-        if (want != 0) worst = std::max(worst, std::abs(math::tanh_fast(x) - want) / std::abs(want));
-    }
-    for (float x = -1e-3f; x < 1e-3f; x += 3.1e-7f) {  // the odd polynomial near 0
-        const double want = std::tanh(double(x));
-        if (want != 0) worst = std::max(worst, std::abs(math::tanh_fast(x) - want) / std::abs(want));
-    }
+        if (want != 0)
+            worst = std::max(worst, std::abs(math::tanh_fast(x) - want) / std::abs(want));
+    };
+    for (float x = -12.0f; x < 12.0f; x += 0.000731f) probe(x);
+    for (float x = -1e-3f; x < 1e-3f; x += 3.1e-7f) probe(x);  // the odd polynomial near 0
     CHECK(worst < 3 * 5.96e-8);
     CHECK(math::tanh_fast(0.0f) == 0.0f);
     CHECK(math::tanh_fast(100.0f) == 1.0f);
@@ -130,8 +129,10 @@ TEST_CASE("float32 gelu, tanh and softcap agree with float64, forward and backwa
     x32.requires_grad_();
     Tensor dy = randn({64, 257}, kF64);
     using Op = Tensor (*)(const Tensor&);
-    for (Op op : {Op([](const Tensor& t) { return gelu(t); }), Op([](const Tensor& t) { return tanh(t); }),
-                  Op([](const Tensor& t) { return softcap(t, 3.0); })}) {
+    const Op ops[] = {[](const Tensor& t) { return gelu(t); },
+                      [](const Tensor& t) { return tanh(t); },
+                      [](const Tensor& t) { return softcap(t, 3.0); }};
+    for (Op op : ops) {
         x64.zero_grad(), x32.zero_grad();
         Tensor y64 = op(x64), y32 = op(x32);
         y64.backward(dy);

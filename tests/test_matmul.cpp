@@ -226,7 +226,7 @@ TEST_CASE("gradients come back in their input's layout: W.t() and kᵀ get conti
 // linear(x, W, b) against the two-op form it fuses, matmul(x, W.t()) + b, in float64.
 TEST_CASE("linear matches matmul(x, W.t()) + b, forward and gradients") {
     Tensor w = leaf({5, 4}, 76), b = leaf({5}, 77), x_base = leaf({4, 6}, 78);
-    Tensor x_t = x_base.t();  // rows that do not merge: read through a copy
+    Tensor x_t = x_base.t();               // rows that do not merge: read through a copy
     auto two_ops = [&](const Tensor& x) {  // matmul needs rank >= 2: a 1-D x is one row
         return x.dim() == 1 ? matmul(x.unsqueeze(0), w.t()).squeeze(0) : matmul(x, w.t());
     };
@@ -253,10 +253,19 @@ TEST_CASE("linear matches matmul(x, W.t()) + b, forward and gradients") {
 }
 
 TEST_CASE("linear bad inputs name the op and the shapes") {
-    CHECK(test::throws_with([&] { linear(zeros({2, 3}), zeros({4, 5})); },
-                            {"linear", "[2, 3]", "[4, 5]", "(out_features, 3)"}));
-    CHECK(test::throws_with([&] { linear(zeros({2, 3}), zeros({4, 3}), zeros({5})); },
-                            {"linear", "bias", "[5]", "[4]"}));
-    CHECK(test::throws_with([&] { linear(zeros({2, 3}), zeros({4, 3}, kF64)); },
-                            {"linear", "float32", "float64"}));
+    CHECK(test::throws_with(
+        [&] {
+            linear(zeros({2, 3}), zeros({4, 5}));
+        },
+        {"linear", "[2, 3]", "[4, 5]", "(out_features, 3)"}));
+    CHECK(test::throws_with(
+        [&] {
+            linear(zeros({2, 3}), zeros({4, 3}), zeros({5}));
+        },
+        {"linear", "bias", "[5]", "[4]"}));
+    CHECK(test::throws_with(
+        [&] {
+            linear(zeros({2, 3}), zeros({4, 3}, kF64));
+        },
+        {"linear", "float32", "float64"}));
 }

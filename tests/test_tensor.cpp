@@ -38,6 +38,45 @@ TEST_CASE("contiguous copies only when needed; clone always copies") {
     CHECK(x.t().reshape({6}).to_vector<double>() == std::vector<double>{0, 3, 1, 4, 2, 5});
 }
 
+TEST_CASE("reshape is a view whenever the strides allow one, contiguous or not") {
+    Tensor qkv = arange(2 * 3 * 12, kF64).view({2, 3, 12});  // (B, T, 3C), C = 4
+    Tensor k = qkv.narrow(2, 4, 4);                          // (B, T, C), rows 12 apart
+    Tensor heads = k.reshape({2, 3, 2, 2});                  // split C into (H, D): no copy
+    CHECK(heads.storage() == qkv.storage());
+    CHECK(heads.strides() == Shape{36, 12, 2, 1});
+    CHECK(heads.to_vector<double>() == k.contiguous().reshape({2, 3, 2, 2}).to_vector<double>());
+    CHECK(k.reshape({6, 4}).storage() == qkv.storage());  // (B, T) merge: T stride × T = B's
+    Tensor split_t = qkv.transpose(1, 2).reshape({2, 3, 4, 3});  // split the transposed 12 dim
+    CHECK(split_t.storage() == qkv.storage());
+    CHECK(split_t.to_vector<double>() ==
+          qkv.transpose(1, 2).contiguous().view({2, 3, 4, 3}).to_vector<double>());
+    CHECK(k.reshape({2, 12}).storage() != qkv.storage());  // T and C do not merge: a copy
+    CHECK(k.reshape({2, 12}).to_vector<double>() ==
+          k.contiguous().view({2, 12}).to_vector<double>());
+    Tensor x = test::leaf({2, 3, 12}, 1);
+    CHECK_GRADCHECK(
+        [&] {
+            return x.narrow(2, 4, 4).reshape({2, 3, 2, 2}).transpose(1, 2) * 2.0;
+        },
+        {x});
+}
+
+TEST_CASE("live storage bytes count every allocation until it is freed") {
+    const size_t before = live_storage_bytes();
+    reset_peak_storage_bytes();
+    {
+        Tensor a = zeros({1000});  // 4000 bytes
+        Tensor view = a.narrow(0, 10, 10).view({2, 5});
+        CHECK(live_storage_bytes() == before + 4000);  // views add nothing
+        Tensor b = zeros({500}, kF64);
+        CHECK(live_storage_bytes() == before + 8000);
+    }
+    CHECK(live_storage_bytes() == before);
+    CHECK(peak_storage_bytes() == before + 8000);
+    reset_peak_storage_bytes();
+    CHECK(peak_storage_bytes() == before);
+}
+
 TEST_CASE("the RNG is reproducible and has the right moments") {
     Generator g1(42), g2(42), g3(43);
     Tensor a = randn({10000}, kF64, g1), b = randn({10000}, kF64, g2), c = randn({10000}, kF64, g3);

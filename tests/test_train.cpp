@@ -18,26 +18,11 @@ using namespace qk;
 using namespace qk::nn;
 using qk::test::throws_with;
 namespace fs = std::filesystem;
+using qk::test::read_file;
+using qk::test::TempDir;
 using json = nlohmann::json;
 
 namespace {
-
-struct TempDir {
-    fs::path path;
-    explicit TempDir(const std::string& tag) {
-        path =
-            fs::temp_directory_path() / ("qk_test_train_" + tag + "_" + std::to_string(::getpid()));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
-    std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string read_text(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), {}};
-}
 
 // About 6 KB of text with some structure to learn.
 std::string write_corpus(const TempDir& dir) {
@@ -91,7 +76,7 @@ bool finite_checkpoint(const std::string& path) {
 }  // namespace
 
 TEST_CASE("a run writes config.json, metrics.jsonl, plot.svg and the last K checkpoints") {
-    TempDir dir("files");
+    TempDir dir("train_files");
     TrainConfig cfg = tiny_run(dir, "run");
     TrainResult r = train(cfg);
     CHECK(!r.diverged);
@@ -103,9 +88,9 @@ TEST_CASE("a run writes config.json, metrics.jsonl, plot.svg and the last K chec
     // config.json reads back to the same configuration.
     TrainConfig back = load_run_config(cfg.run_dir);
     CHECK(back.to_json() ==
-          TrainConfig::from_json(read_text(cfg.run_dir + "/config.json")).to_json());
+          TrainConfig::from_json(read_file(cfg.run_dir + "/config.json")).to_json());
     CHECK(back.model.qk_norm == QKNorm::layernorm);
-    CHECK(back.model.vocab_size == Tokenizer::char_level(read_text(cfg.data_path)).vocab_size());
+    CHECK(back.model.vocab_size == Tokenizer::char_level(read_file(cfg.data_path)).vocab_size());
     CHECK(back.steps == 20);
 
     const std::vector<json> metrics = read_metrics(cfg.run_dir);
@@ -137,7 +122,7 @@ TEST_CASE("a run writes config.json, metrics.jsonl, plot.svg and the last K chec
     CHECK(metrics[19]["val_loss"].get<double>() == doctest::Approx(r.final_val_loss));
     CHECK(metrics[19]["loss"].get<double>() < metrics[0]["loss"].get<double>());
 
-    const std::string svg = read_text(cfg.run_dir + "/plot.svg");
+    const std::string svg = read_file(cfg.run_dir + "/plot.svg");
     CHECK(svg.rfind("<svg", 0) == 0);
     CHECK(svg.find("</svg>") == svg.size() - 7);
     CHECK(svg.find("nan") == std::string::npos);
@@ -163,7 +148,7 @@ TEST_CASE("a run writes config.json, metrics.jsonl, plot.svg and the last K chec
 TEST_CASE("resuming gives bit-identical losses to a run that never stopped, dropout or not") {
     for (double dropout : {0.0, 0.2}) {
         CAPTURE(dropout);
-        TempDir dir("resume");
+        TempDir dir("train_resume");
         TrainConfig a = tiny_run(dir, "straight");
         a.steps = 12, a.checkpoint_every = 4, a.keep_checkpoints = 1;
         a.eval_every = 3, a.stats_every = 3;
@@ -197,13 +182,13 @@ TEST_CASE("resuming gives bit-identical losses to a run that never stopped, drop
         CHECK(train(load_run_config(b.run_dir), true).steps_done == 12);
         CHECK(read_metrics(b.run_dir).size() == 12);
         // The final weights are the same bytes.
-        CHECK(read_text(a.run_dir + "/step-000012.model.safetensors") ==
-              read_text(b.run_dir + "/step-000012.model.safetensors"));
+        CHECK(read_file(a.run_dir + "/step-000012.model.safetensors") ==
+              read_file(b.run_dir + "/step-000012.model.safetensors"));
     }
 }
 
 TEST_CASE("dropout changes the losses (so the resume test above exercises its generator)") {
-    TempDir dir("dropout");
+    TempDir dir("train_dropout");
     TrainConfig a = tiny_run(dir, "a");
     a.steps = 3, a.sample_tokens = 0;
     TrainConfig b = a;
@@ -214,7 +199,7 @@ TEST_CASE("dropout changes the losses (so the resume test above exercises its ge
 }
 
 TEST_CASE("a diverging run stops with a clear message and keeps its finite checkpoints") {
-    TempDir dir("diverge");
+    TempDir dir("train_diverge");
     // lr · weight decay = 1000: every 2-D weight is multiplied by about -999 per step, until the
     // activations overflow and the loss is NaN.
     TrainConfig cfg = tiny_run(dir, "run");
@@ -238,7 +223,7 @@ TEST_CASE("a diverging run stops with a clear message and keeps its finite check
     for (const auto& name : files_in(cfg.run_dir))
         if (name.find(".safetensors") != std::string::npos)
             CHECK_MESSAGE(finite_checkpoint(dir / ("run/" + name)), name);
-    const std::string svg = read_text(cfg.run_dir + "/plot.svg");  // written despite null values
+    const std::string svg = read_file(cfg.run_dir + "/plot.svg");  // written despite null values
     CHECK(svg.rfind("<svg", 0) == 0);
     CHECK(svg.find("nan") == std::string::npos);
 }
@@ -246,7 +231,7 @@ TEST_CASE("a diverging run stops with a clear message and keeps its finite check
 TEST_CASE("an update that overflows the weights is caught before it is saved") {
     // The loss before a step is finite, but lr · weight decay = 1e40 sends every 2-D weight to
     // -inf in one update; the checkpoint of that step must not be written.
-    TempDir dir("overflow");
+    TempDir dir("train_overflow");
     TrainConfig cfg = tiny_run(dir, "run");
     cfg.steps = 40, cfg.checkpoint_every = 1, cfg.stop_after = 4, cfg.sample_tokens = 0;
     train(cfg);
@@ -265,7 +250,7 @@ TEST_CASE("an update that overflows the weights is caught before it is saved") {
 }
 
 TEST_CASE("train refuses a directory that holds a run, and resume needs one") {
-    TempDir dir("refuse");
+    TempDir dir("train_refuse");
     TrainConfig cfg = tiny_run(dir, "run");
     cfg.steps = 2, cfg.sample_tokens = 0;
     train(cfg);
