@@ -8,13 +8,13 @@ bool grad_enabled();
 void set_grad_enabled(bool on);
 
 class NoGradGuard {
-public:
+  public:
     NoGradGuard() : previous_(grad_enabled()) { set_grad_enabled(false); }
     ~NoGradGuard() { set_grad_enabled(previous_); }
     NoGradGuard(const NoGradGuard&) = delete;
     NoGradGuard& operator=(const NoGradGuard&) = delete;
 
-private:
+  private:
     bool previous_;
 };
 

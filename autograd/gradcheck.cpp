@@ -34,7 +34,8 @@ GradcheckResult gradcheck(const std::function<Tensor()>& f, const std::vector<Te
     for (const Tensor& x : inputs) {
         QK_CHECK(x.dtype() == kF64 && x.requires_grad() && x.is_leaf(),
                  "gradcheck: inputs must be float64 leaves with requires_grad, got a {} tensor of "
-                 "shape {}{}", x.dtype(), x.shape(), x.requires_grad() ? "" : " without requires_grad");
+                 "shape {}{}",
+                 x.dtype(), x.shape(), x.requires_grad() ? "" : " without requires_grad");
         x.impl().grad.reset();
     }
     Generator gen(options.seed);
@@ -66,9 +67,10 @@ GradcheckResult gradcheck(const std::function<Tensor()>& f, const std::vector<Te
             if (error > allowed) result.ok = false;
             if (error - allowed > worst) {
                 worst = error - allowed;
-                worst_line = fmt::format("input {} (shape {}), element {}: analytic {:.10g}, numeric "
-                                         "{:.10g}, |diff| {:.3g}, allowed {:.3g}\n", k, x.shape(), j,
-                                         analytic_values[j], numeric, error, allowed);
+                worst_line = fmt::format(
+                    "input {} (shape {}), element {}: analytic {:.10g}, numeric "
+                    "{:.10g}, |diff| {:.3g}, allowed {:.3g}\n",
+                    k, x.shape(), j, analytic_values[j], numeric, error, allowed);
             }
         }
         result.report += worst_line;

@@ -23,9 +23,9 @@
 namespace qk::autograd {
 
 struct Edge {
-    std::shared_ptr<Node> fn;             // set when the input was produced by an op
-    std::shared_ptr<TensorImpl> leaf;     // set when the input is a leaf that requires grad
-    Shape shape;                          // the input's shape: its gradient must have it
+    std::shared_ptr<Node> fn;          // set when the input was produced by an op
+    std::shared_ptr<TensorImpl> leaf;  // set when the input is a leaf that requires grad
+    Shape shape;                       // the input's shape: its gradient must have it
     DType dtype = DType::f32;
 };
 

@@ -14,8 +14,8 @@ void row(const char* name, const Shape& shape, double bytes, const std::function
     const double seconds = bench::time_median(fn);
     const double gbps = bytes / seconds / 1e9;
     const double reference = bench::memcpy_gbps(static_cast<size_t>(bytes / 2));
-    fmt::print("| {:<24} | {:<12} | {:>8.1f} | {:>8.1f} | {:>5.2f} |\n", name, fmt::format("{}", shape),
-               gbps, reference, gbps / reference);
+    fmt::print("| {:<24} | {:<12} | {:>8.1f} | {:>8.1f} | {:>5.2f} |\n", name,
+               fmt::format("{}", shape), gbps, reference, gbps / reference);
 }
 
 }  // namespace
@@ -35,7 +35,7 @@ int main() {
         row("gelu backward + accumulate", shape, 6 * n,
             [&] { y.backward(dy, /*retain_graph=*/true); });
         row("add (broadcast bias)", shape, 2 * n, [&] { x + bias; });
-        row("mul", shape, 3 * n, [&] { x * dy; });
+        row("mul", shape, 3 * n, [&] { x* dy; });
     }
     return 0;
 }

@@ -1,4 +1,5 @@
-// Element types and devices, and dispatch_float(): the one place a runtime dtype becomes a C++ type.
+// Element types and devices, and dispatch_float(): the one place a runtime dtype becomes a C++
+// type.
 #pragma once
 
 #include <cstddef>
@@ -28,20 +29,29 @@ constexpr std::string_view device_name(Device d) { return d == Device::cpu ? "cp
 template <typename T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::f32; }
+constexpr DType dtype_of<float>() {
+    return DType::f32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::f64; }
+constexpr DType dtype_of<double>() {
+    return DType::f64;
+}
 template <>
-constexpr DType dtype_of<int32_t>() { return DType::i32; }
+constexpr DType dtype_of<int32_t>() {
+    return DType::i32;
+}
 
 // Calls fn(T{}) with T = float or double, matching dtype. Kernels are templates on T:
 //   dispatch_float(x.dtype(), [&](auto tag) { using T = decltype(tag); kernel<T>(...); });
 template <typename Fn>
 decltype(auto) dispatch_float(DType dtype, Fn&& fn) {
     switch (dtype) {
-        case DType::f32: return fn(float{});
-        case DType::f64: return fn(double{});
-        case DType::i32: break;
+        case DType::f32:
+            return fn(float{});
+        case DType::f64:
+            return fn(double{});
+        case DType::i32:
+            break;
     }
     throw Error("this op needs a floating-point tensor (float32 or float64), got int32");
 }

@@ -13,14 +13,15 @@
 namespace qk {
 
 class Error : public std::runtime_error {
-public:
+  public:
     explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
 }  // namespace qk
 
-// QK_CHECK(cond, "op: {} ...", args...) throws qk::Error with the formatted message when cond is false.
-#define QK_CHECK(cond, ...)                                          \
-    do {                                                             \
-        if (!(cond)) throw ::qk::Error(::fmt::format(__VA_ARGS__));  \
+// QK_CHECK(cond, "op: {} ...", args...) throws qk::Error with the formatted message when cond is
+// false.
+#define QK_CHECK(cond, ...)                                         \
+    do {                                                            \
+        if (!(cond)) throw ::qk::Error(::fmt::format(__VA_ARGS__)); \
     } while (0)

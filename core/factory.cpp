@@ -22,8 +22,12 @@ Tensor make_cpu(const Shape& shape, DType dtype, Fill&& fill) {
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
     return to_device(make_cpu(shape, dtype, [&](int64_t) { return value; }), device);
 }
-Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0, dtype, device); }
-Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1, dtype, device); }
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+    return full(shape, 0, dtype, device);
+}
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+    return full(shape, 1, dtype, device);
+}
 Tensor scalar_tensor(double value, DType dtype) { return full({}, value, dtype); }
 
 Tensor arange(int64_t n, DType dtype) {
@@ -48,13 +52,17 @@ Tensor from_ids(const std::vector<int32_t>& ids, Shape shape) {
 Tensor uniform(const Shape& shape, double low, double high, DType dtype, Generator& gen) {
     return make_cpu(shape, dtype, [&](int64_t) { return low + (high - low) * gen.uniform(); });
 }
-Tensor rand(const Shape& shape, DType dtype, Generator& gen) { return uniform(shape, 0, 1, dtype, gen); }
+Tensor rand(const Shape& shape, DType dtype, Generator& gen) {
+    return uniform(shape, 0, 1, dtype, gen);
+}
 
 Tensor normal(const Shape& shape, double mean, double std, DType dtype, Generator& gen) {
     QK_CHECK(std >= 0, "normal: std must be >= 0, got {}", std);
     return make_cpu(shape, dtype, [&](int64_t) { return mean + std * gen.normal(); });
 }
-Tensor randn(const Shape& shape, DType dtype, Generator& gen) { return normal(shape, 0, 1, dtype, gen); }
+Tensor randn(const Shape& shape, DType dtype, Generator& gen) {
+    return normal(shape, 0, 1, dtype, gen);
+}
 
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()); }

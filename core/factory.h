@@ -12,14 +12,16 @@ namespace qk {
 Tensor zeros(const Shape& shape, DType dtype = kF32, Device device = Device::cpu);
 Tensor ones(const Shape& shape, DType dtype = kF32, Device device = Device::cpu);
 Tensor full(const Shape& shape, double value, DType dtype = kF32, Device device = Device::cpu);
-Tensor arange(int64_t n, DType dtype = kF32);  // 0, 1, ..., n-1
+Tensor arange(int64_t n, DType dtype = kF32);            // 0, 1, ..., n-1
 Tensor scalar_tensor(double value, DType dtype = kF32);  // rank 0
 // Row-major values; shape defaults to {values.size()}.
 Tensor from_vector(const std::vector<double>& values, Shape shape = {}, DType dtype = kF32);
 Tensor from_ids(const std::vector<int32_t>& ids, Shape shape = {});  // int32 token ids
 
-Tensor rand(const Shape& shape, DType dtype = kF32, Generator& gen = default_generator());   // U[0,1)
-Tensor randn(const Shape& shape, DType dtype = kF32, Generator& gen = default_generator());  // N(0,1)
+Tensor rand(const Shape& shape, DType dtype = kF32,
+            Generator& gen = default_generator());  // U[0,1)
+Tensor randn(const Shape& shape, DType dtype = kF32,
+             Generator& gen = default_generator());  // N(0,1)
 Tensor normal(const Shape& shape, double mean, double std, DType dtype = kF32,
               Generator& gen = default_generator());
 Tensor uniform(const Shape& shape, double low, double high, DType dtype = kF32,

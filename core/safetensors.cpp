@@ -48,11 +48,13 @@ uint64_t checked_nbytes(const nlohmann::json& shape, DType dtype, const std::str
     uint64_t extent = dtype_size(dtype);
     bool empty = false;
     for (const auto& s : shape) {
-        QK_CHECK(s.is_number_unsigned(), "safetensors {}: tensor '{}': shape entries must be "
-                 "non-negative integers, got {}", origin, name, s.dump());
+        QK_CHECK(s.is_number_unsigned(),
+                 "safetensors {}: tensor '{}': shape entries must be "
+                 "non-negative integers, got {}",
+                 origin, name, s.dump());
         const uint64_t size = s.get<uint64_t>();
-        QK_CHECK(size == 0 || extent <= kMax / size, "safetensors {}: tensor '{}': shape {} overflows",
-                 origin, name, shape.dump());
+        QK_CHECK(size == 0 || extent <= kMax / size,
+                 "safetensors {}: tensor '{}': shape {} overflows", origin, name, shape.dump());
         extent *= std::max<uint64_t>(size, 1);
         empty = empty || size == 0;
         out_shape.push_back(static_cast<int64_t>(size));
@@ -69,7 +71,8 @@ const Tensor& SafetensorsFile::get(const std::string& name) const {
 }
 
 bool SafetensorsFile::contains(const std::string& name) const {
-    return std::any_of(tensors.begin(), tensors.end(), [&](const auto& p) { return p.first == name; });
+    return std::any_of(tensors.begin(), tensors.end(),
+                       [&](const auto& p) { return p.first == name; });
 }
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
@@ -83,7 +86,8 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
             const std::string err = std::strerror(errno);
             ::close(fd);
             ::unlink(tmp.c_str());
-            throw Error(fmt::format("write {}: {} after {} of {} bytes", path, err, written, bytes.size()));
+            throw Error(
+                fmt::format("write {}: {} after {} of {} bytes", path, err, written, bytes.size()));
         }
         written += static_cast<size_t>(n);
     }
@@ -92,11 +96,13 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     if (!synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
         const std::string err = std::strerror(errno);
         ::unlink(tmp.c_str());
-        throw Error(fmt::format("write {}: could not flush and rename the temporary file: {}", path, err));
+        throw Error(
+            fmt::format("write {}: could not flush and rename the temporary file: {}", path, err));
     }
 }
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
     nlohmann::json header = nlohmann::json::object();
     if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -104,12 +110,15 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     for (const auto& [name, t] : tensors) {
         QK_CHECK(name != "__metadata__" && !header.contains(name),
                  "save_safetensors {}: tensor name '{}' is reserved or repeated", path, name);
-        QK_CHECK(t.device() == Device::cpu, "save_safetensors {}: tensor '{}' is on {}; copy it to "
-                 "the cpu first", path, name, t.device());
+        QK_CHECK(t.device() == Device::cpu,
+                 "save_safetensors {}: tensor '{}' is on {}; copy it to "
+                 "the cpu first",
+                 path, name, t.device());
         Tensor c = t.detach().contiguous();
         const size_t begin = data.size();
         data.append(static_cast<const char*>(c.raw_data()), c.numel() * dtype_size(c.dtype()));
-        header[name] = {{"dtype", dtype_code(c.dtype())}, {"shape", c.shape()},
+        header[name] = {{"dtype", dtype_code(c.dtype())},
+                        {"shape", c.shape()},
                         {"data_offsets", {begin, data.size()}}};
     }
     std::string json = header.dump();
@@ -123,13 +132,18 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 }
 
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& origin) {
-    QK_CHECK(bytes.size() >= 8, "safetensors {}: file is {} bytes, too short for the 8-byte header "
-             "length", origin, bytes.size());
+    QK_CHECK(bytes.size() >= 8,
+             "safetensors {}: file is {} bytes, too short for the 8-byte header "
+             "length",
+             origin, bytes.size());
     const uint64_t header_len = get_u64_le(bytes);
-    QK_CHECK(header_len <= kMaxHeaderBytes, "safetensors {}: header length {} exceeds the {} byte cap",
-             origin, header_len, kMaxHeaderBytes);
-    QK_CHECK(header_len <= bytes.size() - 8, "safetensors {}: header length {} runs past the end of "
-             "the {} byte file (truncated?)", origin, header_len, bytes.size());
+    QK_CHECK(header_len <= kMaxHeaderBytes,
+             "safetensors {}: header length {} exceeds the {} byte cap", origin, header_len,
+             kMaxHeaderBytes);
+    QK_CHECK(header_len <= bytes.size() - 8,
+             "safetensors {}: header length {} runs past the end of "
+             "the {} byte file (truncated?)",
+             origin, header_len, bytes.size());
     nlohmann::json header;
     std::set<std::string> names;
     bool duplicate = false;
@@ -144,8 +158,8 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
         return true;
     };
     try {
-        header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(header_len),
-                                       watch_keys);
+        header = nlohmann::json::parse(
+            bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(header_len), watch_keys);
     } catch (const nlohmann::json::exception& e) {
         throw Error(fmt::format("safetensors {}: header is not valid JSON: {}", origin, e.what()));
     }
@@ -161,7 +175,8 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
         if (name == "__metadata__") {
             QK_CHECK(entry.is_object(), "safetensors {}: __metadata__ must be an object", origin);
             for (const auto& [k, v] : entry.items()) {
-                QK_CHECK(v.is_string(), "safetensors {}: __metadata__ value of '{}' must be a string", origin, k);
+                QK_CHECK(v.is_string(),
+                         "safetensors {}: __metadata__ value of '{}' must be a string", origin, k);
                 file.metadata[k] = v.get<std::string>();
             }
             continue;
@@ -175,12 +190,17 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
         const auto& offsets = entry["data_offsets"];
         QK_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                      offsets[1].is_number_unsigned(),
-                 "safetensors {}: tensor '{}': data_offsets must be two non-negative integers", origin, name);
+                 "safetensors {}: tensor '{}': data_offsets must be two non-negative integers",
+                 origin, name);
         const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
-        QK_CHECK(begin <= end && end <= data_size, "safetensors {}: tensor '{}': range [{}, {}) is outside "
-                 "the {} byte data buffer", origin, name, begin, end, data_size);
-        QK_CHECK(end - begin == nbytes, "safetensors {}: tensor '{}': range holds {} bytes, but {} {} "
-                 "needs {}", origin, name, end - begin, dtype_name(dtype), shape, nbytes);
+        QK_CHECK(begin <= end && end <= data_size,
+                 "safetensors {}: tensor '{}': range [{}, {}) is outside "
+                 "the {} byte data buffer",
+                 origin, name, begin, end, data_size);
+        QK_CHECK(end - begin == nbytes,
+                 "safetensors {}: tensor '{}': range holds {} bytes, but {} {} "
+                 "needs {}",
+                 origin, name, end - begin, dtype_name(dtype), shape, nbytes);
         Tensor t = Tensor::empty(shape, dtype);
         if (nbytes) std::memcpy(t.raw_data(), bytes.data() + data_begin + begin, nbytes);
         ranges.emplace_back(begin, end, file.tensors.size());

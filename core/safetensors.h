@@ -30,10 +30,12 @@ struct SafetensorsFile {
     bool contains(const std::string& name) const;
 };
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 SafetensorsFile load_safetensors(const std::string& path);
-SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& origin);  // for tests
+SafetensorsFile parse_safetensors(const std::string& bytes,
+                                  const std::string& origin);  // for tests
 
 // Writes `bytes` to path atomically (temporary file + fsync + rename).
 void write_file_atomic(const std::string& path, const std::string& bytes);

@@ -143,16 +143,22 @@ void copy_into(const Tensor& dst, const Tensor& src) {
             const S* s = src.data<S>();
             const int64_t ds = dst.dim() ? dst.strides().back() : 1;
             const int64_t ss = src.dim() ? src.strides().back() : 1;
-            for_each_run<2>(dst.shape(), {&dst.strides(), &src.strides()},
-                            [&](const auto& off, int64_t n) {
-                                D* dp = d + off[0];
-                                const S* sp = s + off[1];
-                                if (ds == 1 && ss == 1)
-                                    for (int64_t i = 0; i < n; ++i) dp[i] = static_cast<D>(sp[i]);
-                                else
-                                    for (int64_t i = 0; i < n; ++i)
-                                        dp[i * ds] = static_cast<D>(sp[i * ss]);
-                            });
+            auto copy_run = [&](const auto& off, int64_t n) {
+                D* dp = d + off[0];
+                const S* sp = s + off[1];
+                if (ds == 1 && ss == 1)
+                    for (int64_t i = 0; i < n; ++i) dp[i] = static_cast<D>(sp[i]);
+                else
+                    for (int64_t i = 0; i < n; ++i) dp[i * ds] = static_cast<D>(sp[i * ss]);
+            };
+            // On threads only when no two elements of dst share memory (no stride-0 dim).
+            bool overlapping = false;
+            for (int64_t k = 0; k < dst.dim(); ++k)
+                overlapping |= dst.shape()[k] > 1 && dst.strides()[k] == 0;
+            if (overlapping)
+                for_each_run<2>(dst.shape(), {&dst.strides(), &src.strides()}, copy_run);
+            else
+                parallel_for_each_run<2>(dst.shape(), {&dst.strides(), &src.strides()}, copy_run);
         });
     });
 }

@@ -27,12 +27,12 @@ struct TensorImpl {
     int64_t offset = 0;
     DType dtype = DType::f32;
     bool requires_grad = false;
-    std::shared_ptr<TensorImpl> grad;               // accumulated gradient (leaves)
-    std::shared_ptr<autograd::Node> grad_fn;        // the op that produced this tensor, if recorded
+    std::shared_ptr<TensorImpl> grad;         // accumulated gradient (leaves)
+    std::shared_ptr<autograd::Node> grad_fn;  // the op that produced this tensor, if recorded
 };
 
 class Tensor {
-public:
+  public:
     Tensor() = default;  // an undefined tensor: no storage; used for "no gradient"
     explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
@@ -83,28 +83,31 @@ public:
     Tensor permute(const Shape& order) const;
     Tensor t() const { return transpose(-2, -1); }
     Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
-    Tensor slice(int64_t dim, int64_t start, int64_t end) const { return narrow(dim, start, end - start); }
+    Tensor slice(int64_t dim, int64_t start, int64_t end) const {
+        return narrow(dim, start, end - start);
+    }
     Tensor select(int64_t dim, int64_t index) const;  // narrow + squeeze
     Tensor expand(const Shape& shape) const;          // broadcast with stride 0
     Tensor squeeze(int64_t dim) const;
     Tensor unsqueeze(int64_t dim) const;
     Tensor flatten() const { return reshape({numel()}); }
-    Tensor contiguous() const;  // this tensor if already contiguous, else a differentiable copy
-    Tensor clone() const;       // always a differentiable copy
+    Tensor contiguous() const;     // this tensor if already contiguous, else a differentiable copy
+    Tensor clone() const;          // always a differentiable copy
     Tensor to(DType dtype) const;  // differentiable cast
 
     TensorImpl& impl() const;
     const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
     bool same(const Tensor& other) const { return impl_ == other.impl_; }
 
-private:
+  private:
     std::shared_ptr<TensorImpl> impl_;
 };
 
 // A view of `base`'s storage with the given geometry (no autograd); used by the view ops.
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
 
-// Copies src into dst element by element (shapes equal, any strides, dtypes may differ). No autograd.
+// Copies src into dst element by element (shapes equal, any strides, dtypes may differ). No
+// autograd.
 void copy_into(const Tensor& dst, const Tensor& src);
 
 std::string to_string(const Tensor& t);

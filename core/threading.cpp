@@ -2,8 +2,8 @@
 
 #include <cblas.h>
 #include <omp.h>
-#include <xmmintrin.h>
 #include <pmmintrin.h>
+#include <xmmintrin.h>
 
 #include <malloc.h>
 

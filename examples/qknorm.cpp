@@ -5,11 +5,11 @@
 //   qknorm sample --run runs/default --prompt "ROMEO:" --tokens 400
 //
 // Every flag has a default; `qknorm train --help` lists them with what they do.
+#include <fmt/chrono.h>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <fmt/chrono.h>
 
 #include "core/threading.h"
 #include "nn/checkpoint.h"
@@ -29,28 +29,38 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags) {
     GPTConfig& m = cfg.model;
     cmd->add_option("--n-layer", m.n_layer, "transformer blocks (L)")->capture_default_str();
     cmd->add_option("--n-head", m.n_head, "attention heads per block (H)")->capture_default_str();
-    cmd->add_option("--n-embd", m.n_embd, "model width C (head dim D = C / H)")->capture_default_str();
+    cmd->add_option("--n-embd", m.n_embd, "model width C (head dim D = C / H)")
+        ->capture_default_str();
     cmd->add_option("--block-size", m.block_size, "context length T")->capture_default_str();
     cmd->add_option("--dropout", m.dropout, "dropout probability (attention, residual, embedding)")
         ->capture_default_str();
-    cmd->add_option("--bias", m.bias, "biases in every Linear and norm (true|false)")->capture_default_str();
+    cmd->add_option("--bias", m.bias, "biases in every Linear and norm (true|false)")
+        ->capture_default_str();
     cmd->add_option("--tie-embeddings", m.tie_embeddings, "share wte with the LM head (true|false)")
         ->capture_default_str();
     cmd->add_option("--norm", flags.norm, "block norms ln_1, ln_2, ln_f")
-        ->check(CLI::IsMember({"layernorm", "rmsnorm"}))->capture_default_str();
-    cmd->add_option("--qk-norm", flags.qk_norm,
-                    "normalisation of q and k: none (baseline), layernorm, rmsnorm, l2 (Henry et al., "
-                    "learnable scale g), lp (q/|q|_p, learnable g)")
-        ->check(CLI::IsMember({"none", "layernorm", "rmsnorm", "l2", "lp"}))->capture_default_str();
-    cmd->add_option("--qk-norm-scope", flags.qk_scope,
-                    "layernorm/rmsnorm statistics per head over D (head) or over all C channels (full)")
-        ->check(CLI::IsMember({"head", "full"}))->capture_default_str();
+        ->check(CLI::IsMember({"layernorm", "rmsnorm"}))
+        ->capture_default_str();
+    cmd->add_option(
+           "--qk-norm", flags.qk_norm,
+           "normalisation of q and k: none (baseline), layernorm, rmsnorm, l2 (Henry et al., "
+           "learnable scale g), lp (q/|q|_p, learnable g)")
+        ->check(CLI::IsMember({"none", "layernorm", "rmsnorm", "l2", "lp"}))
+        ->capture_default_str();
+    cmd->add_option(
+           "--qk-norm-scope", flags.qk_scope,
+           "layernorm/rmsnorm statistics per head over D (head) or over all C channels (full)")
+        ->check(CLI::IsMember({"head", "full"}))
+        ->capture_default_str();
     cmd->add_option("--lp-p", m.lp_p, "p of the lp variant (>= 1)")->capture_default_str();
     cmd->add_option("--qk-scale-init", m.qk_scale_init,
-                    "initial g for l2/lp: henry (log2(T^2-T)), sqrt_d, or a number")->capture_default_str();
-    cmd->add_option("--qk-scale-per-head", m.qk_scale_per_head, "one g per head instead of one per layer")
+                    "initial g for l2/lp: henry (log2(T^2-T)), sqrt_d, or a number")
         ->capture_default_str();
-    cmd->add_option("--attn-softcap", m.attn_softcap, "soft-cap c of the attention logits, c*tanh(s/c); 0 = off")
+    cmd->add_option("--qk-scale-per-head", m.qk_scale_per_head,
+                    "one g per head instead of one per layer")
+        ->capture_default_str();
+    cmd->add_option("--attn-softcap", m.attn_softcap,
+                    "soft-cap c of the attention logits, c*tanh(s/c); 0 = off")
         ->capture_default_str();
     cmd->add_option("--qkv-norm", m.qkv_norm, "normalise v too and drop ln_1 (Rybakov et al.)")
         ->capture_default_str();
@@ -61,34 +71,49 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags) {
 }
 
 void add_training_flags(CLI::App* cmd, TrainConfig& cfg) {
-    cmd->add_option("--data", cfg.data_path, "text file to train on (default: bundled Tiny Shakespeare)");
+    cmd->add_option("--data", cfg.data_path,
+                    "text file to train on (default: bundled Tiny Shakespeare)");
     cmd->add_option("--tokenizer", cfg.tokenizer, "char (sorted unique characters) or byte (256)")
-        ->check(CLI::IsMember({"char", "byte"}))->capture_default_str();
-    cmd->add_option("--batch-size", cfg.batch_size, "sequences per step (B)")->capture_default_str();
+        ->check(CLI::IsMember({"char", "byte"}))
+        ->capture_default_str();
+    cmd->add_option("--batch-size", cfg.batch_size, "sequences per step (B)")
+        ->capture_default_str();
     cmd->add_option("--steps", cfg.steps, "optimisation steps")->capture_default_str();
-    cmd->add_option("--warmup", cfg.warmup, "linear warmup steps before the cosine decay")->capture_default_str();
+    cmd->add_option("--warmup", cfg.warmup, "linear warmup steps before the cosine decay")
+        ->capture_default_str();
     cmd->add_option("--lr", cfg.lr, "peak learning rate")->capture_default_str();
-    cmd->add_option("--lr-min", cfg.lr_min, "learning rate at the end of the cosine decay")->capture_default_str();
+    cmd->add_option("--lr-min", cfg.lr_min, "learning rate at the end of the cosine decay")
+        ->capture_default_str();
     cmd->add_option("--beta1", cfg.beta1, "AdamW beta1")->capture_default_str();
     cmd->add_option("--beta2", cfg.beta2, "AdamW beta2")->capture_default_str();
-    cmd->add_option("--weight-decay", cfg.weight_decay, "AdamW weight decay (2-D weights only)")->capture_default_str();
-    cmd->add_option("--independent-wd", cfg.independent_weight_decay,
-                    "decay by (lr/lr_max)*wd per step, independent of the peak lr (Wortsman et al.)")
+    cmd->add_option("--weight-decay", cfg.weight_decay, "AdamW weight decay (2-D weights only)")
         ->capture_default_str();
-    cmd->add_option("--grad-clip", cfg.grad_clip, "global gradient-norm clip; 0 = off")->capture_default_str();
-    cmd->add_option("--eval-every", cfg.eval_every, "validate every N steps")->capture_default_str();
-    cmd->add_option("--eval-batches", cfg.eval_batches, "validation batches (the same ones each time)")
+    cmd->add_option(
+           "--independent-wd", cfg.independent_weight_decay,
+           "decay by (lr/lr_max)*wd per step, independent of the peak lr (Wortsman et al.)")
         ->capture_default_str();
-    cmd->add_option("--stats-every", cfg.stats_every, "record the attention stability signals every N steps")
+    cmd->add_option("--grad-clip", cfg.grad_clip, "global gradient-norm clip; 0 = off")
+        ->capture_default_str();
+    cmd->add_option("--eval-every", cfg.eval_every, "validate every N steps")
+        ->capture_default_str();
+    cmd->add_option("--eval-batches", cfg.eval_batches,
+                    "validation batches (the same ones each time)")
+        ->capture_default_str();
+    cmd->add_option("--stats-every", cfg.stats_every,
+                    "record the attention stability signals every N steps")
         ->capture_default_str();
     cmd->add_option("--checkpoint-every", cfg.checkpoint_every, "write a checkpoint every N steps")
         ->capture_default_str();
-    cmd->add_option("--keep-checkpoints", cfg.keep_checkpoints, "how many recent checkpoints to keep")
+    cmd->add_option("--keep-checkpoints", cfg.keep_checkpoints,
+                    "how many recent checkpoints to keep")
         ->capture_default_str();
-    cmd->add_option("--seed", cfg.seed, "seed of the weights, the batches and dropout")->capture_default_str();
-    cmd->add_option("--run-dir", cfg.run_dir,
-                    "where the checkpoints, metrics.jsonl and plot.svg go (default: runs/<date-time>)");
-    cmd->add_option("--sample-tokens", cfg.sample_tokens, "characters to generate at the end; 0 = none")
+    cmd->add_option("--seed", cfg.seed, "seed of the weights, the batches and dropout")
+        ->capture_default_str();
+    cmd->add_option(
+        "--run-dir", cfg.run_dir,
+        "where the checkpoints, metrics.jsonl and plot.svg go (default: runs/<date-time>)");
+    cmd->add_option("--sample-tokens", cfg.sample_tokens,
+                    "characters to generate at the end; 0 = none")
         ->capture_default_str();
 }
 
@@ -102,11 +127,13 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
         cfg.model.qk_norm_scope = parse_norm_scope(flags.qk_scope);
     }
     cfg.progress = !quiet;
-    if (cfg.run_dir.empty()) cfg.run_dir = fmt::format("runs/{:%Y%m%d-%H%M%S}", fmt::localtime(std::time(nullptr)));
-    fmt::print("qknorm train: L={} H={} C={} T={} B={}, qk_norm={} ({}), steps {}, lr {}, run dir {}{}\n",
-               cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size, cfg.batch_size,
-               to_string(cfg.model.qk_norm), to_string(cfg.model.qk_norm_scope), cfg.steps, cfg.lr,
-               cfg.run_dir, resume ? " (resuming)" : "");
+    if (cfg.run_dir.empty())
+        cfg.run_dir = fmt::format("runs/{:%Y%m%d-%H%M%S}", fmt::localtime(std::time(nullptr)));
+    fmt::print(
+        "qknorm train: L={} H={} C={} T={} B={}, qk_norm={} ({}), steps {}, lr {}, run dir {}{}\n",
+        cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size, cfg.batch_size,
+        to_string(cfg.model.qk_norm), to_string(cfg.model.qk_norm_scope), cfg.steps, cfg.lr,
+        cfg.run_dir, resume ? " (resuming)" : "");
     TrainResult result = train(cfg, resume);
     if (result.diverged) {
         fmt::print(stderr, "qknorm train: {}\n", result.message);
@@ -124,18 +151,21 @@ std::string newest_run() {
     std::string newest;
     if (std::filesystem::exists("runs"))
         for (const auto& entry : std::filesystem::directory_iterator("runs"))
-            if (entry.is_directory() && entry.path().string() > newest) newest = entry.path().string();
+            if (entry.is_directory() && entry.path().string() > newest)
+                newest = entry.path().string();
     QK_CHECK(!newest.empty(), "sample: no run under runs/; pass --run DIR or --ckpt FILE");
     return newest;
 }
 
 int run_sample(const std::string& run, const std::string& ckpt, const std::string& prompt,
                const SampleOptions& options, uint64_t seed) {
-    const std::string path = !ckpt.empty() ? ckpt : latest_model_checkpoint(run.empty() ? newest_run() : run);
+    const std::string path =
+        !ckpt.empty() ? ckpt : latest_model_checkpoint(run.empty() ? newest_run() : run);
     QK_CHECK(!path.empty(), "sample: {} holds no checkpoint; pass --run DIR or --ckpt FILE", run);
     LoadedModel loaded = load_model(path);
     Generator gen(seed);
-    std::vector<int32_t> ids = prompt.empty() ? std::vector<int32_t>{0} : loaded.tokenizer.encode(prompt);
+    std::vector<int32_t> ids =
+        prompt.empty() ? std::vector<int32_t>{0} : loaded.tokenizer.encode(prompt);
     fmt::print("{}\n", loaded.tokenizer.decode(generate(*loaded.model, ids, options, gen)));
     return 0;
 }
@@ -163,26 +193,33 @@ int main(int argc, char** argv) {
     std::string resume_dir;
     bool quiet = false;
     int threads = num_threads();
-    app.add_option("--threads", threads, "cpu threads for OpenBLAS and the kernels (env QK_NUM_THREADS)")
+    app.add_option("--threads", threads,
+                   "cpu threads for OpenBLAS and the kernels (env QK_NUM_THREADS)")
         ->capture_default_str();
 
-    CLI::App* train_cmd = app.add_subcommand("train", "train a model (defaults: the QK-norm model on Tiny Shakespeare)");
+    CLI::App* train_cmd = app.add_subcommand(
+        "train", "train a model (defaults: the QK-norm model on Tiny Shakespeare)");
     add_model_flags(train_cmd, cfg, flags);
     add_training_flags(train_cmd, cfg);
-    train_cmd->add_option("--resume", resume_dir, "continue the run in this directory (its config is reused)");
+    train_cmd->add_option("--resume", resume_dir,
+                          "continue the run in this directory (its config is reused)");
     train_cmd->add_flag("--quiet", quiet, "no progress bar");
 
     CLI::App* sample_cmd = app.add_subcommand("sample", "generate text from a trained model");
     std::string run, ckpt, prompt;
     SampleOptions options;
     uint64_t seed = 0;
-    sample_cmd->add_option("--run", run, "run directory, its latest checkpoint is used (default: the newest under runs/)");
+    sample_cmd->add_option(
+        "--run", run,
+        "run directory, its latest checkpoint is used (default: the newest under runs/)");
     sample_cmd->add_option("--ckpt", ckpt, "a model checkpoint file, instead of --run");
     sample_cmd->add_option("--prompt", prompt, "text to continue (default: a newline)");
-    sample_cmd->add_option("--tokens", options.max_new_tokens, "tokens to generate")->capture_default_str();
+    sample_cmd->add_option("--tokens", options.max_new_tokens, "tokens to generate")
+        ->capture_default_str();
     sample_cmd->add_option("--temperature", options.temperature, "softmax temperature; 0 = greedy")
         ->capture_default_str();
-    sample_cmd->add_option("--top-k", options.top_k, "sample among the k most likely; 0 = all")->capture_default_str();
+    sample_cmd->add_option("--top-k", options.top_k, "sample among the k most likely; 0 = all")
+        ->capture_default_str();
     sample_cmd->add_option("--seed", seed, "sampling seed")->capture_default_str();
 
     CLI11_PARSE(app, argc, argv);

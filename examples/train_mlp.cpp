@@ -54,8 +54,9 @@ void adam_step(std::vector<Param*>& params, int step, double lr) {
 
 void progress(int step, int steps, double loss, double accuracy) {
     const int width = 30, filled = width * step / steps;
-    std::printf("\r[%s%s] step %4d/%d  loss %.4f  accuracy %5.1f%%", std::string(filled, '#').c_str(),
-                std::string(width - filled, '.').c_str(), step, steps, loss, 100 * accuracy);
+    std::printf("\r[%s%s] step %4d/%d  loss %.4f  accuracy %5.1f%%",
+                std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), step,
+                steps, loss, 100 * accuracy);
     std::fflush(stdout);
 }
 
@@ -69,11 +70,14 @@ int main(int argc, char** argv) {
 
     const int hidden = 64;
     Param w1 = make_param({2, hidden}, 1.0, gen), b1 = make_param({hidden}, 0.0, gen);
-    Param w2 = make_param({hidden, hidden}, 1.0 / std::sqrt(hidden), gen), b2 = make_param({hidden}, 0.0, gen);
-    Param w3 = make_param({hidden, 3}, 1.0 / std::sqrt(hidden), gen), b3 = make_param({3}, 0.0, gen);
+    Param w2 = make_param({hidden, hidden}, 1.0 / std::sqrt(hidden), gen),
+          b2 = make_param({hidden}, 0.0, gen);
+    Param w3 = make_param({hidden, 3}, 1.0 / std::sqrt(hidden), gen),
+          b3 = make_param({3}, 0.0, gen);
     std::vector<Param*> params{&w1, &b1, &w2, &b2, &w3, &b3};
 
-    std::printf("train_mlp: 3 spirals x 200 points, MLP 2-%d-%d-3 with GELU, Adam lr 1e-2\n", hidden, hidden);
+    std::printf("train_mlp: 3 spirals x 200 points, MLP 2-%d-%d-3 with GELU, Adam lr 1e-2\n",
+                hidden, hidden);
     for (int step = 1; step <= steps; ++step) {
         Tensor h = gelu(matmul(points, w1.value) + b1.value);
         h = gelu(matmul(h, w2.value) + b2.value);

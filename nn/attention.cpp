@@ -67,20 +67,24 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen
     config.validate();
     const int64_t C = config.n_embd, D = config.head_dim();
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-    c_attn = register_module("c_attn", std::make_shared<Linear>(C, 3 * C, config.bias, 0.02, gen, dtype));
+    c_attn = register_module("c_attn",
+                             std::make_shared<Linear>(C, 3 * C, config.bias, 0.02, gen, dtype));
     if (config.qk_norm == QKNorm::layernorm || config.qk_norm == QKNorm::rmsnorm) {
-        const NormKind kind = config.qk_norm == QKNorm::layernorm ? NormKind::layernorm : NormKind::rmsnorm;
+        const NormKind kind =
+            config.qk_norm == QKNorm::layernorm ? NormKind::layernorm : NormKind::rmsnorm;
         const int64_t width = config.qk_norm_scope == NormScope::head ? D : C;
         q_norm = register_module("q_norm", std::make_shared<Norm>(kind, width, config.bias, dtype));
         k_norm = register_module("k_norm", std::make_shared<Norm>(kind, width, config.bias, dtype));
         if (config.qkv_norm)
-            v_norm = register_module("v_norm", std::make_shared<Norm>(kind, width, config.bias, dtype));
+            v_norm =
+                register_module("v_norm", std::make_shared<Norm>(kind, width, config.bias, dtype));
     }
     if (is_lp_family(config.qk_norm)) {
         const int64_t n = config.qk_scale_per_head ? config.n_head : 1;
         qk_scale = register_parameter("qk_scale", full({n}, config.initial_qk_scale(), dtype));
     }
-    c_proj = register_module("c_proj", std::make_shared<Linear>(C, C, config.bias, proj_std, gen, dtype));
+    c_proj = register_module("c_proj",
+                             std::make_shared<Linear>(C, C, config.bias, proj_std, gen, dtype));
 }
 
 // Applies this layer's q/k/v normalisation to t: (B, H, T, D) for scope head, (B, T, C) for full.
@@ -90,11 +94,13 @@ Tensor CausalSelfAttention::normalize(const Tensor& t, const std::shared_ptr<Nor
     return norm ? norm->forward(t) : t;
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats, Generator* dropout_gen) {
+Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
+                                    Generator* dropout_gen) {
     QK_CHECK(x.dim() == 3 && x.size(2) == config_.n_embd,
              "attention: input must be (B, T, {}), got {}", config_.n_embd, x.shape());
     const int64_t H = config_.n_head, D = config_.head_dim();
-    const bool full_scope = config_.qk_norm_scope == NormScope::full && !is_lp_family(config_.qk_norm);
+    const bool full_scope =
+        config_.qk_norm_scope == NormScope::full && !is_lp_family(config_.qk_norm);
     std::vector<Tensor> qkv = split(c_attn->forward(x), config_.n_embd, -1);  // 3 x (B, T, C)
     Tensor q = qkv[0], k = qkv[1], v = qkv[2];
     if (stats) {
@@ -128,7 +134,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats, Gene
         stats->qk_scale = qk_scale.defined() ? mean(qk_scale).item() : 0.0;
     }
     if (config_.dropout > 0 && training())
-        attn = dropout(attn, config_.dropout, true, dropout_gen ? *dropout_gen : default_generator());
+        attn =
+            dropout(attn, config_.dropout, true, dropout_gen ? *dropout_gen : default_generator());
     Tensor y = matmul(attn, v);  // (B, H, T, D)
     y = y.transpose(1, 2).reshape({x.size(0), x.size(1), config_.n_embd});
     return c_proj->forward(y);

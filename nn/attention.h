@@ -10,25 +10,26 @@ namespace qk::nn {
 
 // Stability signals of one attention layer for one forward pass, computed without gradient.
 struct AttentionStats {
-    double max_logit = 0;     // max |s| over unmasked positions (after scaling, before the cap)
-    double entropy = 0;       // mean over query rows of −Σ_j A_ij log A_ij
-    double q_norm = 0;        // mean ‖q‖₂ per head vector, before normalisation
+    double max_logit = 0;  // max |s| over unmasked positions (after scaling, before the cap)
+    double entropy = 0;    // mean over query rows of −Σ_j A_ij log A_ij
+    double q_norm = 0;     // mean ‖q‖₂ per head vector, before normalisation
     double k_norm = 0;
-    double qk_scale = 0;      // mean g for l2/lp, 0 otherwise
+    double qk_scale = 0;  // mean g for l2/lp, 0 otherwise
 };
 
 class CausalSelfAttention : public Module {
-public:
+  public:
     CausalSelfAttention(const GPTConfig& config, Generator& gen, DType dtype = kF32);
 
     // x: (B, T, C) -> (B, T, C). When stats is given, fills it (extra work, no gradient).
-    Tensor forward(const Tensor& x, AttentionStats* stats = nullptr, Generator* dropout_gen = nullptr);
+    Tensor forward(const Tensor& x, AttentionStats* stats = nullptr,
+                   Generator* dropout_gen = nullptr);
 
     std::shared_ptr<Linear> c_attn, c_proj;
     std::shared_ptr<Norm> q_norm, k_norm, v_norm;  // layernorm/rmsnorm variants only
     Tensor qk_scale;                               // g, l2/lp variants only
 
-private:
+  private:
     Tensor normalize(const Tensor& t, const std::shared_ptr<Norm>& norm) const;  // per variant
 
     GPTConfig config_;

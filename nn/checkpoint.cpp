@@ -8,20 +8,23 @@ namespace qk::nn {
 
 namespace {
 
-uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::string& key, const std::string& path) {
+uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::string& key,
+                   const std::string& path) {
     auto it = m.find(key);
     QK_CHECK(it != m.end(), "checkpoint {}: metadata '{}' is missing", path, key);
     try {
         return std::stoull(it->second);
     } catch (const std::exception&) {
-        throw Error(fmt::format("checkpoint {}: metadata '{}' = '{}' is not an integer", path, key, it->second));
+        throw Error(fmt::format("checkpoint {}: metadata '{}' = '{}' is not an integer", path, key,
+                                it->second));
     }
 }
 
-void check_matches(const std::string& path, const std::string& name, const Tensor& stored, const Tensor& expected) {
+void check_matches(const std::string& path, const std::string& name, const Tensor& stored,
+                   const Tensor& expected) {
     QK_CHECK(stored.shape() == expected.shape() && stored.dtype() == expected.dtype(),
-             "checkpoint {}: tensor '{}' is {} {}, the model expects {} {}", path, name, stored.dtype(),
-             stored.shape(), expected.dtype(), expected.shape());
+             "checkpoint {}: tensor '{}' is {} {}, the model expects {} {}", path, name,
+             stored.dtype(), stored.shape(), expected.dtype(), expected.shape());
 }
 
 }  // namespace
@@ -45,8 +48,8 @@ void load_weights_into(GPT& model, const std::string& path) {
         check_matches(path, name, file.get(name), param);
     }
     for (const auto& [name, stored] : file.tensors) {
-        const bool known =
-            std::any_of(params.begin(), params.end(), [&](const auto& p) { return p.first == name; });
+        const bool known = std::any_of(params.begin(), params.end(),
+                                       [&](const auto& p) { return p.first == name; });
         QK_CHECK(known, "checkpoint {}: tensor '{}' ({} {}) is not a parameter of this model", path,
                  name, stored.dtype(), stored.shape());
     }
@@ -55,8 +58,10 @@ void load_weights_into(GPT& model, const std::string& path) {
 
 LoadedModel load_model(const std::string& path) {
     SafetensorsFile file = load_safetensors(path);
-    QK_CHECK(file.metadata.count("tokenizer"), "checkpoint {}: no tokenizer in __metadata__ (not a "
-             "qknorm model checkpoint?)", path);
+    QK_CHECK(file.metadata.count("tokenizer"),
+             "checkpoint {}: no tokenizer in __metadata__ (not a "
+             "qknorm model checkpoint?)",
+             path);
     LoadedModel out;
     GPTConfig config = GPTConfig::from_strings(file.metadata);
     // The config comes from the file too: bound the model it asks for by the values the file
@@ -66,13 +71,17 @@ LoadedModel load_model(const std::string& path) {
     const double C = static_cast<double>(config.n_embd);
     const double needed = static_cast<double>(config.n_layer) * 12 * C * C +
                           static_cast<double>(config.vocab_size + config.block_size) * C;
-    QK_CHECK(needed <= stored, "checkpoint {}: its config (L={}, C={}, V={}, T={}) needs at least "
-             "{:.0f} parameter values, the file holds {:.0f}", path, config.n_layer, config.n_embd,
-             config.vocab_size, config.block_size, needed, stored);
+    QK_CHECK(needed <= stored,
+             "checkpoint {}: its config (L={}, C={}, V={}, T={}) needs at least "
+             "{:.0f} parameter values, the file holds {:.0f}",
+             path, config.n_layer, config.n_embd, config.vocab_size, config.block_size, needed,
+             stored);
     out.model = std::make_unique<GPT>(config, 0);
     out.tokenizer = Tokenizer::deserialize(file.metadata.at("tokenizer"));
-    QK_CHECK(out.tokenizer.vocab_size() == config.vocab_size, "checkpoint {}: tokenizer has {} symbols, "
-             "config vocab_size is {}", path, out.tokenizer.vocab_size(), config.vocab_size);
+    QK_CHECK(out.tokenizer.vocab_size() == config.vocab_size,
+             "checkpoint {}: tokenizer has {} symbols, "
+             "config vocab_size is {}",
+             path, out.tokenizer.vocab_size(), config.vocab_size);
     out.metadata = file.metadata;
     load_weights_into(*out.model, path);
     return out;
@@ -104,7 +113,8 @@ TrainingState load_training_state(const std::string& path, GPT& model, AdamW& op
     for (auto& [name, param] : params)
         for (const char* kind : {"exp_avg.", "exp_avg_sq."}) {
             const std::string key = kind + name;
-            QK_CHECK(file.contains(key), "checkpoint {}: optimizer tensor '{}' is missing", path, key);
+            QK_CHECK(file.contains(key), "checkpoint {}: optimizer tensor '{}' is missing", path,
+                     key);
             check_matches(path, key, file.get(key), param);
             moments.push_back(file.get(key));
         }
@@ -114,7 +124,8 @@ TrainingState load_training_state(const std::string& path, GPT& model, AdamW& op
     state.data_counter = parse_u64(file.metadata, "data_counter", path);
     state.dropout_seed = parse_u64(file.metadata, "dropout_seed", path);
     state.dropout_counter = parse_u64(file.metadata, "dropout_counter", path);
-    optimizer.load_state(moments, static_cast<int64_t>(parse_u64(file.metadata, "optimizer_steps", path)));
+    optimizer.load_state(moments,
+                         static_cast<int64_t>(parse_u64(file.metadata, "optimizer_steps", path)));
     state.extra = file.metadata;
     return state;
 }

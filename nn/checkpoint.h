@@ -14,7 +14,7 @@ namespace qk::nn {
 
 // Everything besides the weights that resuming needs.
 struct TrainingState {
-    int64_t step = 0;                   // steps completed
+    int64_t step = 0;                                // steps completed
     uint64_t data_seed = 0, data_counter = 0;        // the batch sampler's generator
     uint64_t dropout_seed = 0, dropout_counter = 0;  // the model's dropout generator
     std::map<std::string, std::string> extra;        // e.g. the training config, as JSON

@@ -24,8 +24,8 @@ constexpr std::array<std::pair<const char*, QKNorm>, 5> kQKNorms{{{"none", QKNor
                                                                   {"rmsnorm", QKNorm::rmsnorm},
                                                                   {"l2", QKNorm::l2},
                                                                   {"lp", QKNorm::lp}}};
-constexpr std::array<std::pair<const char*, NormScope>, 2> kScopes{{{"head", NormScope::head},
-                                                                    {"full", NormScope::full}}};
+constexpr std::array<std::pair<const char*, NormScope>, 2> kScopes{
+    {{"head", NormScope::head}, {"full", NormScope::full}}};
 constexpr std::array<std::pair<const char*, NormKind>, 2> kNormKinds{
     {{"layernorm", NormKind::layernorm}, {"rmsnorm", NormKind::rmsnorm}}};
 
@@ -84,7 +84,8 @@ void GPTConfig::validate() const {
     positive(n_layer, "n_layer");
     positive(n_head, "n_head");
     positive(n_embd, "n_embd");
-    QK_CHECK(n_embd % n_head == 0, "config: n_embd {} must be divisible by n_head {}", n_embd, n_head);
+    QK_CHECK(n_embd % n_head == 0, "config: n_embd {} must be divisible by n_head {}", n_embd,
+             n_head);
     QK_CHECK(dropout >= 0 && dropout < 1, "config: dropout must be in [0, 1), got {}", dropout);
     QK_CHECK(lp_p >= 1, "config: lp_p must be >= 1, got {}", lp_p);
     QK_CHECK(attn_softcap >= 0 && logit_softcap >= 0 && z_loss >= 0,

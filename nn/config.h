@@ -32,13 +32,13 @@ struct GPTConfig {
 
     QKNorm qk_norm = QKNorm::none;
     NormScope qk_norm_scope = NormScope::head;
-    double lp_p = 2.0;                     // p of the lp variant
-    std::string qk_scale_init = "henry";   // l2/lp: "henry" (log2(T²−T)), "sqrt_d", or a number
-    bool qk_scale_per_head = false;        // g of shape (H) instead of (1)
-    double attn_softcap = 0.0;             // c in s <- c·tanh(s/c); 0 = off (Gemma 2: 50)
-    bool qkv_norm = false;                 // normalise v too, and drop ln_1 (Rybakov et al.)
-    double logit_softcap = 0.0;            // cap on the output logits; 0 = off (Gemma 2: 30)
-    double z_loss = 0.0;                   // weight of mean(logsumexp(logits)²); PaLM: 1e-4
+    double lp_p = 2.0;                    // p of the lp variant
+    std::string qk_scale_init = "henry";  // l2/lp: "henry" (log2(T²−T)), "sqrt_d", or a number
+    bool qk_scale_per_head = false;       // g of shape (H) instead of (1)
+    double attn_softcap = 0.0;            // c in s <- c·tanh(s/c); 0 = off (Gemma 2: 50)
+    bool qkv_norm = false;                // normalise v too, and drop ln_1 (Rybakov et al.)
+    double logit_softcap = 0.0;           // cap on the output logits; 0 = off (Gemma 2: 30)
+    double z_loss = 0.0;                  // weight of mean(logsumexp(logits)²); PaLM: 1e-4
 
     int64_t head_dim() const { return n_embd / n_head; }
     double initial_qk_scale() const;  // g₀ for l2/lp, from qk_scale_init

@@ -17,7 +17,8 @@ Tokenizer Tokenizer::char_level(const std::string& text) {
     for (int c = 0; c < 256; ++c)
         if (seen[c]) t.vocab_.push_back(static_cast<char>(c));
     t.lookup_.assign(256, -1);
-    for (size_t i = 0; i < t.vocab_.size(); ++i) t.lookup_[static_cast<unsigned char>(t.vocab_[i])] = int32_t(i);
+    for (size_t i = 0; i < t.vocab_.size(); ++i)
+        t.lookup_[static_cast<unsigned char>(t.vocab_[i])] = int32_t(i);
     return t;
 }
 
@@ -40,7 +41,8 @@ std::string Tokenizer::serialize() const {
 Tokenizer Tokenizer::deserialize(const std::string& s) {
     if (s == "bytes") return byte_level();
     QK_CHECK(s.rfind("chars:", 0) == 0 && s.size() % 2 == 0 && s.size() > 6,
-             "Tokenizer: cannot read '{}' (expected 'bytes' or 'chars:' + hex bytes)", s.substr(0, 40));
+             "Tokenizer: cannot read '{}' (expected 'bytes' or 'chars:' + hex bytes)",
+             s.substr(0, 40));
     std::string vocab;
     for (size_t i = 6; i < s.size(); i += 2) {
         unsigned value = 0;
@@ -63,9 +65,10 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
     ids.reserve(text.size());
     for (size_t i = 0; i < text.size(); ++i) {
         const int32_t id = lookup_[static_cast<unsigned char>(text[i])];
-        QK_CHECK(id >= 0, "Tokenizer: character '{}' (byte {}) at position {} is not in the vocabulary "
-                 "of {} characters", std::string(1, text[i]), static_cast<unsigned char>(text[i]), i,
-                 vocab_.size());
+        QK_CHECK(id >= 0,
+                 "Tokenizer: character '{}' (byte {}) at position {} is not in the vocabulary "
+                 "of {} characters",
+                 std::string(1, text[i]), static_cast<unsigned char>(text[i]), i, vocab_.size());
         ids.push_back(id);
     }
     return ids;
@@ -74,24 +77,28 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
     std::string out;
     for (int32_t id : ids) {
-        QK_CHECK(id >= 0 && id < vocab_size(), "Tokenizer: id {} is outside the vocabulary [0, {})", id,
-                 vocab_size());
+        QK_CHECK(id >= 0 && id < vocab_size(), "Tokenizer: id {} is outside the vocabulary [0, {})",
+                 id, vocab_size());
         out.push_back(vocab_[id]);
     }
     return out;
 }
 
-TextDataset::TextDataset(const std::vector<int32_t>& tokens, int64_t block_size, double train_fraction)
+TextDataset::TextDataset(const std::vector<int32_t>& tokens, int64_t block_size,
+                         double train_fraction)
     : block_size_(block_size) {
     const size_t split = static_cast<size_t>(static_cast<double>(tokens.size()) * train_fraction);
     train_.assign(tokens.begin(), tokens.begin() + split);
     val_.assign(tokens.begin() + split, tokens.end());
-    QK_CHECK(static_cast<int64_t>(val_.size()) > block_size + 1 && static_cast<int64_t>(train_.size()) > block_size + 1,
-             "TextDataset: {} tokens give {} train and {} val tokens; each needs more than block_size + 1 = {}",
+    QK_CHECK(static_cast<int64_t>(val_.size()) > block_size + 1 &&
+                 static_cast<int64_t>(train_.size()) > block_size + 1,
+             "TextDataset: {} tokens give {} train and {} val tokens; each needs more than "
+             "block_size + 1 = {}",
              tokens.size(), train_.size(), val_.size(), block_size + 1);
 }
 
-void TextDataset::batch(bool train, int64_t batch_size, Generator& gen, Tensor& ids, Tensor& targets) const {
+void TextDataset::batch(bool train, int64_t batch_size, Generator& gen, Tensor& ids,
+                        Tensor& targets) const {
     const std::vector<int32_t>& src = train ? train_ : val_;
     const int64_t T = block_size_;
     ids = Tensor::empty({batch_size, T}, kI32);
@@ -100,7 +107,8 @@ void TextDataset::batch(bool train, int64_t batch_size, Generator& gen, Tensor& 
     int32_t* y = targets.data<int32_t>();
     const uint64_t starts = src.size() - static_cast<size_t>(T) - 1;  // last start leaves a target
     for (int64_t b = 0; b < batch_size; ++b) {
-        const uint64_t start = static_cast<uint64_t>(gen.uniform() * static_cast<double>(starts + 1));
+        const uint64_t start =
+            static_cast<uint64_t>(gen.uniform() * static_cast<double>(starts + 1));
         std::copy_n(src.begin() + static_cast<int64_t>(start), T, x + b * T);
         std::copy_n(src.begin() + static_cast<int64_t>(start) + 1, T, y + b * T);
     }

@@ -11,7 +11,7 @@ namespace qk::nn {
 
 // Char-level (the sorted unique bytes of a text) or byte-level (all 256 bytes) tokenizer.
 class Tokenizer {
-public:
+  public:
     static Tokenizer char_level(const std::string& text);
     static Tokenizer byte_level();
     // The string form saved in checkpoints: "bytes" or "chars:" + the vocabulary, hex-encoded.
@@ -23,7 +23,7 @@ public:
     int64_t vocab_size() const { return static_cast<int64_t>(vocab_.size()); }
     bool is_byte_level() const { return byte_level_; }
 
-private:
+  private:
     std::string vocab_;            // id -> byte
     std::vector<int32_t> lookup_;  // byte -> id, or -1
     bool byte_level_ = false;
@@ -31,8 +31,9 @@ private:
 
 // Token ids split 90 % train / 10 % val; random windows of block_size + 1 tokens.
 class TextDataset {
-public:
-    TextDataset(const std::vector<int32_t>& tokens, int64_t block_size, double train_fraction = 0.9);
+  public:
+    TextDataset(const std::vector<int32_t>& tokens, int64_t block_size,
+                double train_fraction = 0.9);
 
     // A batch of B windows: ids (B, T) and targets (B, T) = ids shifted by one, int32.
     // Window starts are drawn from gen, so the sampler's whole state is the generator's.
@@ -40,7 +41,7 @@ public:
     int64_t train_tokens() const { return static_cast<int64_t>(train_.size()); }
     int64_t val_tokens() const { return static_cast<int64_t>(val_.size()); }
 
-private:
+  private:
     std::vector<int32_t> train_, val_;
     int64_t block_size_;
 };

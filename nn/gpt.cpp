@@ -15,7 +15,7 @@ namespace {
 
 // A container module, so that parameter names read "transformer.h.0.attn...".
 class Holder : public Module {
-public:
+  public:
     template <class M>
     std::shared_ptr<M> add(std::string name, std::shared_ptr<M> m) {
         return register_module(std::move(name), std::move(m));
@@ -27,17 +27,21 @@ public:
 MLP::MLP(const GPTConfig& config, Generator& gen, DType dtype) {
     const int64_t C = config.n_embd;
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-    c_fc = register_module("c_fc", std::make_shared<Linear>(C, 4 * C, config.bias, 0.02, gen, dtype));
-    c_proj = register_module("c_proj", std::make_shared<Linear>(4 * C, C, config.bias, proj_std, gen, dtype));
+    c_fc =
+        register_module("c_fc", std::make_shared<Linear>(C, 4 * C, config.bias, 0.02, gen, dtype));
+    c_proj = register_module("c_proj",
+                             std::make_shared<Linear>(4 * C, C, config.bias, proj_std, gen, dtype));
 }
 
 Tensor MLP::forward(const Tensor& x) const { return c_proj->forward(gelu(c_fc->forward(x))); }
 
 Block::Block(const GPTConfig& config, Generator& gen, DType dtype) : dropout(config.dropout) {
     if (!config.qkv_norm)
-        ln_1 = register_module("ln_1", std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype));
+        ln_1 = register_module(
+            "ln_1", std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype));
     attn = register_module("attn", std::make_shared<CausalSelfAttention>(config, gen, dtype));
-    ln_2 = register_module("ln_2", std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype));
+    ln_2 = register_module("ln_2",
+                           std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype));
     mlp = register_module("mlp", std::make_shared<MLP>(config, gen, dtype));
 }
 
@@ -45,30 +49,37 @@ Tensor Block::forward(const Tensor& x_in, AttentionStats* stats, Generator* drop
     auto residual_dropout = [&](const Tensor& t) {
         return dropout > 0 && training() ? qk::dropout(t, dropout, true, *dropout_gen) : t;
     };
-    Tensor x = x_in + residual_dropout(attn->forward(ln_1 ? ln_1->forward(x_in) : x_in, stats, dropout_gen));
+    Tensor x = x_in + residual_dropout(
+                          attn->forward(ln_1 ? ln_1->forward(x_in) : x_in, stats, dropout_gen));
     return x + residual_dropout(mlp->forward(ln_2->forward(x)));
 }
 
-GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype) : config_(config), dropout_gen_(seed ^ 0x5eed) {
+GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
+    : config_(config), dropout_gen_(seed ^ 0x5eed) {
     config.validate();
     Generator gen(seed);
     auto transformer = register_module("transformer", std::make_shared<Holder>());
-    wte = transformer->add("wte", std::make_shared<Embedding>(config.vocab_size, config.n_embd, 0.02, gen, dtype));
-    wpe = transformer->add("wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, 0.02, gen, dtype));
+    wte = transformer->add(
+        "wte", std::make_shared<Embedding>(config.vocab_size, config.n_embd, 0.02, gen, dtype));
+    wpe = transformer->add(
+        "wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, 0.02, gen, dtype));
     auto blocks = transformer->add("h", std::make_shared<Holder>());
     for (int64_t i = 0; i < config.n_layer; ++i)
         h.push_back(blocks->add(std::to_string(i), std::make_shared<Block>(config, gen, dtype)));
-    ln_f = transformer->add("ln_f", std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype));
+    ln_f = transformer->add("ln_f",
+                            std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype));
     if (!config.tie_embeddings)
-        lm_head = register_module("lm_head", std::make_shared<Linear>(config.n_embd, config.vocab_size,
-                                                                      false, 0.02, gen, dtype));
+        lm_head = register_module(
+            "lm_head",
+            std::make_shared<Linear>(config.n_embd, config.vocab_size, false, 0.02, gen, dtype));
 }
 
 GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats) {
     QK_CHECK(ids.dim() == 2 && ids.dtype() == kI32, "GPT: ids must be (B, T) int32, got {} {}",
              ids.dtype(), ids.shape());
     const int64_t B = ids.size(0), T = ids.size(1);
-    QK_CHECK(T <= config_.block_size, "GPT: sequence length {} exceeds block_size {}", T, config_.block_size);
+    QK_CHECK(T <= config_.block_size, "GPT: sequence length {} exceeds block_size {}", T,
+             config_.block_size);
     GPTOutput out;
     if (with_stats) out.stats.resize(config_.n_layer);
 
@@ -82,8 +93,8 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
     if (config_.logit_softcap > 0) logits = softcap(logits, config_.logit_softcap);
     out.logits = logits;
     if (targets.defined()) {
-        QK_CHECK(targets.shape() == ids.shape(), "GPT: targets {} must match ids {}", targets.shape(),
-                 ids.shape());
+        QK_CHECK(targets.shape() == ids.shape(), "GPT: targets {} must match ids {}",
+                 targets.shape(), ids.shape());
         Tensor flat = logits.view({B * T, config_.vocab_size});
         out.cross_entropy = cross_entropy(flat, targets.reshape({B * T}));
         out.loss = out.cross_entropy;

@@ -9,7 +9,7 @@
 namespace qk::nn {
 
 class MLP : public Module {
-public:
+  public:
     MLP(const GPTConfig& config, Generator& gen, DType dtype = kF32);
     Tensor forward(const Tensor& x) const;  // c_proj(gelu_tanh(c_fc(x)))
 
@@ -17,7 +17,7 @@ public:
 };
 
 class Block : public Module {
-public:
+  public:
     Block(const GPTConfig& config, Generator& gen, DType dtype = kF32);
     // x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). With qkv_norm, ln_1 is dropped.
     Tensor forward(const Tensor& x, AttentionStats* stats, Generator* dropout_gen);
@@ -29,14 +29,14 @@ public:
 };
 
 struct GPTOutput {
-    Tensor logits;  // (B, T, V)
-    Tensor loss;    // scalar: cross-entropy (+ z-loss), when targets were given
-    Tensor cross_entropy;  // the cross-entropy alone (what "loss" means in reports)
+    Tensor logits;                      // (B, T, V)
+    Tensor loss;                        // scalar: cross-entropy (+ z-loss), when targets were given
+    Tensor cross_entropy;               // the cross-entropy alone (what "loss" means in reports)
     std::vector<AttentionStats> stats;  // per layer, when asked for
 };
 
 class GPT : public Module {
-public:
+  public:
     GPT(const GPTConfig& config, uint64_t seed, DType dtype = kF32);
 
     // ids, targets: (B, T) int32 with T <= block_size; targets may be undefined.
@@ -50,7 +50,7 @@ public:
     std::shared_ptr<Norm> ln_f;
     std::shared_ptr<Linear> lm_head;  // null when tie_embeddings
 
-private:
+  private:
     GPTConfig config_;
     Generator dropout_gen_;
 };

@@ -10,7 +10,8 @@ namespace qk::nn {
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, double init_std,
                Generator& gen, DType dtype) {
-    weight = register_parameter("weight", normal({out_features, in_features}, 0, init_std, dtype, gen));
+    weight =
+        register_parameter("weight", normal({out_features, in_features}, 0, init_std, dtype, gen));
     if (with_bias) bias = register_parameter("bias", zeros({out_features}, dtype));
 }
 
@@ -19,7 +20,8 @@ Tensor Linear::forward(const Tensor& x) const {
     return bias.defined() ? y + bias : y;
 }
 
-Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator& gen, DType dtype) {
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator& gen,
+                     DType dtype) {
     weight = register_parameter("weight", normal({num_embeddings, dim}, 0, init_std, dtype, gen));
 }
 
@@ -33,7 +35,8 @@ Norm::Norm(NormKind kind_in, int64_t dim, bool with_bias, DType dtype, double ep
 }
 
 Tensor Norm::forward(const Tensor& x) const {
-    return kind == NormKind::layernorm ? layer_norm(x, weight, bias, eps) : rms_norm(x, weight, eps);
+    return kind == NormKind::layernorm ? layer_norm(x, weight, bias, eps)
+                                       : rms_norm(x, weight, eps);
 }
 
 }  // namespace qk::nn

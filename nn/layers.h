@@ -8,7 +8,7 @@
 namespace qk::nn {
 
 class Linear : public Module {
-public:
+  public:
     // weight ~ N(0, init_std), bias = 0.
     Linear(int64_t in_features, int64_t out_features, bool bias, double init_std, Generator& gen,
            DType dtype = kF32);
@@ -18,8 +18,9 @@ public:
 };
 
 class Embedding : public Module {
-public:
-    Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator& gen, DType dtype = kF32);
+  public:
+    Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator& gen,
+              DType dtype = kF32);
     Tensor forward(const Tensor& ids) const;  // ids: int32 (...) -> (..., dim)
 
     Tensor weight;
@@ -30,7 +31,7 @@ public:
 enum class NormKind { layernorm, rmsnorm };
 
 class Norm : public Module {
-public:
+  public:
     Norm(NormKind kind, int64_t dim, bool bias, DType dtype = kF32, double eps = 1e-5);
     Tensor forward(const Tensor& x) const;
 

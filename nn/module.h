@@ -14,7 +14,7 @@
 namespace qk::nn {
 
 class Module {
-public:
+  public:
     virtual ~Module() = default;
 
     // Every parameter below this module, depth first in registration order, with its dotted name.
@@ -27,7 +27,7 @@ public:
     void eval() { train(false); }
     bool training() const { return training_; }
 
-protected:
+  protected:
     Tensor register_parameter(std::string name, Tensor value);  // marks it requires_grad
     template <class M>
     std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
@@ -35,7 +35,7 @@ protected:
         return module;
     }
 
-private:
+  private:
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
 
     std::vector<std::pair<std::string, Tensor>> params_;

@@ -22,8 +22,8 @@ namespace cpu {
 
 // p, g, m, v: (n) contiguous.
 template <class T>
-void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps,
-                  T decay, T bias1, T bias2) {
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps, T decay,
+                  T bias1, T bias2) {
 #pragma omp parallel for simd if (n >= (1 << 16))
     for (int64_t i = 0; i < n; ++i) {
         m[i] = beta1 * m[i] + (1 - beta1) * g[i];
@@ -65,7 +65,8 @@ void AdamW::step(double lr) {
                                          T(options_.eps), T(decay), T(bias1), T(bias2));
                 });
                 break;
-            case Device::cuda: QK_CHECK(false, "AdamW: no CUDA kernel yet");
+            case Device::cuda:
+                QK_CHECK(false, "AdamW: no CUDA kernel yet");
         }
     }
 }
@@ -84,8 +85,10 @@ std::vector<Tensor> AdamW::state() const {
 }
 
 void AdamW::load_state(const std::vector<Tensor>& state, int64_t steps) {
-    QK_CHECK(state.size() == 2 * params_.size(), "AdamW: state has {} tensors, expected {} (m and v "
-             "for {} parameters)", state.size(), 2 * params_.size(), params_.size());
+    QK_CHECK(state.size() == 2 * params_.size(),
+             "AdamW: state has {} tensors, expected {} (m and v "
+             "for {} parameters)",
+             state.size(), 2 * params_.size(), params_.size());
     for (size_t i = 0; i < params_.size(); ++i)
         for (int k = 0; k < 2; ++k) {
             const Tensor& s = state[2 * i + k];
@@ -119,9 +122,11 @@ void SGD::zero_grad() {
 }
 
 double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, double lr_min) {
-    if (warmup > 0 && step < warmup) return lr_max * static_cast<double>(step + 1) / static_cast<double>(warmup);
+    if (warmup > 0 && step < warmup)
+        return lr_max * static_cast<double>(step + 1) / static_cast<double>(warmup);
     if (step >= total) return lr_min;
-    const double progress = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(total - warmup, 1));
+    const double progress = static_cast<double>(step - warmup) /
+                            static_cast<double>(std::max<int64_t>(total - warmup, 1));
     return lr_min + 0.5 * (lr_max - lr_min) * (1 + std::cos(std::numbers::pi * progress));
 }
 
@@ -141,7 +146,8 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, bool t
     }
     const double norm = std::sqrt(total);
     if (!std::isfinite(norm)) {
-        QK_CHECK(!throw_on_nonfinite, "clip_grad_norm: the gradient norm is {} (a NaN or Inf gradient)", norm);
+        QK_CHECK(!throw_on_nonfinite,
+                 "clip_grad_norm: the gradient norm is {} (a NaN or Inf gradient)", norm);
         return norm;
     }
     if (max_norm > 0 && norm > max_norm) {

@@ -23,7 +23,7 @@ struct AdamWOptions {
 // AdamW. Weight decay applies to parameters of rank >= 2 only (matrices and embeddings, not
 // biases, norm gains or qk scales), as in nanoGPT.
 class AdamW {
-public:
+  public:
     AdamW(std::vector<Tensor> params, AdamWOptions options);
     void step(double lr);  // one update with this step's learning rate; skips params without grad
     void zero_grad();
@@ -33,7 +33,7 @@ public:
     std::vector<Tensor> state() const;
     void load_state(const std::vector<Tensor>& state, int64_t steps);
 
-private:
+  private:
     std::vector<Tensor> params_, m_, v_;
     AdamWOptions options_;
     int64_t step_ = 0;
@@ -41,12 +41,12 @@ private:
 
 // SGD with momentum: v = μ v + g; p -= lr (g + μ v) if nesterov else lr v.
 class SGD {
-public:
+  public:
     SGD(std::vector<Tensor> params, double momentum = 0.9, double weight_decay = 0.0);
     void step(double lr);
     void zero_grad();
 
-private:
+  private:
     std::vector<Tensor> params_, velocity_;
     double momentum_, weight_decay_;
 };
@@ -57,6 +57,7 @@ double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, dou
 // Scales all gradients so that their global L2 norm is at most max_norm (if max_norm > 0).
 // Returns the norm before clipping. A NaN or Inf norm throws, unless throw_on_nonfinite is false:
 // then it is returned and nothing is scaled (the trainer reports the divergence itself).
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, bool throw_on_nonfinite = true);
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
+                      bool throw_on_nonfinite = true);
 
 }  // namespace qk::nn

@@ -13,10 +13,12 @@ namespace {
 // Draws an index from the logits row: temperature, optional top-k, then inverse-CDF sampling.
 int32_t draw(std::vector<double> logits, const SampleOptions& options, Generator& gen) {
     if (options.temperature <= 0)
-        return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                                    logits.begin());
     if (options.top_k > 0 && options.top_k < static_cast<int64_t>(logits.size())) {
         std::vector<double> sorted = logits;
-        std::nth_element(sorted.begin(), sorted.begin() + options.top_k - 1, sorted.end(), std::greater<>());
+        std::nth_element(sorted.begin(), sorted.begin() + options.top_k - 1, sorted.end(),
+                         std::greater<>());
         const double threshold = sorted[options.top_k - 1];
         for (double& l : logits)
             if (l < threshold) l = -INFINITY;

@@ -79,14 +79,16 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
 
 TrainConfig load_run_config(const std::string& run_dir) {
     const std::string path = run_dir + "/config.json";
-    QK_CHECK(fs::exists(path), "resume: {} has no config.json (not a qknorm run directory?)", run_dir);
+    QK_CHECK(fs::exists(path), "resume: {} has no config.json (not a qknorm run directory?)",
+             run_dir);
     TrainConfig c = TrainConfig::from_json(read_text_file(path));
     c.run_dir = run_dir;  // the directory may have moved, or been named relative to another cwd
     return c;
 }
 
 std::string default_data_path() {
-    for (const char* candidate : {QK_SOURCE_DIR "/data/tinyshakespeare.txt", "data/tinyshakespeare.txt"})
+    for (const char* candidate :
+         {QK_SOURCE_DIR "/data/tinyshakespeare.txt", "data/tinyshakespeare.txt"})
         if (fs::exists(candidate)) return candidate;
     throw Error("train: the bundled data/tinyshakespeare.txt was not found; pass --data FILE");
 }
@@ -115,13 +117,14 @@ std::vector<int64_t> checkpoint_steps(const std::string& run_dir) {
     return steps;
 }
 
-void write_checkpoint(const TrainConfig& cfg, const GPT& model, const AdamW& opt, const Tokenizer& tok,
-                      const TrainingState& state) {
+void write_checkpoint(const TrainConfig& cfg, const GPT& model, const AdamW& opt,
+                      const Tokenizer& tok, const TrainingState& state) {
     const std::string prefix = checkpoint_prefix(cfg.run_dir, state.step);
     save_training_state(prefix + ".state.safetensors", model, opt, state);
     save_model(prefix + ".model.safetensors", model, tok, {{"step", std::to_string(state.step)}});
     std::vector<int64_t> steps = checkpoint_steps(cfg.run_dir);
-    for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(cfg.keep_checkpoints, 1)) < steps.size(); ++i) {
+    for (size_t i = 0;
+         i + static_cast<size_t>(std::max<int64_t>(cfg.keep_checkpoints, 1)) < steps.size(); ++i) {
         fs::remove(checkpoint_prefix(cfg.run_dir, steps[i]) + ".model.safetensors");
         fs::remove(checkpoint_prefix(cfg.run_dir, steps[i]) + ".state.safetensors");
     }
@@ -158,7 +161,8 @@ double evaluate(GPT& model, const TextDataset& data, const TrainConfig& cfg) {
 
 std::string format_duration(double seconds) {
     const int s = static_cast<int>(seconds);
-    return s >= 3600 ? fmt::format("{}h{:02d}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02d}s", s / 60, s % 60);
+    return s >= 3600 ? fmt::format("{}h{:02d}m", s / 3600, s / 60 % 60)
+                     : fmt::format("{}m{:02d}s", s / 60, s % 60);
 }
 
 void print_progress(int64_t step, int64_t total, double loss, double val_loss, double tokens_per_s,
@@ -166,12 +170,13 @@ void print_progress(int64_t step, int64_t total, double loss, double val_loss, d
     const int width = 24, filled = static_cast<int>(width * step / std::max<int64_t>(total, 1));
     std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
     std::string val = std::isnan(val_loss) ? "  -   " : fmt::format("{:.4f}", val_loss);
-    fmt::print(stderr, "\r[{}] step {}/{}  loss {:.4f}  val {}  {:.0f} tok/s  ETA {}   ", bar, step, total,
-               loss, val, tokens_per_s, format_duration(eta_seconds));
+    fmt::print(stderr, "\r[{}] step {}/{}  loss {:.4f}  val {}  {:.0f} tok/s  ETA {}   ", bar, step,
+               total, loss, val, tokens_per_s, format_duration(eta_seconds));
     std::fflush(stderr);
 }
 
-// A NaN or Inf anywhere in the weights or the optimizer moments: such a checkpoint is never written.
+// A NaN or Inf anywhere in the weights or the optimizer moments: such a checkpoint is never
+// written.
 bool all_finite(const std::vector<Tensor>& tensors) {
     for (const Tensor& t : tensors) {
         bool ok = true;
@@ -188,8 +193,11 @@ bool all_finite(const std::vector<Tensor>& tensors) {
 json stats_to_json(const std::vector<AttentionStats>& stats) {
     json layers = json::array();
     for (const auto& s : stats)
-        layers.push_back({{"max_logit", s.max_logit}, {"entropy", s.entropy}, {"q_norm", s.q_norm},
-                          {"k_norm", s.k_norm}, {"qk_scale", s.qk_scale}});
+        layers.push_back({{"max_logit", s.max_logit},
+                          {"entropy", s.entropy},
+                          {"q_norm", s.q_norm},
+                          {"k_norm", s.k_norm},
+                          {"qk_scale", s.qk_scale}});
     return layers;
 }
 
@@ -205,9 +213,12 @@ void write_run_plot(const std::string& run_dir);  // run_plot.cpp
 TrainResult train(const TrainConfig& cfg_in, bool resume) {
     TrainConfig cfg = cfg_in;
     fs::create_directories(cfg.run_dir);
-    const std::string config_path = cfg.run_dir + "/config.json", metrics_path = cfg.run_dir + "/metrics.jsonl";
-    QK_CHECK(resume || !fs::exists(config_path), "train: {} already holds a run; pass --resume {} to "
-             "continue it, or choose another --run-dir", cfg.run_dir, cfg.run_dir);
+    const std::string config_path = cfg.run_dir + "/config.json",
+                      metrics_path = cfg.run_dir + "/metrics.jsonl";
+    QK_CHECK(resume || !fs::exists(config_path),
+             "train: {} already holds a run; pass --resume {} to "
+             "continue it, or choose another --run-dir",
+             cfg.run_dir, cfg.run_dir);
     if (cfg.data_path.empty()) cfg.data_path = default_data_path();
     QK_CHECK(cfg.tokenizer == "char" || cfg.tokenizer == "byte",
              "train: tokenizer must be 'char' or 'byte', got '{}'", cfg.tokenizer);
@@ -217,14 +228,19 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
              "must be > 0");
 
     const std::string text = read_text_file(cfg.data_path);
-    const Tokenizer tokenizer = cfg.tokenizer == "char" ? Tokenizer::char_level(text) : Tokenizer::byte_level();
+    const Tokenizer tokenizer =
+        cfg.tokenizer == "char" ? Tokenizer::char_level(text) : Tokenizer::byte_level();
     cfg.model.vocab_size = tokenizer.vocab_size();
     const TextDataset data(tokenizer.encode(text), cfg.model.block_size);
 
     GPT model(cfg.model, cfg.seed);
-    AdamWOptions adam{.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8,
+    AdamWOptions adam{.lr = cfg.lr,
+                      .beta1 = cfg.beta1,
+                      .beta2 = cfg.beta2,
+                      .eps = 1e-8,
                       .weight_decay = cfg.weight_decay,
-                      .independent_weight_decay = cfg.independent_weight_decay, .lr_max = cfg.lr};
+                      .independent_weight_decay = cfg.independent_weight_decay,
+                      .lr_max = cfg.lr};
     AdamW optimizer(model.parameters(), adam);
     Generator data_gen(cfg.seed + 1);
     int64_t start_step = 0;
@@ -232,8 +248,9 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         const std::string latest = latest_model_checkpoint(cfg.run_dir);
         QK_CHECK(!latest.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
         load_weights_into(model, latest);
-        const std::string state_path = latest.substr(0, latest.size() - std::string(".model.safetensors").size()) +
-                                       ".state.safetensors";
+        const std::string state_path =
+            latest.substr(0, latest.size() - std::string(".model.safetensors").size()) +
+            ".state.safetensors";
         TrainingState state = load_training_state(state_path, model, optimizer);
         data_gen.set_state(state.data_seed, state.data_counter);
         model.dropout_generator().set_state(state.dropout_seed, state.dropout_counter);
@@ -261,21 +278,28 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         double grad_norm = NAN;
         if (std::isfinite(out.loss.item())) {
             out.loss.backward();
-            grad_norm = clip_grad_norm(model.parameters(), cfg.grad_clip, /*throw_on_nonfinite=*/false);
+            grad_norm =
+                clip_grad_norm(model.parameters(), cfg.grad_clip, /*throw_on_nonfinite=*/false);
         }
         if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
             result.diverged = true;
-            result.message = fmt::format("training diverged at step {}: loss {}, gradient norm {}; the last "
-                                         "good checkpoint is kept", step + 1, loss, grad_norm);
+            result.message = fmt::format(
+                "training diverged at step {}: loss {}, gradient norm {}; the last "
+                "good checkpoint is kept",
+                step + 1, loss, grad_norm);
             metrics << json{{"step", step + 1}, {"loss", loss}, {"diverged", true}}.dump() << "\n";
             break;
         }
         optimizer.step(lr);
         optimizer.zero_grad();
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         step_seconds_total += seconds;
 
-        json line{{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+        json line{{"step", step + 1},
+                  {"loss", loss},
+                  {"lr", lr},
+                  {"grad_norm", grad_norm},
                   {"tokens_per_s", tokens_per_step / seconds}};
         if ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
             last_val = evaluate(model, data, cfg);
@@ -290,17 +314,24 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
             // (a huge lr · weight decay): check what would be saved.
             if (!all_finite(model.parameters()) || !all_finite(optimizer.state())) {
                 result.diverged = true;
-                result.message = fmt::format("training diverged at step {}: the update made a weight or "
-                                             "an optimizer moment NaN or Inf; the last good checkpoint "
-                                             "is kept", step + 1);
+                result.message = fmt::format(
+                    "training diverged at step {}: the update made a weight or "
+                    "an optimizer moment NaN or Inf; the last good checkpoint "
+                    "is kept",
+                    step + 1);
                 break;
             }
-            TrainingState state{step + 1, data_gen.seed(), data_gen.counter(), model.dropout_generator().seed(),
-                                model.dropout_generator().counter(), {{"train_config", cfg.to_json()}}};
+            TrainingState state{step + 1,
+                                data_gen.seed(),
+                                data_gen.counter(),
+                                model.dropout_generator().seed(),
+                                model.dropout_generator().counter(),
+                                {{"train_config", cfg.to_json()}}};
             write_checkpoint(cfg, model, optimizer, tokenizer, state);
         }
         if (cfg.progress) {
-            const double mean_step = step_seconds_total / static_cast<double>(step + 1 - start_step);
+            const double mean_step =
+                step_seconds_total / static_cast<double>(step + 1 - start_step);
             print_progress(step + 1, cfg.steps, loss, last_val, tokens_per_step / mean_step,
                            mean_step * static_cast<double>(cfg.steps - step - 1));
         }

@@ -47,7 +47,7 @@ void binary_forward(T* out, const T* a, const Shape& a_strides, const T* b, cons
     const Shape out_strides = contiguous_strides(shape);
     const int64_t sa = shape.empty() ? 0 : a_strides.back();
     const int64_t sb = shape.empty() ? 0 : b_strides.back();
-    for_each_run<3>(shape, {&out_strides, &a_strides, &b_strides}, [&](const auto& off, int64_t n) {
+    auto run = [&](const auto& off, int64_t n) {
         T* o = out + off[0];
         const T* pa = a + off[1];
         const T* pb = b + off[2];
@@ -60,7 +60,8 @@ void binary_forward(T* out, const T* a, const Shape& a_strides, const T* b, cons
             for (int64_t i = 0; i < n; ++i) o[i] = f(pa[0], pb[i]);
         else
             for (int64_t i = 0; i < n; ++i) o[i] = f(pa[i * sa], pb[i * sb]);
-    });
+    };
+    parallel_for_each_run<3>(shape, {&out_strides, &a_strides, &b_strides}, run);
 }
 
 }  // namespace cpu

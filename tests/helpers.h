@@ -67,11 +67,11 @@ inline std::string read_file(const std::string& path) {
     return {std::istreambuf_iterator<char>(in), {}};
 }
 
-#define CHECK_GRADCHECK(...)                                   \
-    do {                                                       \
-        auto gc_result_ = ::qk::gradcheck(__VA_ARGS__);        \
-        INFO(gc_result_.report);                               \
-        CHECK(gc_result_.ok);                                  \
+#define CHECK_GRADCHECK(...)                            \
+    do {                                                \
+        auto gc_result_ = ::qk::gradcheck(__VA_ARGS__); \
+        INFO(gc_result_.report);                        \
+        CHECK(gc_result_.ok);                           \
     } while (0)
 
 }  // namespace qk::test

@@ -28,7 +28,8 @@ TEST_CASE("diamond graph") {
     Tensor y = a * b;
     y.backward();
     double v = 0.7;
-    CHECK(x.grad().item() == doctest::Approx(std::exp(v) * v * v + 2 * v * std::exp(v)).epsilon(1e-14));
+    CHECK(x.grad().item() ==
+          doctest::Approx(std::exp(v) * v * v + 2 * v * std::exp(v)).epsilon(1e-14));
 }
 
 TEST_CASE("deep chains do not overflow the stack") {
