@@ -64,6 +64,26 @@ void binary_forward(T* out, const T* a, const Shape& a_strides, const T* b, cons
     parallel_for_each_run<3>(shape, {&out_strides, &a_strides, &b_strides}, run);
 }
 
+// dst: shape, any strides without stride-0 dims (a view into a larger tensor is fine);
+// src: read with src_strides (0 on broadcast dims).    dst += src
+template <class T>
+void accumulate(T* dst, const Shape& dst_strides, const T* src, const Shape& src_strides,
+                const Shape& shape) {
+    const int64_t sd = shape.empty() ? 0 : dst_strides.back();
+    const int64_t ss = shape.empty() ? 0 : src_strides.back();
+    auto run = [&](const auto& off, int64_t n) {
+        T* d = dst + off[0];
+        const T* p = src + off[1];
+        if (sd == 1 && ss == 1)
+            for (int64_t i = 0; i < n; ++i) d[i] += p[i];
+        else if (sd == 1 && ss == 0)
+            for (int64_t i = 0; i < n; ++i) d[i] += p[0];
+        else
+            for (int64_t i = 0; i < n; ++i) d[i * sd] += p[i * ss];
+    };
+    parallel_for_each_run<2>(shape, {&dst_strides, &src_strides}, run);
+}
+
 }  // namespace cpu
 
 namespace {
@@ -217,16 +237,19 @@ Tensor softcap(const Tensor& x, double c) {
 
 void add_(Tensor& dst, const Tensor& src) {
     check_same_kind("add_", dst, src);
-    QK_CHECK(dst.is_contiguous(), "add_: destination must be contiguous, has shape {} strides {}",
-             dst.shape(), dst.strides());
+    for (size_t d = 0; d < dst.shape().size(); ++d)
+        QK_CHECK(dst.shape()[d] == 1 || dst.strides()[d] != 0,
+                 "add_: destination {} has strides {}: an expanded (stride 0) dim would be written "
+                 "more than once",
+                 dst.shape(), dst.strides());
     QK_CHECK(broadcast_shapes(dst.shape(), src.shape(), "add_") == dst.shape(),
              "add_: source {} does not broadcast to destination {}", src.shape(), dst.shape());
     switch (dst.device()) {
         case Device::cpu:
             dispatch_float(dst.dtype(), [&](auto tag) {
                 using T = decltype(tag);
-                cpu::binary_forward(dst.data<T>(), dst.data<T>(), dst.strides(), src.data<T>(),
-                                    broadcast_strides(src, dst.shape()), dst.shape(), math::Add{});
+                cpu::accumulate(dst.data<T>(), dst.strides(), src.data<T>(),
+                                broadcast_strides(src, dst.shape()), dst.shape());
             });
             break;
         case Device::cuda: QK_CHECK(false, "add_: no CUDA kernel yet");

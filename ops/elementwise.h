@@ -29,7 +29,8 @@ Tensor gelu(const Tensor& x);               // tanh approximation (GPT-2)
 Tensor softcap(const Tensor& x, double c);  // c * tanh(x / c), fused
 
 // In place, not recorded by autograd (gradient accumulation, optimizers): dst += src,
-// src broadcast to dst's shape.
+// src broadcast to dst's shape. dst may be any view that does not repeat elements (a slice of a
+// larger tensor, a transpose), not an expanded one.
 void add_(Tensor& dst, const Tensor& src);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

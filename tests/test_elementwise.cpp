@@ -152,3 +152,36 @@ TEST_CASE("float32 gelu, tanh and softcap agree with float64, forward and backwa
     CHECK(tails.grad().to_vector<double>()[0] == doctest::Approx(0).epsilon(1e-20));
     CHECK(tails.grad().to_vector<double>()[4] == 1);
 }
+
+TEST_CASE("binary ops and copies give the same bits on 1 and 2 threads") {
+    // Above the threading threshold (2^17 elements): each thread takes a slice of the outer dim.
+    Tensor a = randn({700, 300}), row = randn({300}), at = randn({300, 700}).t();
+    auto run = [&](int threads) {
+        const int saved = num_threads();
+        set_num_threads(threads);
+        std::vector<float> out = (a + row).to_vector<float>();                // a broadcast operand
+        for (float v : (a * at).to_vector<float>()) out.push_back(v);         // a transposed one
+        for (float v : at.contiguous().to_vector<float>()) out.push_back(v);  // a strided copy
+        Tensor acc = a.clone();
+        add_(acc, at);  // the engine's in-place accumulation
+        for (float v : acc.to_vector<float>()) out.push_back(v);
+        set_num_threads(saved);
+        return out;
+    };
+    const std::vector<float> one = run(1), two = run(2);
+    CHECK(one == two);
+    CHECK(two[699 * 300 + 299] == float(a.at({699, 299})) + float(row.at({299})));  // last row
+}
+
+TEST_CASE("add_ accumulates into any view that does not repeat elements") {
+    Tensor acc = zeros({2, 6}, kF64);
+    Tensor slice = acc.narrow(1, 2, 3);              // a strided view into acc
+    add_(slice, from_vector({1, 2, 3}, {3}, kF64));  // broadcast over the rows
+    Tensor t = acc.t();
+    add_(t, ones({6, 2}, kF64));  // a transposed destination
+    CHECK(acc.to_vector<double>() == std::vector<double>{1, 1, 2, 3, 4, 1, 1, 1, 2, 3, 4, 1});
+    Tensor expanded = zeros({1, 3}).expand({2, 3});
+    CHECK(test::throws_with([&] { add_(expanded, ones({2, 3})); }, {"add_", "[2, 3]", "stride 0"}));
+    Tensor small = zeros({3});
+    CHECK(test::throws_with([&] { add_(small, ones({2, 3})); }, {"add_", "[2, 3]", "[3]"}));
+}
