@@ -41,8 +41,8 @@ std::vector<Node*> topological_order(Node* root) {
 
 // True when nothing but `grad` can see its memory: then the leaf may keep it without a copy.
 bool exclusively_owned(const Tensor& grad, DType dtype) {
-    return grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 && grad.is_contiguous() &&
-           grad.offset() == 0 && grad.dtype() == dtype &&
+    return grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 &&
+           grad.is_contiguous() && grad.offset() == 0 && grad.dtype() == dtype &&
            grad.storage()->nbytes() == static_cast<size_t>(grad.numel()) * dtype_size(dtype);
 }
 

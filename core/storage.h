@@ -25,7 +25,7 @@ std::size_t peak_storage_bytes();
 void reset_peak_storage_bytes();  // peak := live
 
 class Storage {
-public:
+  public:
     Storage(std::size_t nbytes, Device device);
     ~Storage();
     Storage(const Storage&) = delete;
@@ -35,7 +35,7 @@ public:
     std::size_t nbytes() const { return nbytes_; }
     Device device() const { return device_; }
 
-private:
+  private:
     void* data_ = nullptr;
     std::size_t nbytes_ = 0;
     Device device_;

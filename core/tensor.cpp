@@ -17,8 +17,9 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 }
 
 TensorImpl& Tensor::impl() const {
-    QK_CHECK(impl_, "Tensor: use of an undefined tensor (for example the .grad() of a tensor "
-                    "that no backward pass reached)");
+    QK_CHECK(impl_,
+             "Tensor: use of an undefined tensor (for example the .grad() of a tensor "
+             "that no backward pass reached)");
     return *impl_;
 }
 
@@ -58,8 +59,8 @@ int64_t element_offset(const Tensor& t, std::initializer_list<int64_t> index) {
              t.device());
     int64_t offset = 0, d = 0;
     for (int64_t i : index) {
-        QK_CHECK(i >= 0 && i < t.shape()[d], "Tensor::at: index {} out of range for dim {} of shape {}",
-                 i, d, t.shape());
+        QK_CHECK(i >= 0 && i < t.shape()[d],
+                 "Tensor::at: index {} out of range for dim {} of shape {}", i, d, t.shape());
         offset += i * t.strides()[d++];
     }
     return offset;

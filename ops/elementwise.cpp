@@ -116,7 +116,8 @@ Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f) {
                                     b.data<T>(), broadcast_strides(b, shape), shape, f);
             });
             break;
-        case Device::cuda: QK_CHECK(false, "{}: no CUDA kernel yet", op);
+        case Device::cuda:
+            QK_CHECK(false, "{}: no CUDA kernel yet", op);
     }
     return out;
 }
@@ -132,7 +133,8 @@ Tensor map_unary(const char* op, const Tensor& x_in, double s, F f) {
                 cpu::unary_forward(y.data<T>(), x.data<T>(), x.numel(), T(s), f);
             });
             break;
-        case Device::cuda: QK_CHECK(false, "{}: no CUDA kernel yet", op);
+        case Device::cuda:
+            QK_CHECK(false, "{}: no CUDA kernel yet", op);
     }
     return y;
 }
@@ -146,10 +148,12 @@ Tensor map_backward(const char* op, const Tensor& dy_in, const Tensor& saved, do
         case Device::cpu:
             dispatch_float(dy.dtype(), [&](auto tag) {
                 using T = decltype(tag);
-                cpu::unary_backward(dx.data<T>(), dy.data<T>(), saved.data<T>(), dy.numel(), T(s), f);
+                cpu::unary_backward(dx.data<T>(), dy.data<T>(), saved.data<T>(), dy.numel(), T(s),
+                                    f);
             });
             break;
-        case Device::cuda: QK_CHECK(false, "{}: no CUDA kernel yet", op);
+        case Device::cuda:
+            QK_CHECK(false, "{}: no CUDA kernel yet", op);
     }
     return dx;
 }
@@ -218,17 +222,33 @@ Tensor neg(const Tensor& x) {
     return autograd::record("neg", y, {x}, [](const Tensor& dy) { return Grads{neg(dy)}; });
 }
 
-Tensor rdiv(const Tensor& x, double s) { return pointwise<math::RDivScalar, math::RDivBackward>("rdiv", x, s, false); }
-Tensor pow(const Tensor& x, double p) { return pointwise<math::Pow, math::PowBackward>("pow", x, p, false); }
+Tensor rdiv(const Tensor& x, double s) {
+    return pointwise<math::RDivScalar, math::RDivBackward>("rdiv", x, s, false);
+}
+Tensor pow(const Tensor& x, double p) {
+    return pointwise<math::Pow, math::PowBackward>("pow", x, p, false);
+}
 Tensor exp(const Tensor& x) { return pointwise<math::Exp, math::DyTimes>("exp", x, 0, true); }
 Tensor log(const Tensor& x) { return pointwise<math::Log, math::DyOver>("log", x, 0, false); }
-Tensor sqrt(const Tensor& x) { return pointwise<math::Sqrt, math::SqrtBackward>("sqrt", x, 0, true); }
-Tensor rsqrt(const Tensor& x) { return pointwise<math::Rsqrt, math::RsqrtBackward>("rsqrt", x, 0, true); }
+Tensor sqrt(const Tensor& x) {
+    return pointwise<math::Sqrt, math::SqrtBackward>("sqrt", x, 0, true);
+}
+Tensor rsqrt(const Tensor& x) {
+    return pointwise<math::Rsqrt, math::RsqrtBackward>("rsqrt", x, 0, true);
+}
 Tensor abs(const Tensor& x) { return pointwise<math::Abs, math::AbsBackward>("abs", x, 0, false); }
-Tensor tanh(const Tensor& x) { return pointwise<math::Tanh, math::TanhBackward>("tanh", x, 0, true); }
-Tensor sigmoid(const Tensor& x) { return pointwise<math::Sigmoid, math::SigmoidBackward>("sigmoid", x, 0, true); }
-Tensor relu(const Tensor& x) { return pointwise<math::Relu, math::ReluBackward>("relu", x, 0, true); }
-Tensor gelu(const Tensor& x) { return pointwise<math::Gelu, math::GeluBackward>("gelu", x, 0, false); }
+Tensor tanh(const Tensor& x) {
+    return pointwise<math::Tanh, math::TanhBackward>("tanh", x, 0, true);
+}
+Tensor sigmoid(const Tensor& x) {
+    return pointwise<math::Sigmoid, math::SigmoidBackward>("sigmoid", x, 0, true);
+}
+Tensor relu(const Tensor& x) {
+    return pointwise<math::Relu, math::ReluBackward>("relu", x, 0, true);
+}
+Tensor gelu(const Tensor& x) {
+    return pointwise<math::Gelu, math::GeluBackward>("gelu", x, 0, false);
+}
 
 Tensor softcap(const Tensor& x, double c) {
     QK_CHECK(c > 0, "softcap: cap c must be > 0, got {} (input shape {})", c, x.shape());
@@ -252,7 +272,8 @@ void add_(Tensor& dst, const Tensor& src) {
                                 broadcast_strides(src, dst.shape()), dst.shape());
             });
             break;
-        case Device::cuda: QK_CHECK(false, "add_: no CUDA kernel yet");
+        case Device::cuda:
+            QK_CHECK(false, "add_: no CUDA kernel yet");
     }
 }
 

@@ -89,25 +89,110 @@ QK_HOST_DEVICE inline T tanh_fast(T x) {
 }
 
 // ---- binary forward -------------------------------------------------------------------------
-struct Add { template <class T> QK_HOST_DEVICE T operator()(T a, T b) const { return a + b; } };
-struct Sub { template <class T> QK_HOST_DEVICE T operator()(T a, T b) const { return a - b; } };
-struct Mul { template <class T> QK_HOST_DEVICE T operator()(T a, T b) const { return a * b; } };
-struct Div { template <class T> QK_HOST_DEVICE T operator()(T a, T b) const { return a / b; } };
+struct Add {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T a, T b) const {
+        return a + b;
+    }
+};
+struct Sub {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T a, T b) const {
+        return a - b;
+    }
+};
+struct Mul {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T a, T b) const {
+        return a * b;
+    }
+};
+struct Div {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T a, T b) const {
+        return a / b;
+    }
+};
 
 // ---- unary forward (s is the op's scalar parameter, unused by most) ---------------------------
-struct Neg { template <class T> QK_HOST_DEVICE T operator()(T x, T) const { return -x; } };
-struct AddScalar { template <class T> QK_HOST_DEVICE T operator()(T x, T s) const { return x + s; } };
-struct MulScalar { template <class T> QK_HOST_DEVICE T operator()(T x, T s) const { return x * s; } };
-struct RSubScalar { template <class T> QK_HOST_DEVICE T operator()(T x, T s) const { return s - x; } };
-struct RDivScalar { template <class T> QK_HOST_DEVICE T operator()(T x, T s) const { return s / x; } };
-struct Pow { template <class T> QK_HOST_DEVICE T operator()(T x, T p) const { return std::pow(x, p); } };
-struct Exp { template <class T> QK_HOST_DEVICE T operator()(T x, T) const { return std::exp(x); } };
-struct Log { template <class T> QK_HOST_DEVICE T operator()(T x, T) const { return std::log(x); } };
-struct Sqrt { template <class T> QK_HOST_DEVICE T operator()(T x, T) const { return std::sqrt(x); } };
-struct Rsqrt { template <class T> QK_HOST_DEVICE T operator()(T x, T) const { return T(1) / std::sqrt(x); } };
-struct Abs { template <class T> QK_HOST_DEVICE T operator()(T x, T) const { return std::abs(x); } };
-struct Tanh { template <class T> QK_HOST_DEVICE T operator()(T x, T) const { return tanh_fast(x); } };
-struct Relu { template <class T> QK_HOST_DEVICE T operator()(T x, T) const { return x > T(0) ? x : T(0); } };
+struct Neg {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T) const {
+        return -x;
+    }
+};
+struct AddScalar {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T s) const {
+        return x + s;
+    }
+};
+struct MulScalar {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T s) const {
+        return x * s;
+    }
+};
+struct RSubScalar {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T s) const {
+        return s - x;
+    }
+};
+struct RDivScalar {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T s) const {
+        return s / x;
+    }
+};
+struct Pow {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T p) const {
+        return std::pow(x, p);
+    }
+};
+struct Exp {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T) const {
+        return std::exp(x);
+    }
+};
+struct Log {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T) const {
+        return std::log(x);
+    }
+};
+struct Sqrt {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T) const {
+        return std::sqrt(x);
+    }
+};
+struct Rsqrt {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T) const {
+        return T(1) / std::sqrt(x);
+    }
+};
+struct Abs {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T) const {
+        return std::abs(x);
+    }
+};
+struct Tanh {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T) const {
+        return tanh_fast(x);
+    }
+};
+struct Relu {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T) const {
+        return x > T(0) ? x : T(0);
+    }
+};
 struct Sigmoid {
     template <class T>
     QK_HOST_DEVICE T operator()(T x, T) const {  // written so that exp never overflows
@@ -117,7 +202,12 @@ struct Sigmoid {
     }
 };
 // softcap(x) = c * tanh(x / c): ~x for |x| << c, smoothly bounded by ±c.
-struct Softcap { template <class T> QK_HOST_DEVICE T operator()(T x, T c) const { return c * tanh_fast(x / c); } };
+struct Softcap {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T c) const {
+        return c * tanh_fast(x / c);
+    }
+};
 
 // gelu(x) ≈ 0.5 x (1 + tanh(u)),  u = sqrt(2/π) (x + 0.044715 x³)   (GPT-2's approximation)
 // computed as x · σ(2u) = x / (1 + exp(−2u)), the same function (1 + tanh u = 2σ(2u)): one exp
@@ -135,39 +225,95 @@ QK_HOST_DEVICE inline T gelu_exp(T x) {
     const T t = T(-2) * u;
     return exp_fast(t > cap ? cap : t);
 }
-struct Gelu { template <class T> QK_HOST_DEVICE T operator()(T x, T) const { return x / (T(1) + gelu_exp(x)); } };
+struct Gelu {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T) const {
+        return x / (T(1) + gelu_exp(x));
+    }
+};
 
 // ---- unary backward: dx = f(dy, saved, s) -----------------------------------------------------
 // dy/dx = y for exp, with y saved
-struct DyTimes { template <class T> QK_HOST_DEVICE T operator()(T dy, T v, T) const { return dy * v; } };
+struct DyTimes {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T dy, T v, T) const {
+        return dy * v;
+    }
+};
 // d/dx log x = 1/x, with x saved
-struct DyOver { template <class T> QK_HOST_DEVICE T operator()(T dy, T x, T) const { return dy / x; } };
+struct DyOver {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T dy, T x, T) const {
+        return dy / x;
+    }
+};
 // d/dx sqrt x = 1 / (2 y), with y saved
-struct SqrtBackward { template <class T> QK_HOST_DEVICE T operator()(T dy, T y, T) const { return dy * T(0.5) / y; } };
+struct SqrtBackward {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T dy, T y, T) const {
+        return dy * T(0.5) / y;
+    }
+};
 // d/dx x^(-1/2) = -1/2 y³, with y saved
-struct RsqrtBackward { template <class T> QK_HOST_DEVICE T operator()(T dy, T y, T) const { return dy * T(-0.5) * y * y * y; } };
+struct RsqrtBackward {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T dy, T y, T) const {
+        return dy * T(-0.5) * y * y * y;
+    }
+};
 // d/dx |x| = sign(x) (0 at 0), with x saved
 struct AbsBackward {
     template <class T>
-    QK_HOST_DEVICE T operator()(T dy, T x, T) const { return x > T(0) ? dy : (x < T(0) ? -dy : T(0)); }
+    QK_HOST_DEVICE T operator()(T dy, T x, T) const {
+        return x > T(0) ? dy : (x < T(0) ? -dy : T(0));
+    }
 };
 // d/dx tanh x = 1 - y², with y saved
-struct TanhBackward { template <class T> QK_HOST_DEVICE T operator()(T dy, T y, T) const { return dy * (T(1) - y * y); } };
+struct TanhBackward {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T dy, T y, T) const {
+        return dy * (T(1) - y * y);
+    }
+};
 // d/dx σ(x) = y (1 - y), with y saved
-struct SigmoidBackward { template <class T> QK_HOST_DEVICE T operator()(T dy, T y, T) const { return dy * y * (T(1) - y); } };
+struct SigmoidBackward {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T dy, T y, T) const {
+        return dy * y * (T(1) - y);
+    }
+};
 // d/dx relu x = [y > 0], with y saved
-struct ReluBackward { template <class T> QK_HOST_DEVICE T operator()(T dy, T y, T) const { return y > T(0) ? dy : T(0); } };
+struct ReluBackward {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T dy, T y, T) const {
+        return y > T(0) ? dy : T(0);
+    }
+};
 // d/dx c tanh(x/c) = 1 - (y/c)², with y saved
 struct SoftcapBackward {
     template <class T>
-    QK_HOST_DEVICE T operator()(T dy, T y, T c) const { T t = y / c; return dy * (T(1) - t * t); }
+    QK_HOST_DEVICE T operator()(T dy, T y, T c) const {
+        T t = y / c;
+        return dy * (T(1) - t * t);
+    }
 };
 // d/dx x^p = p x^(p-1), with x saved
-struct PowBackward { template <class T> QK_HOST_DEVICE T operator()(T dy, T x, T p) const { return dy * p * std::pow(x, p - T(1)); } };
+struct PowBackward {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T dy, T x, T p) const {
+        return dy * p * std::pow(x, p - T(1));
+    }
+};
 // d/dx s/x = -s/x², with x saved
-struct RDivBackward { template <class T> QK_HOST_DEVICE T operator()(T dy, T x, T s) const { return -dy * s / (x * x); } };
+struct RDivBackward {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T dy, T x, T s) const {
+        return -dy * s / (x * x);
+    }
+};
 // d/dx gelu = 0.5 (1 + tanh u) + 0.5 x (1 - tanh² u) du/dx,  du/dx = sqrt(2/π)(1 + 3·0.044715 x²)
-//           = s + 2 x s (1 − s) du/dx,  s = σ(2u)      (0.5 (1 + tanh u) = s, 0.5 (1 − tanh² u) = 2 s (1 − s))
+//           = s + 2 x s (1 − s) du/dx,  s = σ(2u)      (0.5 (1 + tanh u) = s, 0.5 (1 − tanh² u) = 2
+//           s (1 − s))
 struct GeluBackward {
     template <class T>
     QK_HOST_DEVICE T operator()(T dy, T x, T) const {

@@ -36,12 +36,12 @@ Shape infer_size(Shape shape, int64_t numel, const char* op, const Shape& from) 
         }
     }
     if (infer_at >= 0) {
-        QK_CHECK(known > 0 && numel % known == 0, "{}: cannot infer -1 in {} for {} elements (from {})",
-                 op, shape, numel, from);
+        QK_CHECK(known > 0 && numel % known == 0,
+                 "{}: cannot infer -1 in {} for {} elements (from {})", op, shape, numel, from);
         shape[infer_at] = numel / known;
     }
-    QK_CHECK(numel_of(shape) == numel, "{}: shape {} has {} elements, the input {} has {}", op, shape,
-             numel_of(shape), from, numel);
+    QK_CHECK(numel_of(shape) == numel, "{}: shape {} has {} elements, the input {} has {}", op,
+             shape, numel_of(shape), from, numel);
     return shape;
 }
 
@@ -77,8 +77,10 @@ std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, cons
 
 Tensor Tensor::view(const Shape& shape_in) const {
     Shape shape = infer_size(shape_in, numel(), "view", this->shape());
-    QK_CHECK(is_contiguous(), "view: input of shape {} with strides {} is not contiguous; use "
-             "reshape() (which copies) or contiguous() first", this->shape(), strides());
+    QK_CHECK(is_contiguous(),
+             "view: input of shape {} with strides {} is not contiguous; use "
+             "reshape() (which copies) or contiguous() first",
+             this->shape(), strides());
     Tensor y = make_view(*this, shape, contiguous_strides(shape), offset());
     return autograd::record("view", y, {*this}, [xs = this->shape()](const Tensor& dy) {
         return Grads{dy.reshape(xs)};
@@ -100,7 +102,8 @@ Tensor Tensor::reshape(const Shape& shape_in) const {
 }
 
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
-    int64_t d0 = normalize_dim(dim0, dim(), "transpose"), d1 = normalize_dim(dim1, dim(), "transpose");
+    int64_t d0 = normalize_dim(dim0, dim(), "transpose"),
+            d1 = normalize_dim(dim1, dim(), "transpose");
     Shape shape = this->shape(), st = strides();
     std::swap(shape[d0], shape[d1]);
     std::swap(st[d0], st[d1]);
@@ -128,17 +131,18 @@ Tensor Tensor::permute(const Shape& order) const {
 Tensor Tensor::narrow(int64_t dim_in, int64_t start, int64_t length) const {
     int64_t d = normalize_dim(dim_in, dim(), "narrow");
     QK_CHECK(start >= 0 && length >= 0 && start + length <= shape()[d],
-             "narrow: range [{}, {}) is outside dim {} of size {} (shape {})", start, start + length,
-             d, shape()[d], shape());
+             "narrow: range [{}, {}) is outside dim {} of size {} (shape {})", start,
+             start + length, d, shape()[d], shape());
     Shape shape = this->shape();
     shape[d] = length;
     Tensor y = make_view(*this, shape, strides(), offset() + start * strides()[d]);
-    return autograd::record("narrow", y, {*this}, [xs = this->shape(), d, start, length,
-                                                   dt = dtype(), dev = device()](const Tensor& dy) {
-        Tensor dx = zeros(xs, dt, dev);
-        copy_into(dx.narrow(d, start, length), dy);
-        return Grads{dx};
-    });
+    return autograd::record(
+        "narrow", y, {*this},
+        [xs = this->shape(), d, start, length, dt = dtype(), dev = device()](const Tensor& dy) {
+            Tensor dx = zeros(xs, dt, dev);
+            copy_into(dx.narrow(d, start, length), dy);
+            return Grads{dx};
+        });
 }
 
 Tensor Tensor::select(int64_t dim_in, int64_t index) const {
@@ -150,8 +154,8 @@ Tensor Tensor::select(int64_t dim_in, int64_t index) const {
 }
 
 Tensor Tensor::expand(const Shape& shape) const {
-    QK_CHECK(shape.size() >= this->shape().size(), "expand: cannot expand shape {} to fewer dims {}",
-             this->shape(), shape);
+    QK_CHECK(shape.size() >= this->shape().size(),
+             "expand: cannot expand shape {} to fewer dims {}", this->shape(), shape);
     const size_t lead = shape.size() - this->shape().size();
     Shape st(shape.size(), 0);
     for (size_t i = 0; i < this->shape().size(); ++i) {
@@ -161,8 +165,9 @@ Tensor Tensor::expand(const Shape& shape) const {
         st[lead + i] = from == to ? strides()[i] : 0;
     }
     Tensor y = make_view(*this, shape, st, offset());
-    return autograd::record("expand", y, {*this},
-                            [xs = this->shape()](const Tensor& dy) { return Grads{sum_to(dy, xs)}; });
+    return autograd::record("expand", y, {*this}, [xs = this->shape()](const Tensor& dy) {
+        return Grads{sum_to(dy, xs)};
+    });
 }
 
 Tensor Tensor::squeeze(int64_t dim_in) const {
@@ -173,7 +178,8 @@ Tensor Tensor::squeeze(int64_t dim_in) const {
     shape.erase(shape.begin() + d);
     st.erase(st.begin() + d);
     Tensor y = make_view(*this, shape, st, offset());
-    return autograd::record("squeeze", y, {*this}, [d](const Tensor& dy) { return Grads{dy.unsqueeze(d)}; });
+    return autograd::record("squeeze", y, {*this},
+                            [d](const Tensor& dy) { return Grads{dy.unsqueeze(d)}; });
 }
 
 Tensor Tensor::unsqueeze(int64_t dim_in) const {
@@ -183,7 +189,8 @@ Tensor Tensor::unsqueeze(int64_t dim_in) const {
     shape.insert(shape.begin() + d, 1);
     st.insert(st.begin() + d, stride);
     Tensor y = make_view(*this, shape, st, offset());
-    return autograd::record("unsqueeze", y, {*this}, [d](const Tensor& dy) { return Grads{dy.squeeze(d)}; });
+    return autograd::record("unsqueeze", y, {*this},
+                            [d](const Tensor& dy) { return Grads{dy.squeeze(d)}; });
 }
 
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
@@ -198,7 +205,8 @@ Tensor Tensor::to(DType target) const {
     if (target == dtype()) return *this;
     Tensor y = Tensor::empty(shape(), target, device());
     copy_into(y, *this);
-    return autograd::record("to", y, {*this}, [from = dtype()](const Tensor& dy) { return Grads{dy.to(from)}; });
+    return autograd::record("to", y, {*this},
+                            [from = dtype()](const Tensor& dy) { return Grads{dy.to(from)}; });
 }
 
 }  // namespace qk

@@ -14,10 +14,13 @@ void check_unary(const std::function<Tensor(const Tensor&)>& op, double (*ref)(d
     Tensor y = op(x);
     auto xs = x.to_vector<double>(), ys = y.to_vector<double>();
     REQUIRE(y.shape() == x.shape());
-    for (size_t i = 0; i < xs.size(); ++i) CHECK(ys[i] == doctest::Approx(ref(xs[i])).epsilon(1e-12));
+    for (size_t i = 0; i < xs.size(); ++i)
+        CHECK(ys[i] == doctest::Approx(ref(xs[i])).epsilon(1e-12));
 }
 
-double gelu_ref(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+double gelu_ref(double x) {
+    return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
 double sigmoid_ref(double x) { return 1 / (1 + std::exp(-x)); }
 double relu_ref(double x) { return x > 0 ? x : 0; }
 double softcap3_ref(double x) { return 3 * std::tanh(x / 3); }
