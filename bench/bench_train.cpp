@@ -24,11 +24,11 @@
 // the peak during the step (+ gradients and backward temporaries). RSS is the process's high-water.
 #include <cblas.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
+#include <cmath>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -128,7 +128,7 @@ struct Result {
     std::string config, variant;
     double ms, tokens_per_s, gflops, raw_gflops, cpu_fraction;
     double param_mb, adam_mb, saved_mb, peak_mb, rss_mb;
-    double loss;
+    double first_loss;  // of the first step: ~ln V at initialisation, a sanity check
 };
 
 double mb(std::size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
@@ -165,7 +165,8 @@ Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
     };
     const Tensor ids = random_ids(), targets = random_ids();
 
-    double loss = 0;
+    double first_loss = 0;
+    int steps = 0;
     std::size_t start_bytes = 0, after_forward = 0, peak = 0;
     auto step = [&] {
         start_bytes = live_storage_bytes();
@@ -176,7 +177,7 @@ Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
         nn::clip_grad_norm(model.parameters(), 1.0);
         opt.step(1e-3);
         opt.zero_grad();
-        loss = out.cross_entropy.item();
+        if (steps++ == 0) first_loss = out.cross_entropy.item();
         peak = peak_storage_bytes();
     };
     if (profile) {  // a few plain steps for a sampling profiler; no table
@@ -200,7 +201,7 @@ Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
             mb(after_forward - start_bytes),
             mb(peak),
             rss_high_water_mb(),
-            loss};
+            first_loss};
 }
 
 void print_table(const std::vector<Result>& rows) {
@@ -229,7 +230,10 @@ int main(int argc, char** argv) {
     fmt::print("# GPT training step, float32, V = {}, {} thread(s) (QK_NUM_THREADS)\n", kVocab,
                num_threads());
     fmt::print(
-        "raw sgemm: x·Wᵀ, dY·W, xᵀ·dY of a Linear C -> 4C on B·T tokens, same thread count\n");
+        "raw sgemm: x·Wᵀ, dY·W, xᵀ·dY of a Linear C -> 4C on B·T tokens ((B·T, C)·(C, 4C) "
+        "and its two backward GEMMs), same thread count\n");
+    for (const Config& c : configs)
+        fmt::print("model GFLOP per step, {}: {:.2f}\n", c.name, model_flops(c) / 1e9);
     std::vector<Result> rows;
     for (const Config& c : configs) {
         if (!only.empty() && c.name[0] != only[0]) continue;
@@ -237,15 +241,19 @@ int main(int argc, char** argv) {
             if (profile && nn::to_string(v) != profile_variant) continue;
             rows.push_back(bench_one(c, v, profile));
             if (profile) return 0;
-            fmt::print(stderr, "{} {}: {:.1f} ms/step, loss {:.3f}\n", c.name, nn::to_string(v),
-                       rows.back().ms, rows.back().loss);
+            fmt::print(stderr, "{} {}: {:.1f} ms/step, first-step loss {:.3f} (ln {} = {:.3f})\n",
+                       c.name, nn::to_string(v), rows.back().ms, rows.back().first_loss, kVocab,
+                       std::log(double(kVocab)));
         }
     }
     print_table(rows);
     fmt::print(
-        "\nparams: weights (float32); AdamW: m and v; saved activations: live bytes after the "
+        "\nfraction: model GFLOP/s / raw sgemm GFLOP/s, both wall clock (best of alternated "
+        "calls); by CPU time: the same with process CPU time (one thread: the time the step "
+        "really ran; two threads: CPU-seconds, which also counts waiting threads).\n"
+        "params: weights (float32); AdamW: m and v; saved activations: live bytes after the "
         "forward minus at the step's start (what the graph keeps for backward); peak live: "
         "all live Storage bytes at the step's peak (params + AdamW + activations + gradients + "
-        "temporaries).\n");
+        "temporaries); RSS: the process's high-water mark so far.\n");
     return 0;
 }
