@@ -16,8 +16,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, double
 }
 
 Tensor Linear::forward(const Tensor& x) const {
-    Tensor y = matmul(x, weight.t());  // the transpose is a GEMM flag, not a copy
-    return bias.defined() ? y + bias : y;
+    return linear(x, weight, bias);  // one GEMM with the bias folded in; Wᵀ is a GEMM flag
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator& gen,

@@ -24,7 +24,7 @@ namespace cpu {
 template <class T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps, T decay,
                   T bias1, T bias2) {
-#pragma omp parallel for simd if (n >= (1 << 16))
+#pragma omp parallel for simd if (parallel : n >= (1 << 16))  // small tensors stay SIMD
     for (int64_t i = 0; i < n; ++i) {
         m[i] = beta1 * m[i] + (1 - beta1) * g[i];
         v[i] = beta2 * v[i] + (1 - beta2) * g[i] * g[i];
