@@ -28,15 +28,15 @@ void write_run_plot(const std::string& run_dir) {
     std::string line;
     while (std::getline(in, line)) {
         json j = json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.is_object() || !j.contains("loss") || !j["loss"].is_number())
-            continue;
+        if (j.is_discarded() || !j.is_object()) continue;
         const double step = number(j, "step");
-        train.x.push_back(step);
-        train.y.push_back(j["loss"].get<double>());
-        if (j.contains("val_loss")) {
+        if (j.contains("val_loss")) {  // step 0 holds only the loss at initialisation
             val.x.push_back(step);
             val.y.push_back(number(j, "val_loss"));
         }
+        if (!j.contains("loss") || !j["loss"].is_number()) continue;
+        train.x.push_back(step);
+        train.y.push_back(j["loss"].get<double>());
         if (j.contains("grad_norm")) {
             grad.x.push_back(step);
             grad.y.push_back(number(j, "grad_norm"));

@@ -258,9 +258,13 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         truncate_metrics(metrics_path, start_step);
     } else {
         write_file_atomic(config_path, cfg.to_json());
-        write_file_atomic(metrics_path, "");
+        // Step 0: the validation loss at initialisation, the reference of Wortsman et al.'s LR
+        // sensitivity (`qknorm sweep`).
+        write_file_atomic(metrics_path,
+                          json{{"step", 0}, {"val_loss", evaluate(model, data, cfg)}}.dump() + "\n");
     }
     std::ofstream metrics(metrics_path, std::ios::app);
+    const auto start_time = std::chrono::steady_clock::now();
 
     TrainResult result;
     result.final_val_loss = NAN;
@@ -340,6 +344,17 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     if (cfg.progress) fmt::print(stderr, "\n");
     result.final_val_loss = last_val;
     write_run_plot(cfg.run_dir);
+    // The marker of a finished run (a sweep skips runs that have one).
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+    write_file_atomic(cfg.run_dir + "/result.json",
+                      json{{"steps_done", result.steps_done},
+                           {"final_loss", result.final_loss},
+                           {"final_val_loss", result.final_val_loss},
+                           {"diverged", result.diverged},
+                           {"message", result.message},
+                           {"seconds", seconds}}
+                          .dump(2));
     if (!result.diverged && cfg.sample_tokens > 0) {
         Generator gen(cfg.seed);
         SampleOptions options{.max_new_tokens = cfg.sample_tokens, .temperature = 0.8, .top_k = 0};

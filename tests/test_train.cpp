@@ -51,11 +51,16 @@ TrainConfig tiny_run(const TempDir& dir, const std::string& name) {
     return c;
 }
 
-std::vector<json> read_metrics(const std::string& run_dir) {
+// The per-step lines of metrics.jsonl; the first line, step 0, holds the loss at initialisation.
+std::vector<json> read_metrics(const std::string& run_dir, json* step0 = nullptr) {
     std::vector<json> lines;
     std::ifstream in(run_dir + "/metrics.jsonl");
     std::string line;
     while (std::getline(in, line)) lines.push_back(json::parse(line));  // throws if malformed
+    REQUIRE(!lines.empty());
+    CHECK(lines.front() == json{{"step", 0}, {"val_loss", lines.front().at("val_loss")}});
+    if (step0) *step0 = lines.front();
+    lines.erase(lines.begin());
     return lines;
 }
 
@@ -93,7 +98,11 @@ TEST_CASE("a run writes config.json, metrics.jsonl, plot.svg and the last K chec
     CHECK(back.model.vocab_size == Tokenizer::char_level(read_file(cfg.data_path)).vocab_size());
     CHECK(back.steps == 20);
 
-    const std::vector<json> metrics = read_metrics(cfg.run_dir);
+    json step0;
+    const std::vector<json> metrics = read_metrics(cfg.run_dir, &step0);
+    // At initialisation the model predicts nearly uniformly: a loss near ln V.
+    const double log_vocab = std::log(static_cast<double>(back.model.vocab_size));
+    CHECK(std::abs(step0["val_loss"].get<double>() - log_vocab) < 0.1);
     REQUIRE(metrics.size() == 20);
     for (size_t i = 0; i < metrics.size(); ++i) {
         const json& m = metrics[i];
@@ -134,8 +143,13 @@ TEST_CASE("a run writes config.json, metrics.jsonl, plot.svg and the last K chec
     // train, val, grad norm, and one layer in each of the four signal panels
     CHECK(polylines == 7);
 
+    const json result = json::parse(read_file(cfg.run_dir + "/result.json"));
+    CHECK(result["steps_done"] == 20);
+    CHECK(result["diverged"] == false);
+    CHECK(result["final_val_loss"].get<double>() == r.final_val_loss);
+    CHECK(result["seconds"].get<double>() > 0);
     CHECK(files_in(cfg.run_dir) ==
-          std::vector<std::string>{"config.json", "metrics.jsonl", "plot.svg",
+          std::vector<std::string>{"config.json", "metrics.jsonl", "plot.svg", "result.json",
                                    "step-000015.model.safetensors", "step-000015.state.safetensors",
                                    "step-000020.model.safetensors",
                                    "step-000020.state.safetensors"});
@@ -216,6 +230,7 @@ TEST_CASE("a diverging run stops with a clear message and keeps its finite check
     const std::vector<json> metrics = read_metrics(cfg.run_dir);
     REQUIRE(metrics.size() == static_cast<size_t>(r.steps_done) + 1);
     CHECK(metrics.back()["diverged"] == true);
+    CHECK(json::parse(read_file(cfg.run_dir + "/result.json"))["diverged"] == true);
     CHECK(metrics.back()["loss"].is_null());  // NaN is written as null
     const std::string latest = latest_model_checkpoint(cfg.run_dir);
     REQUIRE(!latest.empty());
