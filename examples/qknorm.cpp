@@ -14,6 +14,7 @@
 #include "core/threading.h"
 #include "nn/checkpoint.h"
 #include "nn/sample.h"
+#include "nn/sweep.h"
 #include "nn/trainer.h"
 
 using namespace qk;
@@ -25,7 +26,34 @@ struct ModelFlags {
     std::string norm = "layernorm", qk_norm = "layernorm", qk_scope = "head";
 };
 
-void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags) {
+void add_attention_flags(CLI::App* cmd, GPTConfig& m, ModelFlags& flags) {
+    cmd->add_option(
+           "--qk-norm", flags.qk_norm,
+           "normalisation of q and k: none (baseline), layernorm, rmsnorm, l2 (Henry et al., "
+           "learnable scale g), lp (q/|q|_p, learnable g)")
+        ->check(CLI::IsMember({"none", "layernorm", "rmsnorm", "l2", "lp"}))
+        ->capture_default_str();
+    cmd->add_option(
+           "--qk-norm-scope", flags.qk_scope,
+           "layernorm/rmsnorm statistics per head over D (head) or over all C channels (full)")
+        ->check(CLI::IsMember({"head", "full"}))
+        ->capture_default_str();
+    cmd->add_option("--attn-softcap", m.attn_softcap,
+                    "soft-cap c of the attention logits, c*tanh(s/c); 0 = off")
+        ->capture_default_str();
+    cmd->add_option("--qkv-norm", m.qkv_norm, "normalise v too and drop ln_1 (Rybakov et al.)")
+        ->capture_default_str();
+}
+
+void add_regularisation_flags(CLI::App* cmd, GPTConfig& m) {
+    cmd->add_option("--logit-softcap", m.logit_softcap, "soft-cap of the output logits; 0 = off")
+        ->capture_default_str();
+    cmd->add_option("--z-loss", m.z_loss, "weight of the z-loss mean(logsumexp(logits)^2); 0 = off")
+        ->capture_default_str();
+}
+
+// With attention_flags false (the sweep), the variant strings choose the attention instead.
+void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool attention_flags) {
     GPTConfig& m = cfg.model;
     cmd->add_option("--n-layer", m.n_layer, "transformer blocks (L)")->capture_default_str();
     cmd->add_option("--n-head", m.n_head, "attention heads per block (H)")->capture_default_str();
@@ -41,17 +69,8 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags) {
     cmd->add_option("--norm", flags.norm, "block norms ln_1, ln_2, ln_f")
         ->check(CLI::IsMember({"layernorm", "rmsnorm"}))
         ->capture_default_str();
-    cmd->add_option(
-           "--qk-norm", flags.qk_norm,
-           "normalisation of q and k: none (baseline), layernorm, rmsnorm, l2 (Henry et al., "
-           "learnable scale g), lp (q/|q|_p, learnable g)")
-        ->check(CLI::IsMember({"none", "layernorm", "rmsnorm", "l2", "lp"}))
-        ->capture_default_str();
-    cmd->add_option(
-           "--qk-norm-scope", flags.qk_scope,
-           "layernorm/rmsnorm statistics per head over D (head) or over all C channels (full)")
-        ->check(CLI::IsMember({"head", "full"}))
-        ->capture_default_str();
+    add_regularisation_flags(cmd, m);
+    if (attention_flags) add_attention_flags(cmd, m, flags);
     cmd->add_option("--lp-p", m.lp_p, "p of the lp variant (>= 1)")->capture_default_str();
     cmd->add_option("--qk-scale-init", m.qk_scale_init,
                     "initial g for l2/lp: henry (log2(T^2-T)), sqrt_d, or a number")
@@ -59,18 +78,10 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags) {
     cmd->add_option("--qk-scale-per-head", m.qk_scale_per_head,
                     "one g per head instead of one per layer")
         ->capture_default_str();
-    cmd->add_option("--attn-softcap", m.attn_softcap,
-                    "soft-cap c of the attention logits, c*tanh(s/c); 0 = off")
-        ->capture_default_str();
-    cmd->add_option("--qkv-norm", m.qkv_norm, "normalise v too and drop ln_1 (Rybakov et al.)")
-        ->capture_default_str();
-    cmd->add_option("--logit-softcap", m.logit_softcap, "soft-cap of the output logits; 0 = off")
-        ->capture_default_str();
-    cmd->add_option("--z-loss", m.z_loss, "weight of the z-loss mean(logsumexp(logits)^2); 0 = off")
-        ->capture_default_str();
 }
 
-void add_training_flags(CLI::App* cmd, TrainConfig& cfg) {
+// With single_run false (the sweep), the grid sets the learning rate, seed and run directory.
+void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
     cmd->add_option("--data", cfg.data_path,
                     "text file to train on (default: bundled Tiny Shakespeare)");
     cmd->add_option("--tokenizer", cfg.tokenizer, "char (sorted unique characters) or byte (256)")
@@ -81,9 +92,10 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg) {
     cmd->add_option("--steps", cfg.steps, "optimisation steps")->capture_default_str();
     cmd->add_option("--warmup", cfg.warmup, "linear warmup steps before the cosine decay")
         ->capture_default_str();
-    cmd->add_option("--lr", cfg.lr, "peak learning rate")->capture_default_str();
-    cmd->add_option("--lr-min", cfg.lr_min, "learning rate at the end of the cosine decay")
-        ->capture_default_str();
+    if (single_run) cmd->add_option("--lr", cfg.lr, "peak learning rate")->capture_default_str();
+    if (single_run)
+        cmd->add_option("--lr-min", cfg.lr_min, "learning rate at the end of the cosine decay")
+            ->capture_default_str();
     cmd->add_option("--beta1", cfg.beta1, "AdamW beta1")->capture_default_str();
     cmd->add_option("--beta2", cfg.beta2, "AdamW beta2")->capture_default_str();
     cmd->add_option("--weight-decay", cfg.weight_decay, "AdamW weight decay (2-D weights only)")
@@ -107,33 +119,100 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg) {
     cmd->add_option("--keep-checkpoints", cfg.keep_checkpoints,
                     "how many recent checkpoints to keep")
         ->capture_default_str();
-    cmd->add_option("--seed", cfg.seed, "seed of the weights, the batches and dropout")
+    if (single_run)
+        cmd->add_option("--seed", cfg.seed, "seed of the weights, the batches and dropout")
+            ->capture_default_str();
+    if (single_run)
+        cmd->add_option(
+            "--run-dir", cfg.run_dir,
+            "where the checkpoints, metrics.jsonl and plot.svg go (default: runs/<date-time>)");
+    if (single_run)
+        cmd->add_option("--sample-tokens", cfg.sample_tokens,
+                        "characters to generate at the end; 0 = none")
+            ->capture_default_str();
+}
+
+// "qk_norm=layernorm (head), soft-cap 50", "qk_norm=lp (p=3, g0=henry)": the switches that are on.
+std::string describe_attention(const GPTConfig& m) {
+    std::string s = "qk_norm=" + to_string(m.qk_norm);
+    if (m.qk_norm == QKNorm::layernorm || m.qk_norm == QKNorm::rmsnorm)
+        s += fmt::format(" ({})", to_string(m.qk_norm_scope));
+    if (m.qk_norm == QKNorm::l2 || m.qk_norm == QKNorm::lp)
+        s += m.qk_norm == QKNorm::lp ? fmt::format(" (p={}, g0={})", m.lp_p, m.qk_scale_init)
+                                     : fmt::format(" (g0={})", m.qk_scale_init);
+    if (m.attn_softcap > 0) s += fmt::format(", soft-cap {}", m.attn_softcap);
+    if (m.qkv_norm) s += ", qkv-norm";
+    return s;
+}
+
+void apply_model_flags(TrainConfig& cfg, const ModelFlags& flags) {
+    cfg.model.norm = parse_norm_kind(flags.norm);
+    cfg.model.qk_norm = parse_qk_norm(flags.qk_norm);
+    cfg.model.qk_norm_scope = parse_norm_scope(flags.qk_scope);
+}
+
+// Experiment 1 of the stability lab (README: Stability lab) is the default grid: a 2-layer model
+// that trains in about a minute, the QK-norm family, learning rates 1e-3 ... 3e-1.
+void set_sweep_defaults(SweepSpec& spec) {
+    TrainConfig& b = spec.base;
+    b.model.n_layer = 2, b.model.n_head = 4, b.model.n_embd = 128, b.model.block_size = 64;
+    b.model.bias = false;
+    b.batch_size = 32, b.steps = 600, b.warmup = 30;  // 5 % warmup, then cosine
+    b.weight_decay = 1e-4, b.independent_weight_decay = true;
+    b.eval_every = 100, b.stats_every = 10, b.checkpoint_every = 200, b.keep_checkpoints = 1;
+    b.sample_tokens = 0;
+    spec.variants = {"baseline", "qk_layernorm", "qk_rmsnorm", "l2",
+                     "softcap",  "qk_norm_cap",  "qkv_norm"};
+    spec.lrs = {1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1};
+    spec.seeds = {1};
+    spec.out_dir = "sweeps/default";
+}
+
+void add_sweep_flags(CLI::App* cmd, SweepSpec& spec) {
+    cmd->set_config("--config", "", "TOML file setting any of these flags (see experiments/)");
+    cmd->add_option("--variants", spec.variants,
+                    "comma-separated variants, each a preset with optional :key=value overrides; "
+                    "presets: baseline, qk_layernorm, qk_rmsnorm, l2, lp, softcap, qk_norm_cap, "
+                    "qkv_norm; keys: p, g0, cap, scope, L, H, C (e.g. lp:p=3:g0=1)")
+        ->delimiter(',')
         ->capture_default_str();
-    cmd->add_option(
-        "--run-dir", cfg.run_dir,
-        "where the checkpoints, metrics.jsonl and plot.svg go (default: runs/<date-time>)");
-    cmd->add_option("--sample-tokens", cfg.sample_tokens,
-                    "characters to generate at the end; 0 = none")
+    cmd->add_option("--lrs", spec.lrs, "comma-separated peak learning rates")
+        ->delimiter(',')
+        ->capture_default_str();
+    cmd->add_option("--seeds", spec.seeds, "comma-separated seeds")
+        ->delimiter(',')
+        ->capture_default_str();
+    cmd->add_option("--lr-min-ratio", spec.lr_min_ratio,
+                    "each run's cosine decays to lr * this ratio")
+        ->capture_default_str();
+    cmd->add_option("--jobs", spec.jobs, "runs trained at the same time, one process each")
+        ->capture_default_str();
+    cmd->add_option("--out", spec.out_dir,
+                    "sweep directory: runs/, results.csv, sensitivity.csv and the plots; a "
+                    "second call skips finished runs and resumes interrupted ones")
+        ->capture_default_str();
+    cmd->add_option("--plot-lr", spec.plot_lr,
+                    "learning rate of the logit and entropy plots; 0 = the largest")
         ->capture_default_str();
 }
 
-int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resume_dir, bool quiet) {
+int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resume_dir,
+              const std::string& from_json, bool quiet) {
     bool resume = !resume_dir.empty();
     if (resume) {
         cfg = load_run_config(resume_dir);
+    } else if (!from_json.empty()) {
+        cfg = TrainConfig::from_json(read_text_file(from_json));
     } else {
-        cfg.model.norm = parse_norm_kind(flags.norm);
-        cfg.model.qk_norm = parse_qk_norm(flags.qk_norm);
-        cfg.model.qk_norm_scope = parse_norm_scope(flags.qk_scope);
+        apply_model_flags(cfg, flags);
     }
     cfg.progress = !quiet;
     if (cfg.run_dir.empty())
         cfg.run_dir = fmt::format("runs/{:%Y%m%d-%H%M%S}", fmt::localtime(std::time(nullptr)));
     fmt::print(
-        "qknorm train: L={} H={} C={} T={} B={}, qk_norm={} ({}), steps {}, lr {}, run dir {}{}\n",
+        "qknorm train: L={} H={} C={} T={} B={}, attention: {}, steps {}, lr {}, run dir {}{}\n",
         cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size, cfg.batch_size,
-        to_string(cfg.model.qk_norm), to_string(cfg.model.qk_norm_scope), cfg.steps, cfg.lr,
-        cfg.run_dir, resume ? " (resuming)" : "");
+        describe_attention(cfg.model), cfg.steps, cfg.lr, cfg.run_dir, resume ? " (resuming)" : "");
     TrainResult result = train(cfg, resume);
     if (result.diverged) {
         fmt::print(stderr, "qknorm train: {}\n", result.message);
@@ -143,6 +222,31 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
                result.final_val_loss, result.steps_done);
     fmt::print("metrics: {0}/metrics.jsonl, plot: {0}/plot.svg\n", cfg.run_dir);
     if (!result.sample.empty()) fmt::print("\n--- sample ---\n{}\n--------------\n", result.sample);
+    return 0;
+}
+
+int run_sweep_command(SweepSpec spec, const ModelFlags& flags, int threads) {
+    apply_model_flags(spec.base, flags);
+    spec.qknorm_exe = std::filesystem::read_symlink("/proc/self/exe").string();
+    // Each run is a child process: it inherits the thread count through the environment.
+    setenv("QK_NUM_THREADS", std::to_string(threads).c_str(), 1);
+    const size_t total = spec.variants.size() * spec.lrs.size() * spec.seeds.size();
+    fmt::print(
+        "qknorm sweep: {} variants x {} learning rates x {} seeds = {} runs, {} at a time, "
+        "L={} C={} T={} B={} steps {}, into {}\n",
+        spec.variants.size(), spec.lrs.size(), spec.seeds.size(), total, spec.jobs,
+        spec.base.model.n_layer, spec.base.model.n_embd, spec.base.model.block_size,
+        spec.base.batch_size, spec.base.steps, spec.out_dir);
+    const SweepResult result = run_sweep(spec);
+    fmt::print("\n{:<28} {:>10} {:>9} {:>14} {:>9}\n", "variant", "best loss", "best lr",
+               "LR sensitivity", "diverged");
+    for (const VariantSummary& v : result.variants)
+        fmt::print("{:<28} {:>10.4f} {:>9.3g} {:>14.4f} {:>6}/{}\n", v.variant, v.best_loss,
+                   v.best_lr, v.lr_sensitivity, v.diverged, v.runs);
+    fmt::print(
+        "\ntables: {0}/results.csv, {0}/sensitivity.csv; plots: {0}/lr_sweep.svg, "
+        "{0}/max_logit.svg, {0}/entropy.svg\n",
+        spec.out_dir);
     return 0;
 }
 
@@ -199,11 +303,24 @@ int main(int argc, char** argv) {
 
     CLI::App* train_cmd = app.add_subcommand(
         "train", "train a model (defaults: the QK-norm model on Tiny Shakespeare)");
-    add_model_flags(train_cmd, cfg, flags);
-    add_training_flags(train_cmd, cfg);
+    add_model_flags(train_cmd, cfg, flags, true);
+    add_training_flags(train_cmd, cfg, true);
     train_cmd->add_option("--resume", resume_dir,
                           "continue the run in this directory (its config is reused)");
     train_cmd->add_flag("--quiet", quiet, "no progress bar");
+    std::string from_json;
+    train_cmd->add_option("--from-json", from_json,
+                          "take every setting from this file (a run's config.json) instead of "
+                          "the flags; `qknorm sweep` starts its runs this way");
+
+    CLI::App* sweep_cmd = app.add_subcommand(
+        "sweep", "train a grid of variants x learning rates x seeds and compare them");
+    SweepSpec sweep;
+    ModelFlags sweep_flags;
+    set_sweep_defaults(sweep);
+    add_model_flags(sweep_cmd, sweep.base, sweep_flags, false);
+    add_training_flags(sweep_cmd, sweep.base, false);
+    add_sweep_flags(sweep_cmd, sweep);
 
     CLI::App* sample_cmd = app.add_subcommand("sample", "generate text from a trained model");
     std::string run, ckpt, prompt;
@@ -225,7 +342,8 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
     try {
         set_num_threads(threads);
-        if (train_cmd->parsed()) return run_train(cfg, flags, resume_dir, quiet);
+        if (train_cmd->parsed()) return run_train(cfg, flags, resume_dir, from_json, quiet);
+        if (sweep_cmd->parsed()) return run_sweep_command(sweep, sweep_flags, threads);
         return run_sample(run, ckpt, prompt, options, seed);
     } catch (const Error& e) {
         fmt::print(stderr, "qknorm: {}\n", e.what());

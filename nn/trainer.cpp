@@ -130,15 +130,22 @@ void write_checkpoint(const TrainConfig& cfg, const GPT& model, const AdamW& opt
     }
 }
 
-// Keeps the metrics lines of steps <= last_step (a resumed run rewrites what came after).
-void truncate_metrics(const std::string& path, int64_t last_step) {
+// Keeps the metrics lines of steps <= last_step (a resumed run rewrites what came after), and
+// reads back the last training and validation losses kept, so that resuming a run that had
+// already finished reports its losses.
+void truncate_metrics(const std::string& path, int64_t last_step, double& last_loss,
+                      double& last_val_loss) {
     if (!fs::exists(path)) return;
     std::ifstream in(path);
     std::string line, kept;
     while (std::getline(in, line)) {
         if (line.empty()) continue;
         json j = json::parse(line, nullptr, false);
-        if (!j.is_discarded() && j.value("step", int64_t{0}) <= last_step) kept += line + "\n";
+        if (j.is_discarded() || j.value("step", int64_t{0}) > last_step) continue;
+        kept += line + "\n";
+        if (j.contains("loss") && j["loss"].is_number()) last_loss = j["loss"].get<double>();
+        if (j.contains("val_loss") && j["val_loss"].is_number())
+            last_val_loss = j["val_loss"].get<double>();
     }
     write_file_atomic(path, kept);
 }
@@ -244,6 +251,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     AdamW optimizer(model.parameters(), adam);
     Generator data_gen(cfg.seed + 1);
     int64_t start_step = 0;
+    double resumed_loss = NAN, resumed_val_loss = NAN;
     if (resume) {
         const std::string latest = latest_model_checkpoint(cfg.run_dir);
         QK_CHECK(!latest.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
@@ -255,21 +263,22 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         data_gen.set_state(state.data_seed, state.data_counter);
         model.dropout_generator().set_state(state.dropout_seed, state.dropout_counter);
         start_step = state.step;
-        truncate_metrics(metrics_path, start_step);
+        truncate_metrics(metrics_path, start_step, resumed_loss, resumed_val_loss);
     } else {
         write_file_atomic(config_path, cfg.to_json());
         // Step 0: the validation loss at initialisation, the reference of Wortsman et al.'s LR
         // sensitivity (`qknorm sweep`).
-        write_file_atomic(metrics_path,
-                          json{{"step", 0}, {"val_loss", evaluate(model, data, cfg)}}.dump() + "\n");
+        write_file_atomic(
+            metrics_path,
+            json{{"step", 0}, {"val_loss", evaluate(model, data, cfg)}}.dump() + "\n");
     }
     std::ofstream metrics(metrics_path, std::ios::app);
     const auto start_time = std::chrono::steady_clock::now();
 
     TrainResult result;
-    result.final_val_loss = NAN;
     result.steps_done = start_step;  // a resumed run that was already complete reports its steps
-    double last_val = NAN, step_seconds_total = 0;
+    result.final_loss = resumed_loss;
+    double last_val = resumed_val_loss, step_seconds_total = 0;
     const double tokens_per_step = static_cast<double>(cfg.batch_size * cfg.model.block_size);
     for (int64_t step = start_step; step < cfg.steps; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -347,14 +356,13 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     // The marker of a finished run (a sweep skips runs that have one).
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
-    write_file_atomic(cfg.run_dir + "/result.json",
-                      json{{"steps_done", result.steps_done},
-                           {"final_loss", result.final_loss},
-                           {"final_val_loss", result.final_val_loss},
-                           {"diverged", result.diverged},
-                           {"message", result.message},
-                           {"seconds", seconds}}
-                          .dump(2));
+    write_file_atomic(cfg.run_dir + "/result.json", json{{"steps_done", result.steps_done},
+                                                         {"final_loss", result.final_loss},
+                                                         {"final_val_loss", result.final_val_loss},
+                                                         {"diverged", result.diverged},
+                                                         {"message", result.message},
+                                                         {"seconds", seconds}}
+                                                        .dump(2));
     if (!result.diverged && cfg.sample_tokens > 0) {
         Generator gen(cfg.seed);
         SampleOptions options{.max_new_tokens = cfg.sample_tokens, .temperature = 0.8, .top_k = 0};

@@ -67,6 +67,19 @@ inline std::string read_file(const std::string& path) {
     return {std::istreambuf_iterator<char>(in), {}};
 }
 
+// About 6 KB of text with some structure to learn, written into dir; returns its path.
+inline std::string write_corpus(const TempDir& dir) {
+    const char* lines[] = {"First Citizen:\nBefore we proceed any further, hear me speak.\n\n",
+                           "All:\nSpeak, speak.\n\n",
+                           "First Citizen:\nYou are all resolved rather to die than to famish?\n\n",
+                           "All:\nResolved. resolved.\n\n"};
+    std::string text;
+    for (int i = 0; text.size() < 6000; ++i) text += lines[(i * 7 + i / 3) % 4];
+    const std::string path = dir / "corpus.txt";
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+}
+
 #define CHECK_GRADCHECK(...)                            \
     do {                                                \
         auto gc_result_ = ::qk::gradcheck(__VA_ARGS__); \

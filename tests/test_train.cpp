@@ -20,22 +20,10 @@ using qk::test::throws_with;
 namespace fs = std::filesystem;
 using qk::test::read_file;
 using qk::test::TempDir;
+using qk::test::write_corpus;
 using json = nlohmann::json;
 
 namespace {
-
-// About 6 KB of text with some structure to learn.
-std::string write_corpus(const TempDir& dir) {
-    const char* lines[] = {"First Citizen:\nBefore we proceed any further, hear me speak.\n\n",
-                           "All:\nSpeak, speak.\n\n",
-                           "First Citizen:\nYou are all resolved rather to die than to famish?\n\n",
-                           "All:\nResolved. resolved.\n\n"};
-    std::string text;
-    for (int i = 0; text.size() < 6000; ++i) text += lines[(i * 7 + i / 3) % 4];
-    const std::string path = dir / "corpus.txt";
-    std::ofstream(path, std::ios::binary) << text;
-    return path;
-}
 
 TrainConfig tiny_run(const TempDir& dir, const std::string& name) {
     TrainConfig c;
@@ -178,8 +166,9 @@ TEST_CASE("resuming gives bit-identical losses to a run that never stopped, drop
         CHECK(stopped.steps_done == 6);
         CHECK(read_metrics(b.run_dir).size() == 6);
         CHECK(latest_model_checkpoint(b.run_dir) == b.run_dir + "/step-000004.model.safetensors");
-        TrainResult resumed =
-            train(load_run_config(b.run_dir), /*resume=*/true);  // as the CLI does
+        TrainConfig reloaded = load_run_config(b.run_dir);  // as the CLI does
+        reloaded.progress = false;
+        TrainResult resumed = train(reloaded, /*resume=*/true);
         CHECK(resumed.steps_done == 12);
 
         const std::vector<json> ma = read_metrics(a.run_dir), mb = read_metrics(b.run_dir);
@@ -193,7 +182,10 @@ TEST_CASE("resuming gives bit-identical losses to a run that never stopped, drop
             if (ma[i].contains("layers")) CHECK(mb[i]["layers"] == ma[i]["layers"]);
         }
         // Resuming a finished run changes nothing.
-        CHECK(train(load_run_config(b.run_dir), true).steps_done == 12);
+        const TrainResult again = train(reloaded, true);
+        CHECK(again.steps_done == 12);
+        CHECK(again.final_loss == resumed.final_loss);  // read back from metrics.jsonl
+        CHECK(again.final_val_loss == resumed.final_val_loss);
         CHECK(read_metrics(b.run_dir).size() == 12);
         // The final weights are the same bytes.
         CHECK(read_file(a.run_dir + "/step-000012.model.safetensors") ==
