@@ -191,6 +191,9 @@ void add_sweep_flags(CLI::App* cmd, SweepSpec& spec) {
                     "sweep directory: runs/, results.csv, sensitivity.csv and the plots; a "
                     "second call skips finished runs and resumes interrupted ones")
         ->capture_default_str();
+    cmd->add_option("--plot-param", spec.plot_param,
+                    "also plot the final loss against this variant override (e.g. p), one curve "
+                    "per remaining variant string, one panel per LR (param_sweep.svg)");
     cmd->add_option("--plot-lr", spec.plot_lr,
                     "learning rate of the logit and entropy plots; 0 = the largest")
         ->capture_default_str();

@@ -339,6 +339,12 @@ SweepResult run_sweep(const SweepSpec& spec) {
              "sweep: plot_lr {:g} is not in the grid's learning rates ({})", spec.plot_lr,
              fmt::join(spec.lrs, ", "));
     std::vector<Cell> cells;
+    bool param_found = spec.plot_param.empty();
+    for (const std::string& variant : spec.variants)
+        for (const auto& [key, value] : parse_variant(variant).overrides)
+            param_found = param_found || key == spec.plot_param;
+    QK_CHECK(param_found, "sweep: plot_param '{}' is not overridden by any variant ({})",
+             spec.plot_param, fmt::join(spec.variants, ", "));
     for (const std::string& variant : spec.variants) {
         GPTConfig check = spec.base.model;
         apply_variant(parse_variant(variant), check);  // every variant is valid before any run

@@ -36,7 +36,8 @@ struct SweepSpec {
     double lr_min_ratio = 0.1;  // each run decays to lr · lr_min_ratio
     int jobs = 1;               // runs trained at the same time (one process each)
     std::string out_dir = "sweeps/default";
-    double plot_lr = 0;  // the LR of the logit/entropy plots; 0: the largest in the grid
+    double plot_lr = 0;      // the LR of the logit/entropy plots; 0: the largest in the grid
+    std::string plot_param;  // an override key (e.g. "p"): also plot the final loss against it
     bool progress = true;
     // How a run is trained: the default starts `qknorm train --from-json` processes (the path of
     // the qknorm program must be set in qknorm_exe); tests pass an in-process function.
@@ -73,7 +74,8 @@ RunSummary summarize_run(const std::string& run_dir);
 std::vector<VariantSummary> summarize_variants(const std::vector<RunSummary>& runs);
 
 // Trains every run of the grid that has not finished yet, then writes into spec.out_dir:
-// results.csv, results.jsonl, sensitivity.csv, lr_sweep.svg, max_logit.svg, entropy.svg.
+// results.csv, results.jsonl, sensitivity.csv, lr_sweep.svg, max_logit.svg, entropy.svg, and
+// param_sweep.svg when plot_param is set.
 SweepResult run_sweep(const SweepSpec& spec);
 
 }  // namespace qk::nn

@@ -2,7 +2,8 @@
 // sensitivity of each variant, and three plots in the style of Wortsman et al. 2023:
 //   lr_sweep.svg   final validation loss against learning rate, one curve per variant (log x);
 //   max_logit.svg  the largest attention logit of any layer against step, at one (high) LR (log y);
-//   entropy.svg    the lowest attention entropy of any layer against step, at that LR.
+//   entropy.svg    the lowest attention entropy of any layer against step, at that LR;
+//   param_sweep.svg (with plot_param) final loss against a variant override such as lp's p.
 // The curves of the last two come from the first seed's metrics.jsonl.
 #include <cmath>
 #include <fstream>
@@ -128,6 +129,59 @@ void read_signal_curves(const std::string& run_dir, plot::Series& logit, plot::S
     }
 }
 
+double number_or_nan(const std::string& text) {
+    try {
+        size_t used = 0;
+        const double v = std::stod(text, &used);
+        return used == text.size() ? v : NAN;
+    } catch (const std::exception&) {
+        return NAN;
+    }
+}
+
+// Final loss against one override of the variants (e.g. lp's p): one curve per variant with that
+// override taken out (e.g. `lp:g0=1`), one panel per LR, seeds averaged as in loss_against_lr.
+std::vector<plot::Panel> loss_against_param(const std::vector<RunSummary>& runs,
+                                            const std::string& key,
+                                            const std::vector<double>& lrs) {
+    std::vector<plot::Panel> panels;
+    for (double lr : lrs) {
+        plot::Panel panel{fmt::format("Final validation loss against {}, lr {:g}", key, lr),
+                          key,
+                          "val loss (nats/token)",
+                          false,
+                          false,
+                          {}};
+        std::map<std::string, std::map<double, std::pair<double, int>>> curves;
+        for (const RunSummary& r : runs) {
+            if (r.lr != lr || !r.finished) continue;
+            const Variant v = parse_variant(r.variant);
+            std::string rest = v.preset;
+            double x = NAN;
+            for (const auto& [k, value] : v.overrides)
+                if (k == key)
+                    x = number_or_nan(value);  // a non-number (g0=henry) has no place on an axis
+                else
+                    rest += ":" + k + "=" + value;
+            if (std::isnan(x)) continue;
+            const double l0 = r.init_val_loss;
+            auto& point = curves[rest][x];
+            point.first += std::isfinite(r.final_val_loss) ? std::min(r.final_val_loss, l0) : l0;
+            point.second += 1;
+        }
+        for (const auto& [label, points] : curves) {
+            plot::Series s{label, {}, {}};
+            for (const auto& [x, sum_count] : points) {
+                s.x.push_back(x);
+                s.y.push_back(sum_count.first / sum_count.second);
+            }
+            panel.series.push_back(std::move(s));
+        }
+        panels.push_back(std::move(panel));
+    }
+    return panels;
+}
+
 double chosen_plot_lr(const SweepSpec& spec) {
     if (spec.plot_lr > 0) return spec.plot_lr;
     return *std::max_element(spec.lrs.begin(), spec.lrs.end());
@@ -163,6 +217,11 @@ void write_sweep_outputs(const SweepSpec& spec, const SweepResult& result) {
         entropy.series.push_back(std::move(e));
     }
     write_file_atomic(out + "/max_logit.svg", plot::render_svg({logits}, 1));
+    if (!spec.plot_param.empty())
+        write_file_atomic(
+            out + "/param_sweep.svg",
+            plot::render_svg(loss_against_param(result.runs, spec.plot_param, spec.lrs),
+                             std::min<int>(static_cast<int>(spec.lrs.size()), 2)));
     write_file_atomic(out + "/entropy.svg", plot::render_svg({entropy}, 1));
 }
 

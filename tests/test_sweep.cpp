@@ -195,6 +195,26 @@ TEST_CASE("a 2 x 2 sweep trains every cell, writes the table and the plots, and 
     }
 }
 
+TEST_CASE("plot_param plots the final loss against a variant override, one curve per rest") {
+    TempDir dir("sweep_param");
+    SweepSpec spec = tiny_grid(dir);
+    spec.base.steps = 2, spec.base.eval_every = 2;
+    spec.variants = {"lp:p=2:g0=1", "lp:p=3:g0=1", "lp:p=2:g0=henry", "lp:p=3:g0=henry"};
+    spec.lrs = {1e-2};
+    spec.plot_param = "p";
+    run_sweep(spec);
+    const std::string svg = read_file(spec.out_dir + "/param_sweep.svg");
+    CHECK(svg.rfind("<svg", 0) == 0);
+    CHECK(svg.find("against p, lr 0.01") != std::string::npos);
+    CHECK(svg.find("lp:g0=1") != std::string::npos);
+    CHECK(svg.find("lp:g0=henry") != std::string::npos);
+    size_t polylines = 0;
+    for (size_t at = svg.find("<polyline"); at != std::string::npos;
+         at = svg.find("<polyline", at + 1))
+        ++polylines;
+    CHECK(polylines == 2);
+}
+
 TEST_CASE("bad grids are refused before anything trains") {
     TempDir dir("sweep_bad");
     SweepSpec spec = tiny_grid(dir);
@@ -214,5 +234,8 @@ TEST_CASE("bad grids are refused before anything trains") {
     SweepSpec bad_plot = spec;
     bad_plot.plot_lr = 5e-3;
     CHECK(throws_with([&] { run_sweep(bad_plot); }, {"plot_lr 0.005 is not in the grid"}));
+    SweepSpec bad_param = spec;
+    bad_param.plot_param = "p";
+    CHECK(throws_with([&] { run_sweep(bad_param); }, {"plot_param 'p' is not overridden"}));
     CHECK(!fs::exists(spec.out_dir + "/runs"));
 }
