@@ -11,18 +11,21 @@
 namespace qk {
 
 class Generator {
-public:
+  public:
     explicit Generator(uint64_t seed = 0) : seed_(seed) {}
 
     std::array<uint32_t, 4> next_block();  // four fresh 32-bit words
-    double uniform();                      // in [0, 1), 53 random bits
-    double normal();                       // N(0, 1), Box-Muller; caches the second value
+    // n words: the next ceil(n / 4) blocks' words in order, as repeated next_block() gives them
+    // (the unused words of a last partial block are dropped), vectorised.
+    void fill(uint32_t* words, int64_t n);
+    double uniform();  // in [0, 1), 53 random bits
+    double normal();   // N(0, 1), Box-Muller; caches the second value
 
     uint64_t seed() const { return seed_; }
     uint64_t counter() const { return counter_; }
     void set_state(uint64_t seed, uint64_t counter);
 
-private:
+  private:
     uint64_t seed_;
     uint64_t counter_ = 0;  // blocks drawn so far
     bool has_spare_normal_ = false;
