@@ -1,0 +1,238 @@
+// The cuBLAS shim of the CUDA emulation: cuBLAS's argument rules in front of column-major
+// cblas_sgemm / cblas_dgemm. See cublas_emu.h for the rules.
+#include "cuda/emu/cublas_emu.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <mutex>
+#include <set>
+
+#include "core/error.h"
+#include "cuda/emu/emu_internal.h"
+
+struct cublasContext {
+    cudaStream_t stream = nullptr;
+};
+
+namespace qk::emu {
+namespace {
+
+std::mutex handle_mutex;
+std::set<cublasHandle_t>& live_handles() {
+    static auto* handles = new std::set<cublasHandle_t>;
+    return *handles;
+}
+bool live(cublasHandle_t h) {
+    std::lock_guard lock(handle_mutex);
+    return h && live_handles().count(h);
+}
+
+bool valid_op(cublasOperation_t op) {
+    return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C;
+}
+CBLAS_TRANSPOSE to_cblas(cublasOperation_t op) {
+    return op == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
+}
+
+void gemm(const float* a, const float* b, float* c, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m,
+          int n, int k, float alpha, int lda, int ldb, float beta, int ldc) {
+    cblas_sgemm(CblasColMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void gemm(const double* a, const double* b, double* c, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
+          int m, int n, int k, double alpha, int lda, int ldb, double beta, int ldc) {
+    cblas_dgemm(CblasColMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// Requires the `count` matrices of a strided batch, each `extent` elements from its start, to lie
+// in one device allocation.
+template <typename T>
+void require_batch(const char* api, const char* what, const T* p, long long extent,
+                   long long stride, int count) {
+    if (extent <= 0 || count <= 0) return;
+    const long long span = static_cast<long long>(count - 1) * stride;
+    const T* lo = p + std::min(0ll, span);
+    const long long elements = std::abs(span) + extent;
+    detail::require_device_range(api, what, lo, static_cast<std::size_t>(elements) * sizeof(T));
+}
+
+template <typename T>
+cublasStatus_t gemm_batched(const char* api, cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const T* alpha,
+                            const T* A, int lda, long long sa, const T* B, int ldb, long long sb,
+                            const T* beta, T* C, int ldc, long long sc, int batch) {
+    if (!live(handle)) {
+        detail::record_message(fmt::format("{}: the handle is null or destroyed", api));
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    }
+    const int rows_a = transa == CUBLAS_OP_N ? m : k, cols_a = transa == CUBLAS_OP_N ? k : m;
+    const int rows_b = transb == CUBLAS_OP_N ? k : n, cols_b = transb == CUBLAS_OP_N ? n : k;
+    std::string bad;
+    if (!valid_op(transa) || !valid_op(transb))
+        bad = fmt::format("transa {} / transb {} is not CUBLAS_OP_N, _T or _C", int(transa),
+                          int(transb));
+    else if (m < 0 || n < 0 || k < 0)
+        bad = fmt::format("m {}, n {}, k {} must not be negative", m, n, k);
+    else if (lda < std::max(1, rows_a))
+        bad = fmt::format("lda {} < max(1, {}) (rows of A as stored)", lda, rows_a);
+    else if (ldb < std::max(1, rows_b))
+        bad = fmt::format("ldb {} < max(1, {}) (rows of B as stored)", ldb, rows_b);
+    else if (ldc < std::max(1, m))
+        bad = fmt::format("ldc {} < max(1, m = {})", ldc, m);
+    else if (batch < 0)
+        bad = fmt::format("batchCount {} is negative", batch);
+    else if (!alpha || !beta)
+        bad = "alpha and beta must not be null";
+    if (!bad.empty()) {
+        detail::record_message(fmt::format("{}: {}", api, bad));
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+    QK_CHECK(detail::classify(alpha).where == detail::Where::host &&
+                 detail::classify(beta).where == detail::Where::host,
+             "cuda emulation: {}: alpha and beta must be host pointers (pointer mode host)", api);
+    const bool reads_ab = k > 0;
+    if (reads_ab) {
+        require_batch(api, "A", A, static_cast<long long>(lda) * (cols_a - 1) + rows_a, sa, batch);
+        require_batch(api, "B", B, static_cast<long long>(ldb) * (cols_b - 1) + rows_b, sb, batch);
+    }
+    require_batch(api, "C", C, static_cast<long long>(ldc) * (n - 1) + m, sc, batch);
+    const T a = *alpha, b = *beta;
+    for (int i = 0; i < batch; ++i) {
+        T* c = C + i * sc;
+        if (!reads_ab || a == T(0)) {
+            // C = beta * C; beta == 0 writes zeros without reading C (NaNs there do not survive).
+            for (int j = 0; j < n; ++j)
+                for (int r = 0; r < m; ++r) {
+                    T& v = c[static_cast<long long>(j) * ldc + r];
+                    v = b == T(0) ? T(0) : b * v;
+                }
+            continue;
+        }
+        gemm(A + i * sa, B + i * sb, c, to_cblas(transa), to_cblas(transb), m, n, k, a, lda, ldb, b,
+             ldc);
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+}  // namespace qk::emu
+
+const char* cublasGetStatusName(cublasStatus_t status) {
+    switch (status) {
+        case CUBLAS_STATUS_SUCCESS:
+            return "CUBLAS_STATUS_SUCCESS";
+        case CUBLAS_STATUS_NOT_INITIALIZED:
+            return "CUBLAS_STATUS_NOT_INITIALIZED";
+        case CUBLAS_STATUS_ALLOC_FAILED:
+            return "CUBLAS_STATUS_ALLOC_FAILED";
+        case CUBLAS_STATUS_INVALID_VALUE:
+            return "CUBLAS_STATUS_INVALID_VALUE";
+        case CUBLAS_STATUS_ARCH_MISMATCH:
+            return "CUBLAS_STATUS_ARCH_MISMATCH";
+        case CUBLAS_STATUS_MAPPING_ERROR:
+            return "CUBLAS_STATUS_MAPPING_ERROR";
+        case CUBLAS_STATUS_EXECUTION_FAILED:
+            return "CUBLAS_STATUS_EXECUTION_FAILED";
+        case CUBLAS_STATUS_INTERNAL_ERROR:
+            return "CUBLAS_STATUS_INTERNAL_ERROR";
+        case CUBLAS_STATUS_NOT_SUPPORTED:
+            return "CUBLAS_STATUS_NOT_SUPPORTED";
+        case CUBLAS_STATUS_LICENSE_ERROR:
+            return "CUBLAS_STATUS_LICENSE_ERROR";
+    }
+    return "CUBLAS_STATUS_UNKNOWN";
+}
+
+const char* cublasGetStatusString(cublasStatus_t status) {
+    switch (status) {
+        case CUBLAS_STATUS_SUCCESS:
+            return "success";
+        case CUBLAS_STATUS_NOT_INITIALIZED:
+            return "the library was not initialized";
+        case CUBLAS_STATUS_ALLOC_FAILED:
+            return "the resource allocation failed";
+        case CUBLAS_STATUS_INVALID_VALUE:
+            return "an invalid numeric value was used as an argument";
+        case CUBLAS_STATUS_ARCH_MISMATCH:
+            return "an absent device architectural feature is required";
+        case CUBLAS_STATUS_MAPPING_ERROR:
+            return "an access to GPU memory space failed";
+        case CUBLAS_STATUS_EXECUTION_FAILED:
+            return "the GPU program failed to execute";
+        case CUBLAS_STATUS_INTERNAL_ERROR:
+            return "an internal operation failed";
+        case CUBLAS_STATUS_NOT_SUPPORTED:
+            return "the functionality requested is not supported";
+        case CUBLAS_STATUS_LICENSE_ERROR:
+            return "an error was detected when checking the current licensing";
+    }
+    return "unknown error";
+}
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+    if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
+    *handle = new cublasContext;
+    std::lock_guard lock(qk::emu::handle_mutex);
+    qk::emu::live_handles().insert(*handle);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+    if (!qk::emu::live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    std::lock_guard lock(qk::emu::handle_mutex);
+    qk::emu::live_handles().erase(handle);
+    delete handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+    if (!qk::emu::live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->stream = stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream) {
+    if (!qk::emu::live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!stream) return CUBLAS_STATUS_INVALID_VALUE;
+    *stream = handle->stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float* alpha,
+                           const float* A, int lda, const float* B, int ldb, const float* beta,
+                           float* C, int ldc) {
+    return qk::emu::gemm_batched("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, 0,
+                                 B, ldb, 0, beta, C, ldc, 0, 1);
+}
+
+cublasStatus_t cublasDgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const double* alpha,
+                           const double* A, int lda, const double* B, int ldb, const double* beta,
+                           double* C, int ldc) {
+    return qk::emu::gemm_batched("cublasDgemm", handle, transa, transb, m, n, k, alpha, A, lda, 0,
+                                 B, ldb, 0, beta, C, ldc, 0, 1);
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float* alpha, const float* A, int lda,
+                                         long long strideA, const float* B, int ldb,
+                                         long long strideB, const float* beta, float* C, int ldc,
+                                         long long strideC, int batchCount) {
+    return qk::emu::gemm_batched("cublasSgemmStridedBatched", handle, transa, transb, m, n, k,
+                                 alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
+                                 batchCount);
+}
+
+cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const double* alpha, const double* A, int lda,
+                                         long long strideA, const double* B, int ldb,
+                                         long long strideB, const double* beta, double* C, int ldc,
+                                         long long strideC, int batchCount) {
+    return qk::emu::gemm_batched("cublasDgemmStridedBatched", handle, transa, transb, m, n, k,
+                                 alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
+                                 batchCount);
+}

@@ -1,0 +1,64 @@
+// The cuBLAS subset of the CUDA emulation (include it through cuda/emu/cublas_compat.h): handles,
+// streams, and single/double GEMM, plain and strided-batched, on column-major cblas.
+//
+// Argument rules are cuBLAS's: a null or destroyed handle gives CUBLAS_STATUS_NOT_INITIALIZED;
+// m, n, k < 0, an unknown operation, lda < max(1, rows of op(A) as stored), ldb likewise,
+// ldc < max(1, m), batchCount < 0 or a null alpha/beta give CUBLAS_STATUS_INVALID_VALUE and
+// compute nothing. alpha and beta are host pointers (pointer mode host). A, B and C must be
+// device memory covering every element the call touches; otherwise the shim throws qk::Error
+// ("cuda emulation: cublasSgemm: ..."), since real cuBLAS would fault asynchronously.
+#pragma once
+
+#include "cuda/emu/cuda_emu.h"
+
+enum cublasStatus_t {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_ALLOC_FAILED = 3,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_ARCH_MISMATCH = 8,
+    CUBLAS_STATUS_MAPPING_ERROR = 11,
+    CUBLAS_STATUS_EXECUTION_FAILED = 13,
+    CUBLAS_STATUS_INTERNAL_ERROR = 14,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
+    CUBLAS_STATUS_LICENSE_ERROR = 16,
+};
+
+enum cublasOperation_t {
+    CUBLAS_OP_N = 0,
+    CUBLAS_OP_T = 1,
+    CUBLAS_OP_C = 2,  // the same as CUBLAS_OP_T for real types
+};
+
+struct cublasContext;
+using cublasHandle_t = cublasContext*;
+
+const char* cublasGetStatusString(cublasStatus_t status);
+const char* cublasGetStatusName(cublasStatus_t status);
+cublasStatus_t cublasCreate(cublasHandle_t* handle);
+cublasStatus_t cublasDestroy(cublasHandle_t handle);
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
+cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream);
+
+// C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C, all column-major.
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float* alpha,
+                           const float* A, int lda, const float* B, int ldb, const float* beta,
+                           float* C, int ldc);
+cublasStatus_t cublasDgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const double* alpha,
+                           const double* A, int lda, const double* B, int ldb, const double* beta,
+                           double* C, int ldc);
+// The same for batchCount matrices spaced strideA/strideB/strideC elements apart.
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float* alpha, const float* A, int lda,
+                                         long long strideA, const float* B, int ldb,
+                                         long long strideB, const float* beta, float* C, int ldc,
+                                         long long strideC, int batchCount);
+cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const double* alpha, const double* A, int lda,
+                                         long long strideA, const double* B, int ldb,
+                                         long long strideB, const double* beta, double* C, int ldc,
+                                         long long strideC, int batchCount);

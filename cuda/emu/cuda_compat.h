@@ -1,0 +1,24 @@
+// The one CUDA header that every .cu source and every CUDA-using .cpp includes.
+//
+// Under nvcc (__CUDACC__) it is the real runtime plus the two project macros written the nvcc way;
+// under g++ it is the CPU emulation layer (cuda/emu/cuda_emu.h), which defines the same macros so
+// that one kernel source builds both ways:
+//   QK_LAUNCH(kernel, grid, block, smem_bytes, stream, args...)   a kernel launch
+//   QK_DYNAMIC_SHARED(T, name)                                     `name` is the dynamic smem, T[]
+// A kernel that is a template-id with commas is passed in parentheses: QK_LAUNCH((k<float, 4>),
+// ...).
+#pragma once
+
+#ifdef __CUDACC__
+
+#include <cuda_runtime.h>
+
+#define QK_LAUNCH(kernel, grid, block, smem_bytes, stream, ...) \
+    kernel<<<(grid), (block), (smem_bytes), (stream)>>>(__VA_ARGS__)
+#define QK_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+
+#else
+
+#include "cuda/emu/cuda_emu.h"
+
+#endif
