@@ -4,7 +4,8 @@
 
 #include "cuda/emu/cuda_compat.h"
 
-#ifdef __CUDACC__
+// QK_CUDA_REAL: a host .cpp of the real backend, compiled by g++ against the CUDA toolkit.
+#if defined(__CUDACC__) || defined(QK_CUDA_REAL)
 #include <cublas_v2.h>
 #else
 #include "cuda/emu/cublas_emu.h"

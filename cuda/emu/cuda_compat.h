@@ -9,7 +9,8 @@
 // ...).
 #pragma once
 
-#ifdef __CUDACC__
+// QK_CUDA_REAL: a host .cpp of the real backend, compiled by g++ against the CUDA toolkit.
+#if defined(__CUDACC__) || defined(QK_CUDA_REAL)
 
 #include <cuda_runtime.h>
 
