@@ -169,7 +169,6 @@ void set_sweep_defaults(SweepSpec& spec) {
 }
 
 void add_sweep_flags(CLI::App* cmd, SweepSpec& spec) {
-    cmd->set_config("--config", "", "TOML file setting any of these flags (see experiments/)");
     cmd->add_option("--variants", spec.variants,
                     "comma-separated variants, each a preset with optional :key=value overrides; "
                     "presets: baseline, qk_layernorm, qk_rmsnorm, l2, lp, softcap, qk_norm_cap, "
@@ -240,6 +239,7 @@ int run_sweep_command(SweepSpec spec, const ModelFlags& flags, int threads) {
         spec.variants.size(), spec.lrs.size(), spec.seeds.size(), total, spec.jobs,
         spec.base.model.n_layer, spec.base.model.n_embd, spec.base.model.block_size,
         spec.base.batch_size, spec.base.steps, spec.out_dir);
+    std::fflush(stdout);
     const SweepResult result = run_sweep(spec);
     fmt::print("\n{:<28} {:>10} {:>9} {:>14} {:>9}\n", "variant", "best loss", "best lr",
                "LR sensitivity", "diverged");
@@ -282,6 +282,12 @@ int run_sample(const std::string& run, const std::string& ckpt, const std::strin
 int main(int argc, char** argv) {
     CLI::App app{"qknorm: train GPT-style transformers with QK-norm and its variants"};
     app.require_subcommand(1);
+    // `qknorm sweep --config FILE`: a TOML file whose [sweep] section sets any sweep flag (see
+    // examples/stability/); flags on the command line win. Fallthrough lets the option follow
+    // the subcommand's name.
+    app.set_config("--config", "", "TOML file setting flags, in a [train] or [sweep] section");
+    app.fallthrough();
+    app.allow_config_extras(CLI::config_extras_mode::error);  // a mistyped key is an error
     // The default model: QK-LayerNorm per head, sized to train on Tiny Shakespeare in minutes on
     // one cpu core (see README: Training).
     TrainConfig cfg;
