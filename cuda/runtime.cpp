@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/error.h"
 #include "core/storage.h"
 
 namespace qk::cuda {

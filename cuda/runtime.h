@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/error.h"
 #include "cuda/emu/cublas_compat.h"
 #include "cuda/emu/cuda_compat.h"
 
