@@ -253,6 +253,15 @@ int run_sweep_command(SweepSpec spec, const ModelFlags& flags, int threads) {
     return 0;
 }
 
+// `option` replaces the model and training flags: refuse them next to it rather than ignore them.
+void check_alone(const CLI::App* cmd, const std::string& option, const std::string& why) {
+    if (cmd->get_option(option)->count() == 0) return;
+    for (const CLI::Option* other : cmd->get_options())
+        QK_CHECK(
+            other->count() == 0 || other->get_name() == option || other->get_name() == "--quiet",
+            "train: {} {}; {} cannot be combined with it", option, why, other->get_name());
+}
+
 // The newest run directory under runs/ (their names are dates, so they sort by time).
 std::string newest_run() {
     std::string newest;
@@ -353,7 +362,11 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
     try {
         set_num_threads(threads);
-        if (train_cmd->parsed()) return run_train(cfg, flags, resume_dir, from_json, quiet);
+        if (train_cmd->parsed()) {
+            check_alone(train_cmd, "--resume", "continues the run with the configuration it saved");
+            check_alone(train_cmd, "--from-json", "takes every setting from the file");
+            return run_train(cfg, flags, resume_dir, from_json, quiet);
+        }
         if (sweep_cmd->parsed()) return run_sweep_command(sweep, sweep_flags, threads);
         return run_sample(run, ckpt, prompt, options, seed);
     } catch (const Error& e) {
