@@ -17,6 +17,14 @@ class Error : public std::runtime_error {
     explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// What an op's `case Device::cuda:` does in a build without the CUDA backend (cuda/stub.cpp).
+[[noreturn]] inline void throw_built_without_cuda(const char* op) {
+    throw Error(fmt::format(
+        "{}: qknorm was built without CUDA support (reconfigure with -Dcuda=enabled, or "
+        "-Demulate_cuda=true for the emulation on the cpu)",
+        op));
+}
+
 }  // namespace qk
 
 // QK_CHECK(cond, "op: {} ...", args...) throws qk::Error with the formatted message when cond is

@@ -20,7 +20,14 @@ Tensor make_cpu(const Shape& shape, DType dtype, Fill&& fill) {
 }  // namespace
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
-    return to_device(make_cpu(shape, dtype, [&](int64_t) { return value; }), device);
+    if (device == Device::cpu) return make_cpu(shape, dtype, [&](int64_t) { return value; });
+    Tensor t = Tensor::empty(shape, dtype, device);  // filled where it lives: nothing to copy
+#ifdef QK_WITH_CUDA
+    cuda::fill(t.raw_data(), dtype, t.numel(), value);
+#else
+    throw_built_without_cuda("full");
+#endif
+    return t;
 }
 Tensor zeros(const Shape& shape, DType dtype, Device device) {
     return full(shape, 0, dtype, device);
@@ -64,6 +71,21 @@ Tensor randn(const Shape& shape, DType dtype, Generator& gen) {
     return normal(shape, 0, 1, dtype, gen);
 }
 
+Tensor rand(const Shape& shape, DType dtype, Device device, Generator& gen) {
+    return to_device(rand(shape, dtype, gen), device);
+}
+Tensor randn(const Shape& shape, DType dtype, Device device, Generator& gen) {
+    return to_device(randn(shape, dtype, gen), device);
+}
+Tensor normal(const Shape& shape, double mean, double std, DType dtype, Device device,
+              Generator& gen) {
+    return to_device(normal(shape, mean, std, dtype, gen), device);
+}
+Tensor uniform(const Shape& shape, double low, double high, DType dtype, Device device,
+               Generator& gen) {
+    return to_device(uniform(shape, low, high, dtype, gen), device);
+}
+
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()); }
 Tensor randn_like(const Tensor& t, Generator& gen) {
@@ -72,9 +94,9 @@ Tensor randn_like(const Tensor& t, Generator& gen) {
 
 Tensor to_device(const Tensor& t, Device device) {
     if (t.device() == device) return t;
-    QK_CHECK(false, "to_device: copying {} -> {} needs the CUDA backend, which is not built in",
-             t.device(), device);
-    return t;
+    Tensor out = Tensor::empty(t.shape(), t.dtype(), device);
+    copy_into(out, t);
+    return out;
 }
 
 }  // namespace qk

@@ -27,11 +27,21 @@ Tensor normal(const Shape& shape, double mean, double std, DType dtype = kF32,
 Tensor uniform(const Shape& shape, double low, double high, DType dtype = kF32,
                Generator& gen = default_generator());
 
+// The same, made on `device`: drawn on the cpu, then copied, so that a seed gives the same
+// tensor on every device.
+Tensor rand(const Shape& shape, DType dtype, Device device, Generator& gen = default_generator());
+Tensor randn(const Shape& shape, DType dtype, Device device, Generator& gen = default_generator());
+Tensor normal(const Shape& shape, double mean, double std, DType dtype, Device device,
+              Generator& gen = default_generator());
+Tensor uniform(const Shape& shape, double low, double high, DType dtype, Device device,
+               Generator& gen = default_generator());
+
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor randn_like(const Tensor& t, Generator& gen = default_generator());
 
-// Copies a cpu tensor to `device` (the identity on cpu); see the CUDA backend.
+// A copy of t on `device` (t itself when already there), not recorded by autograd; see
+// Tensor::to(Device) for the differentiable one.
 Tensor to_device(const Tensor& t, Device device);
 
 }  // namespace qk

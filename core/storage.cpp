@@ -3,6 +3,10 @@
 #include <atomic>
 #include <cstdlib>
 
+#ifdef QK_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
+
 namespace qk {
 
 namespace {
@@ -40,6 +44,14 @@ std::size_t peak_storage_bytes() { return peak_bytes.load(std::memory_order_rela
 void reset_peak_storage_bytes() { peak_bytes.store(live_bytes.load(std::memory_order_relaxed)); }
 
 Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+#ifdef QK_WITH_CUDA
+    // Asked once: a real build on a machine without a GPU (or driver) says so here, rather than
+    // as an out-of-memory error from cudaMalloc.
+    static const bool have_device = cuda::device_available();
+    QK_CHECK(device == Device::cpu || have_device,
+             "Storage: cannot allocate {} bytes on cuda: no CUDA device is available ({})", nbytes,
+             cuda::backend_description());
+#endif
     data_ = allocator_for(device).allocate(nbytes);
     if (device == Device::cpu) count_allocation(nbytes);
 }

@@ -3,6 +3,9 @@
 #include <cstring>
 
 #include "core/strided.h"
+#ifdef QK_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
 
 namespace qk {
 
@@ -86,14 +89,14 @@ void Tensor::set(std::initializer_list<int64_t> index, double value) {
 
 double Tensor::item() const {
     QK_CHECK(numel() == 1, "Tensor::item: needs exactly one element, tensor has shape {}", shape());
-    Tensor c = detach().reshape({1});
+    Tensor c = empty({1}, dtype());  // on the host, whatever device this tensor is on
+    copy_into(c, detach().reshape({1}));
     return c.at({0});
 }
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-    QK_CHECK(device() == Device::cpu, "Tensor::to_vector: needs a cpu tensor, got {}", device());
-    Tensor out = empty(shape(), dtype_of<T>());
+    Tensor out = empty(shape(), dtype_of<T>());  // on the host: copy_into crosses devices
     copy_into(out, *this);
     return std::vector<T>(out.data<T>(), out.data<T>() + out.numel());
 }
@@ -127,11 +130,10 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
     return Tensor(std::move(impl));
 }
 
-void copy_into(const Tensor& dst, const Tensor& src) {
-    QK_CHECK(dst.shape() == src.shape(), "copy: shapes differ: dst {} and src {}", dst.shape(),
-             src.shape());
-    QK_CHECK(dst.device() == Device::cpu && src.device() == Device::cpu,
-             "copy: cpu only here, got dst on {} and src on {}", dst.device(), src.device());
+namespace {
+
+// Both on the cpu.
+void copy_cpu(const Tensor& dst, const Tensor& src) {
     if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
         std::memcpy(dst.raw_data(), src.raw_data(), dst.numel() * dtype_size(dst.dtype()));
         return;
@@ -162,6 +164,57 @@ void copy_into(const Tensor& dst, const Tensor& src) {
                 parallel_for_each_run<2>(dst.shape(), {&dst.strides(), &src.strides()}, copy_run);
         });
     });
+}
+
+#ifdef QK_WITH_CUDA
+// At least one side on the device. Host <-> device transfers move contiguous bytes of one dtype,
+// so a strided or casting side first goes through a contiguous staging tensor on its own device.
+void copy_cuda(const Tensor& dst, const Tensor& src) {
+    auto plain = [](const Tensor& t, DType dtype) {  // contiguous bytes of dtype as stored
+        return t.is_contiguous() && t.dtype() == dtype;
+    };
+    const std::size_t nbytes = dst.numel() * dtype_size(dst.dtype());
+    if (dst.device() == Device::cuda && src.device() == Device::cuda) {
+        if (plain(dst, dst.dtype()) && plain(src, dst.dtype()))
+            cuda::copy_on_device(dst.raw_data(), src.raw_data(), nbytes);
+        else
+            cuda::copy_strided(dst.raw_data(), dst.dtype(), dst.strides(), src.raw_data(),
+                               src.dtype(), src.strides(), dst.shape());
+    } else if (dst.device() == Device::cuda) {  // host -> device
+        Tensor host = src;
+        if (!plain(src, dst.dtype())) {
+            host = Tensor::empty(src.shape(), dst.dtype());
+            copy_cpu(host, src);
+        }
+        Tensor dev =
+            plain(dst, dst.dtype()) ? dst : Tensor::empty(dst.shape(), dst.dtype(), Device::cuda);
+        cuda::copy_to_device(dev.raw_data(), host.raw_data(), nbytes);
+        if (!dev.same(dst)) copy_cuda(dst, dev);
+    } else {  // device -> host
+        Tensor dev = src;
+        if (!plain(src, dst.dtype())) {
+            dev = Tensor::empty(src.shape(), dst.dtype(), Device::cuda);
+            copy_cuda(dev, src);
+        }
+        Tensor host = plain(dst, dst.dtype()) ? dst : Tensor::empty(dst.shape(), dst.dtype());
+        cuda::copy_to_host(host.raw_data(), dev.raw_data(), nbytes);
+        if (!host.same(dst)) copy_cpu(dst, host);
+    }
+}
+#endif
+
+}  // namespace
+
+void copy_into(const Tensor& dst, const Tensor& src) {
+    QK_CHECK(dst.shape() == src.shape(), "copy: shapes differ: dst {} and src {}", dst.shape(),
+             src.shape());
+    if (dst.device() == Device::cpu && src.device() == Device::cpu) return copy_cpu(dst, src);
+    if (dst.numel() == 0) return;
+#ifdef QK_WITH_CUDA
+    copy_cuda(dst, src);
+#else
+    throw_built_without_cuda("copy");
+#endif
 }
 
 namespace {
@@ -198,13 +251,9 @@ void format_values(std::string& out, const Tensor& t, const std::vector<double>&
 std::string to_string(const Tensor& t) {
     if (!t.defined()) return "tensor(undefined)";
     std::string out = "tensor(";
-    if (t.device() == Device::cpu) {
-        std::vector<double> values = t.to_vector<double>();
-        int64_t pos = 0;
-        format_values(out, t, values, 0, pos);
-    } else {
-        out += "...";
-    }
+    std::vector<double> values = t.to_vector<double>();  // copies a cuda tensor to the host
+    int64_t pos = 0;
+    format_values(out, t, values, 0, pos);
     out += fmt::format(", shape={}, dtype={}", t.shape(), t.dtype());
     if (t.device() != Device::cpu) out += fmt::format(", device={}", t.device());
     if (t.requires_grad()) out += ", requires_grad";

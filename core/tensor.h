@@ -56,7 +56,8 @@ class Tensor {
     T* data() const;
     void* raw_data() const;
 
-    // Element access (cpu), converting to double: t.at({i, j}).
+    // Element access (cpu), converting to double: t.at({i, j}). item(), to_vector() and printing
+    // also take cuda tensors: they copy to the host first.
     double at(std::initializer_list<int64_t> index) const;
     void set(std::initializer_list<int64_t> index, double value);
     double item() const;  // the one element of a tensor with numel() == 1
@@ -94,6 +95,9 @@ class Tensor {
     Tensor contiguous() const;     // this tensor if already contiguous, else a differentiable copy
     Tensor clone() const;          // always a differentiable copy
     Tensor to(DType dtype) const;  // differentiable cast
+    // A copy on `device` (this tensor itself when already there); differentiable: the gradient
+    // goes back to this tensor's device.
+    Tensor to(Device device) const;
 
     TensorImpl& impl() const;
     const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
@@ -106,11 +110,21 @@ class Tensor {
 // A view of `base`'s storage with the given geometry (no autograd); used by the view ops.
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
 
-// Copies src into dst element by element (shapes equal, any strides, dtypes may differ). No
-// autograd.
+// Copies src into dst element by element (shapes equal, any strides, dtypes may differ, devices
+// may differ: a cross-device copy goes through a contiguous staging copy). No autograd.
 void copy_into(const Tensor& dst, const Tensor& src);
 
 std::string to_string(const Tensor& t);
+
+// Launchers of cuda/copy.cu (device pointers; built only with the CUDA backend).
+namespace cuda {
+// dst, src: device buffers read through their strides over `shape` (rank <= 8 after merging
+// dims); dtypes may differ.    dst[i] = cast(src[i])
+void copy_strided(void* dst, DType dst_dtype, const Shape& dst_strides, const void* src,
+                  DType src_dtype, const Shape& src_strides, const Shape& shape);
+// dst: (n) contiguous on the device.    dst[i] = value
+void fill(void* dst, DType dtype, int64_t n, double value);
+}  // namespace cuda
 
 }  // namespace qk
 

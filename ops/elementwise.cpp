@@ -100,7 +100,8 @@ Shape broadcast_strides(const Tensor& t, const Shape& shape) {
 void check_same_kind(const char* op, const Tensor& a, const Tensor& b) {
     QK_CHECK(a.dtype() == b.dtype(), "{}: dtypes differ: {} {} and {} {}", op, a.dtype(), a.shape(),
              b.dtype(), b.shape());
-    QK_CHECK(a.device() == b.device(), "{}: devices differ: {} and {}", op, a.device(), b.device());
+    QK_CHECK(a.device() == b.device(), "{}: devices differ: {} is on {}, {} is on {}", op,
+             a.shape(), a.device(), b.shape(), b.device());
 }
 
 template <class F>
@@ -117,13 +118,22 @@ Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f) {
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "{}: no CUDA kernel yet", op);
+#ifdef QK_WITH_CUDA
+            dispatch_float(a.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::binary_forward<T, F>(out.data<T>(), a.data<T>(), broadcast_strides(a, shape),
+                                           b.data<T>(), broadcast_strides(b, shape), shape);
+            });
+#else
+            throw_built_without_cuda(op);
+#endif
+            break;
     }
     return out;
 }
 
 template <class F>
-Tensor map_unary(const char* op, const Tensor& x_in, double s, F f) {
+Tensor map_unary([[maybe_unused]] const char* op, const Tensor& x_in, double s, F f) {
     Tensor x = x_in.contiguous();
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     switch (x.device()) {
@@ -134,14 +144,23 @@ Tensor map_unary(const char* op, const Tensor& x_in, double s, F f) {
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "{}: no CUDA kernel yet", op);
+#ifdef QK_WITH_CUDA
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::unary_forward<T, F>(y.data<T>(), x.data<T>(), x.numel(), T(s));
+            });
+#else
+            throw_built_without_cuda(op);
+#endif
+            break;
     }
     return y;
 }
 
 // dx = f(dy, saved, s), elementwise; dy and saved have the same shape.
 template <class F>
-Tensor map_backward(const char* op, const Tensor& dy_in, const Tensor& saved, double s, F f) {
+Tensor map_backward([[maybe_unused]] const char* op, const Tensor& dy_in, const Tensor& saved,
+                    double s, F f) {
     Tensor dy = dy_in.contiguous();
     Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     switch (dy.device()) {
@@ -153,7 +172,16 @@ Tensor map_backward(const char* op, const Tensor& dy_in, const Tensor& saved, do
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "{}: no CUDA kernel yet", op);
+#ifdef QK_WITH_CUDA
+            dispatch_float(dy.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::unary_backward<T, F>(dx.data<T>(), dy.data<T>(), saved.data<T>(), dy.numel(),
+                                           T(s));
+            });
+#else
+            throw_built_without_cuda(op);
+#endif
+            break;
     }
     return dx;
 }
@@ -273,7 +301,16 @@ void add_(Tensor& dst, const Tensor& src) {
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "add_: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(dst.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::accumulate(dst.data<T>(), dst.strides(), src.data<T>(),
+                                 broadcast_strides(src, dst.shape()), dst.shape());
+            });
+#else
+            throw_built_without_cuda("add_");
+#endif
+            break;
     }
 }
 

@@ -33,6 +33,26 @@ Tensor softcap(const Tensor& x, double c);  // c * tanh(x / c), fused
 // larger tensor, a transpose), not an expanded one.
 void add_(Tensor& dst, const Tensor& src);
 
+// Launchers of cuda/elementwise.cu (device pointers). F is a functor of ops/elementwise_math.h;
+// the .cu instantiates each one the ops above use.
+namespace cuda {
+// y, x: (n) contiguous.    y = f(x, s)
+template <class T, class F>
+void unary_forward(T* y, const T* x, int64_t n, T s);
+// dx, dy, saved: (n) contiguous.    dx = f(dy, saved, s)
+template <class T, class F>
+void unary_backward(T* dx, const T* dy, const T* saved, int64_t n, T s);
+// out: shape, contiguous; a, b: read through their strides (0 on broadcast dims).
+//     out = f(a, b)
+template <class T, class F>
+void binary_forward(T* out, const T* a, const Shape& a_strides, const T* b, const Shape& b_strides,
+                    const Shape& shape);
+// dst: shape, through dst_strides (no stride-0 dim); src through src_strides.    dst += src
+template <class T>
+void accumulate(T* dst, const Shape& dst_strides, const T* src, const Shape& src_strides,
+                const Shape& shape);
+}  // namespace cuda
+
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }

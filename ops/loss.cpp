@@ -24,6 +24,7 @@
 //
 // Bad input: targets must be int32 in [0, V) or ignore_index; a batch where every target is
 // ignored has no mean (torch returns NaN): that is an error here, never a silent NaN.
+// The CUDA twin is cuda/loss.cu; on cuda the targets are still checked here, on the host.
 #include "ops/loss.h"
 
 #include <algorithm>
@@ -95,6 +96,15 @@ void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, i
     }
 }
 
+template double cross_entropy_forward<float>(float*, const float*, const int32_t*, int64_t, int64_t,
+                                             int32_t);
+template double cross_entropy_forward<double>(double*, const double*, const int32_t*, int64_t,
+                                              int64_t, int32_t);
+template void cross_entropy_backward<float>(float*, const float*, const int32_t*, const float*,
+                                            int64_t, int64_t, int32_t, float);
+template void cross_entropy_backward<double>(double*, const double*, const int32_t*, const double*,
+                                             int64_t, int64_t, int32_t, double);
+
 }  // namespace cpu
 
 namespace {
@@ -144,20 +154,37 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
     const int64_t N = x.size(0), V = x.size(1);
     Tensor lse = Tensor::empty({N}, x.dtype(), x.device());
     int64_t n_valid = 0;
-    double total = 0;
+    Tensor loss;
     switch (x.device()) {
-        case Device::cpu:
+        case Device::cpu: {
             n_valid = count_valid_targets(t.data<int32_t>(), N, V, ignore_index);
+            double total = 0;
             dispatch_float(x.dtype(), [&](auto tag) {
                 using T = decltype(tag);
                 total = cpu::cross_entropy_forward(lse.data<T>(), x.data<T>(), t.data<int32_t>(), N,
                                                    V, ignore_index);
             });
+            loss = full({}, total / double(n_valid), x.dtype(), x.device());
             break;
-        case Device::cuda:
-            QK_CHECK(false, "cross_entropy: no CUDA kernel yet");
+        }
+        case Device::cuda: {
+#ifdef QK_WITH_CUDA
+            // The targets come to the host to be checked (N int32s, one small synchronous copy):
+            // a bad target must be an error here, not an out-of-bounds read in the kernel.
+            const Tensor host_t = to_device(t, Device::cpu);
+            n_valid = count_valid_targets(host_t.data<int32_t>(), N, V, ignore_index);
+            loss = Tensor::empty({}, x.dtype(), x.device());  // written by the kernel
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::cross_entropy_forward(loss.data<T>(), lse.data<T>(), x.data<T>(),
+                                            t.data<int32_t>(), N, V, ignore_index, n_valid);
+            });
+#else
+            throw_built_without_cuda("cross_entropy");
+#endif
+            break;
+        }
     }
-    Tensor loss = full({}, total / double(n_valid), x.dtype(), x.device());
     auto backward = [x, t, lse, n_valid, ignore_index](const Tensor& dloss) {
         Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
         switch (x.device()) {
@@ -170,8 +197,25 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
                                                 scale);
                 });
                 break;
-            case Device::cuda:
-                QK_CHECK(false, "cross_entropy: no CUDA kernel yet");
+            case Device::cuda: {
+#ifdef QK_WITH_CUDA
+                QK_CHECK(dloss.device() == Device::cuda && dloss.numel() == 1 &&
+                             dloss.dtype() == x.dtype(),
+                         "cross_entropy backward: the upstream gradient must be one {} element on "
+                         "cuda like the logits, got {} of shape {} on {}",
+                         x.dtype(), dloss.dtype(), dloss.shape(), dloss.device());
+                Tensor dl = dloss.contiguous();
+                dispatch_float(x.dtype(), [&](auto tag) {
+                    using T = decltype(tag);
+                    cuda::cross_entropy_backward(dx.data<T>(), x.data<T>(), t.data<int32_t>(),
+                                                 lse.data<T>(), dl.data<T>(), x.size(0), x.size(1),
+                                                 ignore_index, n_valid);
+                });
+#else
+                throw_built_without_cuda("cross_entropy backward");
+#endif
+                break;
+            }
         }
         return Grads{dx};
     };

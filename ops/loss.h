@@ -9,4 +9,30 @@ namespace qk {
 // Returns the mean over the targets that are not ignore_index (a scalar).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);
 
+// The kernels behind cross_entropy, declared for the kernel-level parity tests. Raw contiguous
+// pointers: x, dx: (N, V) logits and their gradient; t: (N) int32 targets; lse: (N), log Σ exp per
+// row (0 on ignored rows). Instantiated for float and double.
+namespace cpu {
+// Returns Σ_{valid i} (lse_i − x_{i,t_i}) in double, summed in row order.
+template <class T>
+double cross_entropy_forward(T* lse, const T* x, const int32_t* t, int64_t N, int64_t V,
+                             int32_t ignore_index);
+// scale = dL / n_valid.
+template <class T>
+void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, int64_t N, int64_t V,
+                            int32_t ignore_index, T scale);
+}  // namespace cpu
+
+// The CUDA twins (cuda/loss.cu): device pointers. The targets must already be checked (in
+// range or ignore_index, n_valid > 0 of them). loss: () out, the mean over valid rows, written on
+// the device; dloss: () the upstream gradient, read on the device.
+namespace cuda {
+template <class T>
+void cross_entropy_forward(T* loss, T* lse, const T* x, const int32_t* t, int64_t N, int64_t V,
+                           int32_t ignore_index, int64_t n_valid);
+template <class T>
+void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, const T* dloss,
+                            int64_t N, int64_t V, int32_t ignore_index, int64_t n_valid);
+}  // namespace cuda
+
 }  // namespace qk

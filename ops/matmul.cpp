@@ -104,6 +104,29 @@ void batched_gemm(T* y, const T* a, const Shape& a_batch_strides, GemmLayout la,
 
 }  // namespace cpu
 
+#ifdef QK_WITH_CUDA
+namespace {
+// The device twin of cpu::batched_gemm: the batch is walked as runs along its innermost dim (as
+// for_each_run does), and each run is one strided-batched cuBLAS call, with the operands'
+// batch strides along that dim (0 where broadcast); outer batch dims loop here on the host.
+template <class T>
+void cuda_batched_gemm(T* y, const T* a, const Shape& a_batch_strides, cpu::GemmLayout la,
+                       const T* b, const Shape& b_batch_strides, cpu::GemmLayout lb,
+                       const Shape& batch, int64_t M, int64_t N, int64_t K) {
+    Shape y_batch_strides = contiguous_strides(batch);
+    for (int64_t& s : y_batch_strides) s *= M * N;
+    const int64_t sy = batch.empty() ? 0 : y_batch_strides.back();
+    const int64_t sa = batch.empty() ? 0 : a_batch_strides.back();
+    const int64_t sb = batch.empty() ? 0 : b_batch_strides.back();
+    for_each_run<3>(batch, {&y_batch_strides, &a_batch_strides, &b_batch_strides},
+                    [&](const auto& off, int64_t n) {
+                        cuda::gemm(y + off[0], N, sy, a + off[1], la.trans, la.ld, sa, b + off[2],
+                                   lb.trans, lb.ld, sb, M, N, K, n, T(0));
+                    });
+}
+}  // namespace
+#endif
+
 namespace detail {
 namespace {
 std::atomic<int64_t> operand_copies{0};
@@ -223,7 +246,20 @@ Tensor matmul_forward(const Tensor& a_in, const Tensor& b_in) {
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "matmul: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(y.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                if (one_gemm)
+                    cuda::gemm(y.data<T>(), N, 0, a.data<T>(), la.trans, la.ld, 0, b.data<T>(),
+                               lb.trans, lb.ld, 0, numel_of(batch) * M, N, K, 1, T(0));
+                else
+                    cuda_batched_gemm(y.data<T>(), a.data<T>(), batch_strides(a, batch), la,
+                                      b.data<T>(), batch_strides(b, batch), lb, batch, M, N, K);
+            });
+#else
+            throw_built_without_cuda("matmul");
+#endif
+            break;
     }
     return y;
 }
@@ -315,7 +351,26 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "linear: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(y.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                if (R * N == 0) return;
+                if (b.defined())  // y = b in every row (a broadcast copy), then += x · Wᵀ
+                    copy_into(make_view(y, {R, N}, {N, 1}, 0), b.expand({R, N}));
+                if (K == 0) {  // an empty sum: y is the bias, or 0
+                    if (!b.defined()) cuda::fill(y.raw_data(), y.dtype(), R * N, 0.0);
+                    return;
+                }
+                auto [a, la] = gemm_operand(rows_of(x.detach()));
+                auto [w, lw] = gemm_operand(weight.detach().t());
+                cuda::gemm(y.data<T>(), N, 0, a.template data<T>(), la.trans, la.ld, 0,
+                           w.template data<T>(), lw.trans, lw.ld, 0, R, N, K, 1,
+                           b.defined() ? T(1) : T(0));
+            });
+#else
+            throw_built_without_cuda("linear");
+#endif
+            break;
     }
     const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
     const bool need_b = bias.defined() && bias.requires_grad();
@@ -349,5 +404,38 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     };
     return autograd::record("matmul", y, {a, b}, std::move(backward));
 }
+
+namespace detail {
+
+Tensor matmul_tiled(const Tensor& a_in, const Tensor& b_in) {
+    QK_CHECK(a_in.device() == Device::cuda && b_in.device() == Device::cuda,
+             "matmul_tiled: needs cuda tensors, got a on {} and b on {}", a_in.device(),
+             b_in.device());
+    QK_CHECK((a_in.dim() == 2 || a_in.dim() == 3) && a_in.dim() == b_in.dim() &&
+                 a_in.dtype() == b_in.dtype() && is_floating(a_in.dtype()) &&
+                 a_in.size(-1) == b_in.size(-2) &&
+                 (a_in.dim() == 2 || a_in.size(0) == b_in.size(0)),
+             "matmul_tiled: needs float a (M, K) and b (K, N), or (B, M, K) and (B, K, N), of one "
+             "dtype; got a {} {} and b {} {}",
+             a_in.dtype(), a_in.shape(), b_in.dtype(), b_in.shape());
+    const Tensor a = a_in.detach().contiguous(), b = b_in.detach().contiguous();
+    const int64_t batch = a.dim() == 3 ? a.size(0) : 1;
+    const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+    Shape out_shape = a.shape();
+    out_shape.back() = N;
+    Tensor y = Tensor::empty(out_shape, a.dtype(), a.device());
+#ifdef QK_WITH_CUDA
+    dispatch_float(a.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        cuda::matmul_tiled(y.data<T>(), a.data<T>(), b.data<T>(), batch, M, N, K);
+    });
+#else
+    (void)batch, (void)M, (void)K, (void)N;
+    throw_built_without_cuda("matmul_tiled");
+#endif
+    return y;
+}
+
+}  // namespace detail
 
 }  // namespace qk

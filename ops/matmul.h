@@ -23,6 +23,25 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 namespace detail {
 // How many operands matmul has copied because GEMM could not read them as stored (for tests).
 int64_t matmul_operand_copies();
+// The teaching kernel of cuda/matmul.cu on cuda tensors: a (M, K) or (B, M, K) times b (K, N) or
+// (B, K, N), same batch, no broadcasting; not differentiable. Tests compare it with matmul.
+Tensor matmul_tiled(const Tensor& a, const Tensor& b);
 }  // namespace detail
+
+// Launchers of cuda/matmul.cu (device pointers).
+namespace cuda {
+// cuBLAS strided-batched GEMM on row-major matrices, for each of `batch` matrices:
+//     y = op(a) · op(b) + beta · y       y: (M, N) with leading dim ldy; op(a): (M, K); op(b): (K,
+//     N)
+// An operand with trans set is stored transposed (its row-major (K, M) or (N, K) with leading
+// dim ld); stride_* steps from one batch matrix to the next (0: shared by every batch).
+template <class T>
+void gemm(T* y, int64_t ldy, int64_t stride_y, const T* a, bool a_trans, int64_t lda,
+          int64_t stride_a, const T* b, bool b_trans, int64_t ldb, int64_t stride_b, int64_t M,
+          int64_t N, int64_t K, int64_t batch, T beta);
+// y: (batch, M, N), a: (batch, M, K), b: (batch, K, N), contiguous.    y = a · b  (tiled kernel)
+template <class T>
+void matmul_tiled(T* y, const T* a, const T* b, int64_t batch, int64_t M, int64_t N, int64_t K);
+}  // namespace cuda
 
 }  // namespace qk

@@ -475,7 +475,16 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "layer_norm: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(),
+                                         weight.data<T>(), data_or_null<T>(bias), rows, C, T(eps));
+            });
+#else
+            throw_built_without_cuda("layer_norm");
+#endif
+            break;
     }
     return autograd::record(
         "layer_norm", y, {x, weight, bias},
@@ -493,7 +502,17 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
                     });
                     break;
                 case Device::cuda:
-                    QK_CHECK(false, "layer_norm backward: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+                    dispatch_float(x.dtype(), [&](auto tag) {
+                        using T = decltype(tag);
+                        cuda::layer_norm_backward(
+                            dx.data<T>(), dweight.data<T>(), data_or_null<T>(dbias), dy.data<T>(),
+                            x.data<T>(), mean.data<T>(), rstd.data<T>(), weight.data<T>(), rows, C);
+                    });
+#else
+                    throw_built_without_cuda("layer_norm backward");
+#endif
+                    break;
             }
             return Grads{dx, dweight, dbias};
         });
@@ -515,7 +534,16 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "rms_norm: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::rms_norm_forward(y.data<T>(), rstd.data<T>(), x.data<T>(),
+                                       data_or_null<T>(weight), rows, C, T(eps));
+            });
+#else
+            throw_built_without_cuda("rms_norm");
+#endif
+            break;
     }
     return autograd::record(
         "rms_norm", y, {x, weight},
@@ -532,7 +560,17 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
                     });
                     break;
                 case Device::cuda:
-                    QK_CHECK(false, "rms_norm backward: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+                    dispatch_float(x.dtype(), [&](auto tag) {
+                        using T = decltype(tag);
+                        cuda::rms_norm_backward(dx.data<T>(), data_or_null<T>(dweight),
+                                                dy.data<T>(), x.data<T>(), rstd.data<T>(),
+                                                data_or_null<T>(weight), rows, C);
+                    });
+#else
+                    throw_built_without_cuda("rms_norm backward");
+#endif
+                    break;
             }
             return Grads{dx, dweight};
         });
@@ -559,7 +597,16 @@ Tensor lp_normalize(const Tensor& x_in, double p, int64_t dim, double eps) {
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "lp_normalize: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::lp_normalize_forward(y.data<T>(), norm.data<T>(), x.data<T>(), rows, C, T(p),
+                                           T(eps));
+            });
+#else
+            throw_built_without_cuda("lp_normalize");
+#endif
+            break;
     }
     y = autograd::record(
         "lp_normalize", y, {x}, [x = x.detach(), norm, rows, C, p, eps](const Tensor& dy_in) {
@@ -573,7 +620,16 @@ Tensor lp_normalize(const Tensor& x_in, double p, int64_t dim, double eps) {
                     });
                     break;
                 case Device::cuda:
-                    QK_CHECK(false, "lp_normalize backward: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+                    dispatch_float(x.dtype(), [&](auto tag) {
+                        using T = decltype(tag);
+                        cuda::lp_normalize_backward(dx.data<T>(), dy.data<T>(), x.data<T>(),
+                                                    norm.data<T>(), rows, C, T(p), T(eps));
+                    });
+#else
+                    throw_built_without_cuda("lp_normalize backward");
+#endif
+                    break;
             }
             return Grads{dx};
         });

@@ -63,4 +63,29 @@ void lp_normalize_backward(T* dx, const T* dy, const T* x, const T* norm, int64_
                            T p, T eps);
 }  // namespace cpu
 
+// The CUDA twins (cuda/norm.cu): device pointers, the same arguments and layout as the cpu
+// kernels above. rms_norm_forward_v1 (one thread per row) is the ladder's naive rung, kept for the
+// tests; the others are one warp per row, with dweight/dbias by a deterministic two-stage sum.
+namespace cuda {
+template <class T>
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
+                        int64_t rows, int64_t C, T eps);
+template <class T>
+void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x, const T* mean,
+                         const T* rstd, const T* weight, int64_t rows, int64_t C);
+template <class T>
+void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C,
+                         T eps);
+template <class T>
+void rms_norm_forward(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C, T eps);
+template <class T>
+void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const T* rstd, const T* weight,
+                       int64_t rows, int64_t C);
+template <class T>
+void lp_normalize_forward(T* y, T* norm, const T* x, int64_t rows, int64_t C, T p, T eps);
+template <class T>
+void lp_normalize_backward(T* dx, const T* dy, const T* x, const T* norm, int64_t rows, int64_t C,
+                           T p, T eps);
+}  // namespace cuda
+
 }  // namespace qk

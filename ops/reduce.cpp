@@ -220,7 +220,15 @@ Tensor sum_into_shape(const Tensor& x, const Shape& target) {
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "sum: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::sum_reduce(out.data<T>(), x.data<T>(), x.strides(), x.shape(), target);
+            });
+#else
+            throw_built_without_cuda("sum");
+#endif
+            break;
     }
     return out;
 }
@@ -242,7 +250,15 @@ Tensor max_into_shape(const Tensor& x, const Shape& kept) {
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "max: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::max_reduce(y.data<T>(), x.data<T>(), x.strides(), x.shape(), kept);
+            });
+#else
+            throw_built_without_cuda("max");
+#endif
+            break;
     }
     return y;
 }
@@ -265,17 +281,26 @@ Tensor max_grad(const Tensor& x, const Tensor& y_kept, const Tensor& dy_in) {
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "max: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::max_backward(dx.data<T>(), x.data<T>(), x.strides(), y_kept.data<T>(),
+                                   dy.data<T>(), x.shape(), kept);
+            });
+#else
+            throw_built_without_cuda("max");
+#endif
+            break;
     }
     return dx;
 }
 
 // lse of x (any strides) in keepdim layout; no autograd.
 Tensor logsumexp_into_shape(const Tensor& x, const Shape& kept) {
-    Tensor m = max_into_shape(x, kept);
     Tensor lse = zeros(kept, x.dtype(), x.device());
     switch (x.device()) {
-        case Device::cpu:
+        case Device::cpu: {
+            const Tensor m = max_into_shape(x, kept);  // the cuda kernel finds it itself
             dispatch_float(x.dtype(), [&](auto tag) {
                 using T = decltype(tag);
                 T* s = lse.data<T>();  // holds Σ exp(x − shift) until the last loop
@@ -286,8 +311,17 @@ Tensor logsumexp_into_shape(const Tensor& x, const Shape& kept) {
                     s[r] = cpu::lse_shift(mp[r]) + std::log(s[r]);
             });
             break;
+        }
         case Device::cuda:
-            QK_CHECK(false, "logsumexp: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::logsumexp_reduce(lse.data<T>(), x.data<T>(), x.strides(), x.shape(), kept);
+            });
+#else
+            throw_built_without_cuda("logsumexp");
+#endif
+            break;
     }
     return lse;
 }
@@ -304,7 +338,16 @@ Tensor logsumexp_grad(const Tensor& x, const Tensor& lse_kept, const Tensor& dy_
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "logsumexp: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::logsumexp_backward(dx.data<T>(), x.data<T>(), x.strides(), lse_kept.data<T>(),
+                                         dy.data<T>(), x.shape(), lse_kept.shape());
+            });
+#else
+            throw_built_without_cuda("logsumexp");
+#endif
+            break;
     }
     return dx;
 }

@@ -41,6 +41,7 @@
 // The naive reference (v1: the same math from composite ops max, exp, sum) lives next to the
 // tests in tests/test_softmax.cpp; this file holds the fused v2, faster because it reads x and
 // writes y once per row (v1 materialises z, z − m, exp and the sums as separate tensors).
+// The CUDA twin, cuda/softmax.cu, runs the same math with one warp per row.
 #include "ops/softmax.h"
 
 #include <algorithm>
@@ -179,6 +180,24 @@ void softmax_backward(T* dx, const T* dy, const T* y, const T* lse, int64_t rows
     }
 }
 
+// Declared in ops/softmax.h for the kernel-level tests of the CUDA twins.
+template void softmax_forward<float, false>(float*, float*, const float*, int64_t, int64_t, int64_t,
+                                            bool, float);
+template void softmax_forward<float, true>(float*, float*, const float*, int64_t, int64_t, int64_t,
+                                           bool, float);
+template void softmax_forward<double, false>(double*, double*, const double*, int64_t, int64_t,
+                                             int64_t, bool, double);
+template void softmax_forward<double, true>(double*, double*, const double*, int64_t, int64_t,
+                                            int64_t, bool, double);
+template void softmax_backward<float, false>(float*, const float*, const float*, const float*,
+                                             int64_t, int64_t, int64_t, bool, float);
+template void softmax_backward<float, true>(float*, const float*, const float*, const float*,
+                                            int64_t, int64_t, int64_t, bool, float);
+template void softmax_backward<double, false>(double*, const double*, const double*, const double*,
+                                              int64_t, int64_t, int64_t, bool, double);
+template void softmax_backward<double, true>(double*, const double*, const double*, const double*,
+                                             int64_t, int64_t, int64_t, bool, double);
+
 }  // namespace cpu
 
 namespace {
@@ -229,7 +248,16 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, const SoftmaxOptions& o)
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "{}: no CUDA kernel yet", op);
+#ifdef QK_WITH_CUDA
+            dispatch_float(x.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::softmax_forward<T>(y.data<T>(), lse.data<T>(), x.data<T>(), rs.rows, rs.Tq,
+                                         rs.Tk, o.causal, T(o.softcap), kLog);
+            });
+#else
+            throw_built_without_cuda(op);
+#endif
+            break;
     }
     auto backward = [op, rs, o, y = y.detach(), lse = lse.detach()](const Tensor& dy_in) {
         Tensor dy = dy_in.contiguous();
@@ -244,7 +272,17 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, const SoftmaxOptions& o)
                 });
                 break;
             case Device::cuda:
-                QK_CHECK(false, "{}: no CUDA kernel yet", op);
+#ifdef QK_WITH_CUDA
+                dispatch_float(y.dtype(), [&](auto tag) {
+                    using T = decltype(tag);
+                    cuda::softmax_backward<T>(dx.data<T>(), dy.data<T>(), y.data<T>(),
+                                              lse.data<T>(), rs.rows, rs.Tq, rs.Tk, o.causal,
+                                              T(o.softcap), kLog);
+                });
+#else
+                throw_built_without_cuda(op);
+#endif
+                break;
         }
         return Grads{dx};
     };

@@ -16,4 +16,27 @@ struct SoftmaxOptions {
 Tensor softmax(const Tensor& x, const SoftmaxOptions& options = {});
 Tensor log_softmax(const Tensor& x, const SoftmaxOptions& options = {});
 
+// The kernels behind softmax and log_softmax, declared for the kernel-level parity tests. Raw
+// contiguous pointers, x seen as (rows, Tk), row r being query r mod Tq of a causal mask:
+//   y, x, dx, dy: (rows, Tk);  lse: (rows), the saved log Σ exp per row.
+// cap: the soft-cap c, 0 for none. Instantiated for float and double.
+namespace cpu {
+template <class T, bool kLog>
+void softmax_forward(T* y, T* lse, const T* x, int64_t rows, int64_t Tq, int64_t Tk, bool causal,
+                     T cap);
+template <class T, bool kLog>
+void softmax_backward(T* dx, const T* dy, const T* y, const T* lse, int64_t rows, int64_t Tq,
+                      int64_t Tk, bool causal, T cap);
+}  // namespace cpu
+
+// The CUDA twins (cuda/softmax.cu): device pointers, the same layout; is_log selects log_softmax.
+namespace cuda {
+template <class T>
+void softmax_forward(T* y, T* lse, const T* x, int64_t rows, int64_t Tq, int64_t Tk, bool causal,
+                     T cap, bool is_log);
+template <class T>
+void softmax_backward(T* dx, const T* dy, const T* y, const T* lse, int64_t rows, int64_t Tq,
+                      int64_t Tk, bool causal, T cap, bool is_log);
+}  // namespace cuda
+
 }  // namespace qk

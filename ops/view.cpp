@@ -10,7 +10,8 @@
 //     narrow:          dx = zeros(x.shape), dx[narrowed region] = dy
 //     expand:          dx = sum_to(dy, x.shape)             (stride 0 fed many outputs)
 //     squeeze/unsqueeze: the other one
-// contiguous(), clone() and to(dtype) copy; their backward passes dy through (cast back for to).
+// contiguous(), clone(), to(dtype) and to(device) copy; their backward passes dy through (cast
+// back for to(dtype), moved back to the source device for to(device)).
 #include <numeric>
 #include <optional>
 
@@ -207,6 +208,14 @@ Tensor Tensor::to(DType target) const {
     copy_into(y, *this);
     return autograd::record("to", y, {*this},
                             [from = dtype()](const Tensor& dy) { return Grads{dy.to(from)}; });
+}
+
+Tensor Tensor::to(Device target) const {
+    if (target == device()) return *this;
+    Tensor y = Tensor::empty(shape(), dtype(), target);
+    copy_into(y, *this);
+    return autograd::record("to_device", y, {*this},
+                            [from = device()](const Tensor& dy) { return Grads{dy.to(from)}; });
 }
 
 }  // namespace qk

@@ -1,0 +1,163 @@
+// cuda/elementwise.cu — the elementwise ops on the device: unary maps and their backward, binary
+// arithmetic with numpy broadcasting, and the in-place accumulation behind autograd's `+=`.
+// Built as CUDA by nvcc, or as C++ against cuda/emu in the emulation build (see cuda/runtime.h).
+//
+// Work split: one thread per output element, 256 threads per block (8 warps), a grid-stride loop
+// past 65535 blocks. Elementwise work has no reuse, so the only thing that matters is memory
+// traffic: consecutive threads touch consecutive elements of the contiguous output, so a warp's
+// 32 loads and stores coalesce into a few 128-byte transactions. The broadcast operands of a
+// binary op are read through their strides (StridedIndex; stride 0 on a broadcast dim, so a
+// bias row is read from cache by every row of threads and never materialised).
+//
+// The math is not here: every kernel instantiates the functors of ops/elementwise_math.h, the
+// same ones the cpu kernels use, so the two backends cannot disagree on a formula.
+// The backward of a broadcast binary op (summing the gradient over broadcast dims) is sum_to,
+// which runs the reduction kernels of cuda/reduce.cu.
+//
+// CPU twins: cpu::unary_forward, cpu::unary_backward, cpu::binary_forward and cpu::accumulate in
+// ops/elementwise.cpp.
+#include <cstdint>
+
+#include "cuda/runtime.h"
+#include "cuda/strided_index.h"
+#include "ops/elementwise.h"
+#include "ops/elementwise_math.h"
+
+namespace qk::cuda {
+
+namespace {
+
+#define QK_GRID_STRIDE_LOOP(i, n)                                                          \
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// y, x: (n) contiguous.    y[i] = f(x[i], s)
+template <class T, class F>
+__global__ void unary_forward_kernel(T* y, const T* x, int64_t n, T s) {
+    const F f{};
+    QK_GRID_STRIDE_LOOP(i, n) y[i] = f(x[i], s);
+}
+
+// dx, dy, saved: (n) contiguous.    dx[i] = f(dy[i], saved[i], s)
+template <class T, class F>
+__global__ void unary_backward_kernel(T* dx, const T* dy, const T* saved, int64_t n, T s) {
+    const F f{};
+    QK_GRID_STRIDE_LOOP(i, n) dx[i] = f(dy[i], saved[i], s);
+}
+
+// out: (n) contiguous, the broadcast shape; a, b: offsets from index (a's first).
+//     out[i] = f(a[i], b[i])
+template <class T, class F>
+__global__ void binary_forward_kernel(T* out, const T* a, const T* b, StridedIndex<2> index,
+                                      int64_t n) {
+    const F f{};
+    QK_GRID_STRIDE_LOOP(i, n) {
+        int64_t off[2];
+        index.offsets(i, off);
+        out[i] = f(a[off[0]], b[off[1]]);
+    }
+}
+
+// dst, src: offsets from index (dst's first). dst has no stride-0 dim, so each element has one
+// writer and no atomics are needed.    dst[i] += src[i]
+template <class T>
+__global__ void accumulate_kernel(T* dst, const T* src, StridedIndex<2> index, int64_t n) {
+    QK_GRID_STRIDE_LOOP(i, n) {
+        int64_t off[2];
+        index.offsets(i, off);
+        dst[off[0]] += src[off[1]];
+    }
+}
+
+}  // namespace
+
+template <class T, class F>
+void unary_forward(T* y, const T* x, int64_t n, T s) {
+    if (n == 0) return;
+    QK_LAUNCH((unary_forward_kernel<T, F>), grid_for(n), kThreads, 0, stream(), y, x, n, s);
+    QK_CUDA_CHECK_LAUNCH("unary_forward_kernel");
+}
+
+template <class T, class F>
+void unary_backward(T* dx, const T* dy, const T* saved, int64_t n, T s) {
+    if (n == 0) return;
+    QK_LAUNCH((unary_backward_kernel<T, F>), grid_for(n), kThreads, 0, stream(), dx, dy, saved, n,
+              s);
+    QK_CUDA_CHECK_LAUNCH("unary_backward_kernel");
+}
+
+template <class T, class F>
+void binary_forward(T* out, const T* a, const Shape& a_strides, const T* b, const Shape& b_strides,
+                    const Shape& shape) {
+    const int64_t n = numel_of(shape);
+    if (n == 0) return;
+    const auto index = make_strided_index<2>(shape, {&a_strides, &b_strides}, "elementwise");
+    QK_LAUNCH((binary_forward_kernel<T, F>), grid_for(n), kThreads, 0, stream(), out, a, b, index,
+              n);
+    QK_CUDA_CHECK_LAUNCH("binary_forward_kernel");
+}
+
+template <class T>
+void accumulate(T* dst, const Shape& dst_strides, const T* src, const Shape& src_strides,
+                const Shape& shape) {
+    const int64_t n = numel_of(shape);
+    if (n == 0) return;
+    const auto index = make_strided_index<2>(shape, {&dst_strides, &src_strides}, "add_");
+    QK_LAUNCH((accumulate_kernel<T>), grid_for(n), kThreads, 0, stream(), dst, src, index, n);
+    QK_CUDA_CHECK_LAUNCH("accumulate_kernel");
+}
+
+// ---- the instantiations ops/elementwise.cpp uses ---------------------------------------------
+#define QK_UNARY(F)                                                                    \
+    template void unary_forward<float, math::F>(float*, const float*, int64_t, float); \
+    template void unary_forward<double, math::F>(double*, const double*, int64_t, double);
+#define QK_UNARY_BACKWARD(F)                                                                      \
+    template void unary_backward<float, math::F>(float*, const float*, const float*, int64_t,     \
+                                                 float);                                          \
+    template void unary_backward<double, math::F>(double*, const double*, const double*, int64_t, \
+                                                  double);
+#define QK_BINARY(F)                                                                               \
+    template void binary_forward<float, math::F>(float*, const float*, const Shape&, const float*, \
+                                                 const Shape&, const Shape&);                      \
+    template void binary_forward<double, math::F>(double*, const double*, const Shape&,            \
+                                                  const double*, const Shape&, const Shape&);
+
+QK_UNARY(Neg)
+QK_UNARY(AddScalar)
+QK_UNARY(MulScalar)
+QK_UNARY(RSubScalar)
+QK_UNARY(RDivScalar)
+QK_UNARY(Pow)
+QK_UNARY(Exp)
+QK_UNARY(Log)
+QK_UNARY(Sqrt)
+QK_UNARY(Rsqrt)
+QK_UNARY(Abs)
+QK_UNARY(Tanh)
+QK_UNARY(Sigmoid)
+QK_UNARY(Relu)
+QK_UNARY(Gelu)
+QK_UNARY(Softcap)
+
+QK_UNARY_BACKWARD(DyTimes)
+QK_UNARY_BACKWARD(DyOver)
+QK_UNARY_BACKWARD(SqrtBackward)
+QK_UNARY_BACKWARD(RsqrtBackward)
+QK_UNARY_BACKWARD(AbsBackward)
+QK_UNARY_BACKWARD(TanhBackward)
+QK_UNARY_BACKWARD(SigmoidBackward)
+QK_UNARY_BACKWARD(ReluBackward)
+QK_UNARY_BACKWARD(SoftcapBackward)
+QK_UNARY_BACKWARD(PowBackward)
+QK_UNARY_BACKWARD(RDivBackward)
+QK_UNARY_BACKWARD(GeluBackward)
+
+QK_BINARY(Add)
+QK_BINARY(Sub)
+QK_BINARY(Mul)
+QK_BINARY(Div)
+
+template void accumulate<float>(float*, const Shape&, const float*, const Shape&, const Shape&);
+template void accumulate<double>(double*, const Shape&, const double*, const Shape&, const Shape&);
+
+}  // namespace qk::cuda

@@ -1,0 +1,124 @@
+// CUDA cross-entropy: fused log-softmax + negative log-likelihood with int32 targets.
+// Twin of ops/loss.cpp (cpu::cross_entropy_forward / cpu::cross_entropy_backward), where the math
+// (loss_i = lse_i − x_{i,t_i}; dx = (softmax − onehot) · dL / n_valid) is derived.
+//
+// Work split:
+//   forward   one block of 256 threads per row of logits (N blocks). Vocabulary rows are long
+//             (65 to 50257 logits) and few (N = B·T), so a whole block shares a row: each thread
+//             strides over the row by 256, then block_max and block_sum (warp shuffles + one
+//             shared slot per warp) combine the threads. Writes lse_i and loss_i (double).
+//   mean      one block: sums the N row losses in a fixed tree (threads stride over rows, then
+//             block_sum), divides by n_valid and writes the scalar loss on the device. A fixed
+//             order, not float atomics, so that the loss does not depend on block order.
+//   backward  elementwise, one thread per logit (a flat grid over N·V): dx_ij needs only x_ij,
+//             lse_i, t_i and the upstream scalar, read on the device (no host round trip).
+// Targets are checked (range, ignore_index, n_valid > 0) on the host by the op, before launch.
+#include <cstdint>
+
+#include "core/storage.h"
+#include "cuda/runtime.h"
+#include "cuda/warp_reduce.h"
+#include "ops/loss.h"
+
+namespace qk::cuda {
+
+namespace {
+
+constexpr int kRowThreads = 256;
+constexpr int kMeanThreads = 256;
+constexpr int kBackwardThreads = 256;
+
+// lse: (N) out, 0 on ignored rows; loss: (N) out, lse_i − x_{i,t_i}, 0 on ignored rows;
+// x: (N, V); t: (N).
+template <class T>
+__global__ void cross_entropy_forward_kernel(T* lse, double* loss, const T* x, const int32_t* t,
+                                             int64_t V, int32_t ignore_index) {
+    const int64_t i = blockIdx.x;
+    const int32_t target = t[i];
+    if (target == ignore_index) {  // the same for the whole block: no barrier is skipped by some
+        if (threadIdx.x == 0) {
+            lse[i] = 0;
+            loss[i] = 0;
+        }
+        return;
+    }
+    const T* xr = x + i * V;
+    T m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = xr[j] > m ? xr[j] : m;
+    m = block_max(m);
+    T s = 0;  // Σ exp(x − m): every term <= 1; the row is in cache from the max pass
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += dev_exp(xr[j] - m);
+    s = block_sum(s);
+    if (threadIdx.x == 0) {
+        const T row_lse = m + dev_log(s);
+        lse[i] = row_lse;
+        loss[i] = double(row_lse) - double(xr[target]);
+    }
+}
+
+// out: () the mean loss, as T; loss: (N) per-row losses. One block.
+template <class T>
+__global__ void cross_entropy_mean_kernel(T* out, const double* loss, int64_t N, double n_valid) {
+    double acc = 0;
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) acc += loss[i];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) out[0] = T(acc / n_valid);
+}
+
+// dx: (N, V) out; x: (N, V); t: (N); lse: (N); dloss: () the upstream gradient of the mean.
+template <class T>
+__global__ void cross_entropy_backward_kernel(T* dx, const T* x, const int32_t* t, const T* lse,
+                                              const T* dloss, int64_t N, int64_t V,
+                                              int32_t ignore_index, T inv_n_valid) {
+    const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (k >= N * V) return;
+    const int64_t i = k / V, j = k - i * V;
+    const int32_t target = t[i];
+    if (target == ignore_index) {
+        dx[k] = 0;
+        return;
+    }
+    const T scale = dloss[0] * inv_n_valid;  // dL / n_valid
+    //         [term "p"]                 [term "onehot"]
+    dx[k] = (dev_exp(x[k] - lse[i]) - (j == target ? T(1) : T(0))) * scale;
+}
+
+}  // namespace
+
+template <class T>
+void cross_entropy_forward(T* loss_out, T* lse, const T* x, const int32_t* t, int64_t N, int64_t V,
+                           int32_t ignore_index, int64_t n_valid) {
+    if (N == 0) return;
+    // Per-row losses in double, as on the cpu: the mean of many rows keeps float32's rows exact.
+    // Scratch from the caching allocator (a Storage on cuda): no cudaMalloc per step. Released
+    // at return while the kernels may still run: safe, the next user is ordered on the same stream.
+    Storage scratch(sizeof(double) * size_t(N), Device::cuda);
+    double* row_loss = static_cast<double*>(scratch.data());
+    QK_LAUNCH((cross_entropy_forward_kernel<T>), unsigned(N), kRowThreads, 0, stream(), lse,
+              row_loss, x, t, V, ignore_index);
+    QK_CUDA_CHECK_LAUNCH("cross_entropy_forward_kernel");
+    QK_LAUNCH((cross_entropy_mean_kernel<T>), 1, kMeanThreads, 0, stream(), loss_out, row_loss, N,
+              double(n_valid));
+    QK_CUDA_CHECK_LAUNCH("cross_entropy_mean_kernel");
+}
+
+template <class T>
+void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, const T* dloss,
+                            int64_t N, int64_t V, int32_t ignore_index, int64_t n_valid) {
+    if (N * V == 0) return;
+    QK_LAUNCH((cross_entropy_backward_kernel<T>), blocks_for(N * V, kBackwardThreads),
+              kBackwardThreads, 0, stream(), dx, x, t, lse, dloss, N, V, ignore_index,
+              T(1.0 / double(n_valid)));
+    QK_CUDA_CHECK_LAUNCH("cross_entropy_backward_kernel");
+}
+
+template void cross_entropy_forward<float>(float*, float*, const float*, const int32_t*, int64_t,
+                                           int64_t, int32_t, int64_t);
+template void cross_entropy_forward<double>(double*, double*, const double*, const int32_t*,
+                                            int64_t, int64_t, int32_t, int64_t);
+template void cross_entropy_backward<float>(float*, const float*, const int32_t*, const float*,
+                                            const float*, int64_t, int64_t, int32_t, int64_t);
+template void cross_entropy_backward<double>(double*, const double*, const int32_t*, const double*,
+                                             const double*, int64_t, int64_t, int32_t, int64_t);
+
+}  // namespace qk::cuda

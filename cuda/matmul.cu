@@ -1,0 +1,117 @@
+// cuda/matmul.cu — matrix multiplication on the device: cuBLAS for the real work, and a
+// hand-written tiled shared-memory kernel kept as the teaching version.
+// Built as CUDA by nvcc, or as C++ against cuda/emu in the emulation build (where cuBLAS is the
+// project's shim on column-major cblas, cuda/emu/cublas_emu.h).
+//
+// v2, gemm(): cublas{S,D}gemmStridedBatched. cuBLAS is column-major and our tensors are
+// row-major, and the trick costs nothing: a row-major (M, N) matrix with leading dim ld is, byte
+// for byte, the column-major (N, M) matrix with the same ld, i.e. its transpose. So the row-major
+//     C = op(A) · op(B)          is the column-major     Cᵀ = op(B)ᵀ · op(A)ᵀ,
+// which is what we ask cuBLAS for: B passed first, A second, m = N, n = M, and each operand's own
+// flag unchanged. An operand stored transposed (W.t() in x · W.t(), strides (1, ld)) is, read
+// column-major, the plain matrix, and gets CUBLAS_OP_T exactly as the CPU path passes CblasTrans,
+// with the same leading dim (ops/matmul.cpp's gemm_layout decides both). The batch is one
+// stride per operand (0 for an operand broadcast over the batch); ops/matmul.cpp walks any further
+// batch dims on the host, one strided-batched call per run of the innermost batch dim.
+//
+// v1, matmul_tiled(): the classic shared-memory tiling, for reading and for testing the layout
+// logic above against. Work split: one 16×16 thread block per 16×16 tile of C, one thread per
+// element of C, blockIdx.z the batch index. Each step loads a 16×16 tile of A and of B into shared
+// memory (one element per thread, zero-padded past the ragged edges), syncs, and every thread
+// adds the 16 products of its row of the A tile and column of the B tile. Each global element is
+// loaded once per tile instead of once per product: 16× less global traffic than the naive loop,
+// which is why it beats the one-thread-per-element kernel; cuBLAS is faster still (register
+// tiling, tensor cores, double buffering), hence v2. Within a warp (two rows of the tile) reads of
+// a_tile[ty][k] are broadcasts and reads of b_tile[k][tx] are consecutive: no bank conflicts.
+//
+// CPU twins: cpu::gemm and cpu::batched_gemm in ops/matmul.cpp (cblas_sgemm/dgemm, CblasRowMajor).
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/runtime.h"
+#include "ops/matmul.h"
+
+namespace qk::cuda {
+
+template <class T>
+void gemm(T* y, int64_t ldy, int64_t stride_y, const T* a, bool a_trans, int64_t lda,
+          int64_t stride_a, const T* b, bool b_trans, int64_t ldb, int64_t stride_b, int64_t M,
+          int64_t N, int64_t K, int64_t batch, T beta) {
+    if (M == 0 || N == 0 || batch == 0) return;
+    QK_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && batch <= INT_MAX && ldy <= INT_MAX &&
+                 lda <= INT_MAX && ldb <= INT_MAX,
+             "matmul: ({}, {}) x ({}, {}) over {} batches exceeds cuBLAS's int range", M, K, K, N,
+             batch);
+    const T alpha = 1;
+    // Row-major C = op(A)·op(B) as column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: B first, m = N, n = M.
+    const cublasOperation_t op_b = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_a = a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
+    if constexpr (std::is_same_v<T, float>)
+        QK_CUDA_CHECK(
+            cublasSgemmStridedBatched(blas(), op_b, op_a, m, n, k, &alpha, b, static_cast<int>(ldb),
+                                      stride_b, a, static_cast<int>(lda), stride_a, &beta, y,
+                                      static_cast<int>(ldy), stride_y, static_cast<int>(batch)));
+    else
+        QK_CUDA_CHECK(
+            cublasDgemmStridedBatched(blas(), op_b, op_a, m, n, k, &alpha, b, static_cast<int>(ldb),
+                                      stride_b, a, static_cast<int>(lda), stride_a, &beta, y,
+                                      static_cast<int>(ldy), stride_y, static_cast<int>(batch)));
+}
+
+namespace {
+
+constexpr int kTile = 16;
+
+// y: (batch, M, N), a: (batch, M, K), b: (batch, K, N), all contiguous row-major.
+// grid (ceil(N/16), ceil(M/16), batch), block (16, 16).    y = a · b
+template <class T>
+__global__ void matmul_tiled_kernel(T* y, const T* a, const T* b, int M, int N, int K) {
+    __shared__ T a_tile[kTile][kTile];
+    __shared__ T b_tile[kTile][kTile];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t z = blockIdx.z;
+    a += z * M * K;
+    b += z * K * N;
+    y += z * M * N;
+    const int row = blockIdx.y * kTile + ty, col = blockIdx.x * kTile + tx;
+    T acc = 0;
+    for (int k0 = 0; k0 < K; k0 += kTile) {
+        // Zero padding past the edges: the padded products add 0, so no bounds test in the loop.
+        a_tile[ty][tx] = row < M && k0 + tx < K ? a[int64_t(row) * K + k0 + tx] : T(0);
+        b_tile[ty][tx] = k0 + ty < K && col < N ? b[int64_t(k0 + ty) * N + col] : T(0);
+        __syncthreads();  // the tiles are complete before anyone reads them
+        for (int k = 0; k < kTile; ++k) acc += a_tile[ty][k] * b_tile[k][tx];
+        __syncthreads();  // everyone is done reading before the next step overwrites them
+    }
+    if (row < M && col < N) y[int64_t(row) * N + col] = acc;
+}
+
+}  // namespace
+
+template <class T>
+void matmul_tiled(T* y, const T* a, const T* b, int64_t batch, int64_t M, int64_t N, int64_t K) {
+    if (batch == 0 || M == 0 || N == 0) return;
+    QK_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && batch <= 65535,
+             "matmul_tiled: ({}, {}) x ({}, {}) over {} batches is too large for one grid", M, K, K,
+             N, batch);
+    const dim3 grid(static_cast<unsigned>((N + kTile - 1) / kTile),
+                    static_cast<unsigned>((M + kTile - 1) / kTile), static_cast<unsigned>(batch));
+    QK_LAUNCH((matmul_tiled_kernel<T>), grid, dim3(kTile, kTile), 0, stream(), y, a, b,
+              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K));
+    QK_CUDA_CHECK_LAUNCH("matmul_tiled_kernel");
+}
+
+template void gemm<float>(float*, int64_t, int64_t, const float*, bool, int64_t, int64_t,
+                          const float*, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                          float);
+template void gemm<double>(double*, int64_t, int64_t, const double*, bool, int64_t, int64_t,
+                           const double*, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, double);
+template void matmul_tiled<float>(float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                  int64_t);
+template void matmul_tiled<double>(double*, const double*, const double*, int64_t, int64_t, int64_t,
+                                   int64_t);
+
+}  // namespace qk::cuda

@@ -1,0 +1,375 @@
+// CUDA layer_norm, rms_norm and lp_normalize, forward and backward with parameter gradients.
+// Twin of ops/norm.cpp (cpu::layer_norm_*, cpu::rms_norm_*, cpu::lp_normalize_*), whose header
+// derives the math and names the backward terms (direct, mean term, rstd term, norm term) that the
+// comments below reuse. Every array is contiguous, x seen as (rows, C).
+//
+// Work split:
+//   row kernels (forward, and dx in backward): one warp per row, kWarpsPerBlock = 4 rows per
+//     128-thread block. Lane l reads the row's entries l, l + 32, ... (coalesced, any C: the loop
+//     strides), the row statistics are warp shuffles (cuda/warp_reduce.h), no shared memory and
+//     no __syncthreads. The row stays in L1/L2 between passes, so re-reading it is cheap.
+//   parameter gradients (dweight = Σ_rows dy · xhat, dbias = Σ_rows dy): a deterministic two-stage
+//     reduction over rows instead of float atomics (whose order, hence rounding, would change
+//     from run to run). Stage 1: block b sums rows [32 b, 32 b + 32) column by column into
+//     partial[b, c] (threads stride over columns: coalesced). Stage 2: one thread per column adds
+//     the partials in block order. Same bits under every run order, on the emulator and the GPU.
+//
+// rms_norm forward keeps a kernel ladder: v1 is one thread per row, the cpu loop verbatim; v2 is
+// one warp per row. v2 is faster for two reasons: v1 has only `rows` threads (a few thousand: too
+// few to fill a GPU that wants ~100k in flight) and its threads walk rows C elements apart, so a
+// warp's 32 loads touch 32 different cache lines; in v2 a warp's 32 loads are 32 neighbours in one
+// row (one or two 128-byte transactions), and 32x more threads are in flight.
+#include <cstdint>
+
+#include "core/storage.h"
+#include "cuda/runtime.h"
+#include "cuda/warp_reduce.h"
+#include "ops/norm.h"
+
+namespace qk::cuda {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kRowThreads = kWarpsPerBlock * kWarp;
+constexpr int kRowsPerChunk = 32;  // rows summed by one block of the parameter-gradient stage 1
+constexpr int kColumnThreads = 128;
+
+// The row this warp works on, or -1 past the end (the whole warp leaves together).
+__device__ __forceinline__ int64_t warp_row(int64_t rows) {
+    const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+    return r < rows ? r : -1;
+}
+
+// ---- layer_norm --------------------------------------------------------------------------
+
+// y: (rows, C) out; mean, rstd: (rows) out; x: (rows, C); weight: (C); bias: (C) or null.
+template <class T>
+__global__ void layer_norm_forward_kernel(T* y, T* mean, T* rstd, const T* x, const T* weight,
+                                          const T* bias, int64_t rows, int64_t C, T eps) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r = warp_row(rows);
+    if (r < 0) return;
+    const T* xr = x + r * C;
+    T sum = 0;
+    for (int64_t c = lane; c < C; c += kWarp) sum += xr[c];
+    const T m = warp_sum(sum) / T(C);
+    // Second pass, Σ(x − mean)²: no cancellation against mean² (see ops/norm.cpp).
+    T sq = 0;
+    for (int64_t c = lane; c < C; c += kWarp) sq += (xr[c] - m) * (xr[c] - m);
+    const T s = T(1) / dev_sqrt(warp_sum(sq) / T(C) + eps);
+    T* yr = y + r * C;
+    for (int64_t c = lane; c < C; c += kWarp)
+        yr[c] = (xr[c] - m) * s * weight[c] + (bias ? bias[c] : T(0));
+    if (lane == 0) {
+        mean[r] = m;
+        rstd[r] = s;
+    }
+}
+
+// dx: (rows, C) out; dy, x: (rows, C); mean, rstd: (rows); weight: (C).
+template <class T>
+__global__ void layer_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* mean,
+                                              const T* rstd, const T* weight, int64_t rows,
+                                              int64_t C) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r = warp_row(rows);
+    if (r < 0) return;
+    const T *xr = x + r * C, *dyr = dy + r * C;
+    const T m = mean[r], s = rstd[r];
+    T sum_dxhat = 0, sum_dxhat_xhat = 0;
+    for (int64_t c = lane; c < C; c += kWarp) {
+        const T xhat = (xr[c] - m) * s, dxhat = dyr[c] * weight[c];
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += dxhat * xhat;
+    }
+    const T mean_dxhat = warp_sum(sum_dxhat) / T(C);
+    const T mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) / T(C);
+    T* dxr = dx + r * C;
+    for (int64_t c = lane; c < C; c += kWarp) {
+        const T xhat = (xr[c] - m) * s, dxhat = dyr[c] * weight[c];
+        //              direct   mean term     rstd term
+        dxr[c] = s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+    }
+}
+
+// ---- parameter gradients, shared by layer_norm (mean given) and rms_norm (mean null) ---------
+
+// Stage 1. partial_dw, partial_db: (chunks, C) out (partial_db may be null); dy, x: (rows, C);
+// mean: (rows) or null for rms_norm; rstd: (rows). Block b covers rows [32 b, 32 b + 32).
+template <class T>
+__global__ void norm_param_partials_kernel(T* partial_dw, T* partial_db, const T* dy, const T* x,
+                                           const T* mean, const T* rstd, int64_t rows, int64_t C) {
+    const int64_t r0 = int64_t(blockIdx.x) * kRowsPerChunk;
+    const int64_t r1 = r0 + kRowsPerChunk < rows ? r0 + kRowsPerChunk : rows;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        T dw = 0, db = 0;
+        for (int64_t r = r0; r < r1; ++r) {
+            const T xhat = (x[r * C + c] - (mean ? mean[r] : T(0))) * rstd[r];
+            dw += dy[r * C + c] * xhat;  // dweight = Σ_rows dy · xhat
+            db += dy[r * C + c];         // dbias = Σ_rows dy
+        }
+        partial_dw[blockIdx.x * C + c] = dw;
+        if (partial_db) partial_db[blockIdx.x * C + c] = db;
+    }
+}
+
+// Stage 2. dweight, dbias: (C) out (dbias may be null); partial_dw, partial_db: (chunks, C).
+template <class T>
+__global__ void norm_param_finish_kernel(T* dweight, T* dbias, const T* partial_dw,
+                                         const T* partial_db, int64_t chunks, int64_t C) {
+    const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    T dw = 0, db = 0;
+    for (int64_t k = 0; k < chunks; ++k) {  // block order: the same sum every run
+        dw += partial_dw[k * C + c];
+        if (dbias) db += partial_db[k * C + c];
+    }
+    dweight[c] = dw;
+    if (dbias) dbias[c] = db;
+}
+
+// dweight (and dbias if not null): (C) out, by the two stages above.
+template <class T>
+void norm_param_grads(T* dweight, T* dbias, const T* dy, const T* x, const T* mean, const T* rstd,
+                      int64_t rows, int64_t C) {
+    const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+    if (chunks == 0) {  // no rows: the sums are empty
+        fill_zero(dweight, sizeof(T) * size_t(C));
+        if (dbias) fill_zero(dbias, sizeof(T) * size_t(C));
+        return;
+    }
+    // Scratch from the caching allocator; freed at return, safe as the stream orders its reuse.
+    Storage scratch(sizeof(T) * size_t(chunks * C) * (dbias ? 2 : 1), Device::cuda);
+    T* partial_dw = static_cast<T*>(scratch.data());
+    T* partial_db = dbias ? partial_dw + chunks * C : nullptr;
+    QK_LAUNCH((norm_param_partials_kernel<T>), unsigned(chunks), kColumnThreads, 0, stream(),
+              partial_dw, partial_db, dy, x, mean, rstd, rows, C);
+    QK_CUDA_CHECK_LAUNCH("norm_param_partials_kernel");
+    QK_LAUNCH((norm_param_finish_kernel<T>), blocks_for(C, kColumnThreads), kColumnThreads, 0,
+              stream(), dweight, dbias, partial_dw, partial_db, chunks, C);
+    QK_CUDA_CHECK_LAUNCH("norm_param_finish_kernel");
+}
+
+// ---- rms_norm ------------------------------------------------------------------------------
+
+// v1: one thread per row, the cpu loop. y: (rows, C) out; rstd: (rows) out; x: (rows, C);
+// weight: (C) or null.
+template <class T>
+__global__ void rms_norm_forward_v1_kernel(T* y, T* rstd, const T* x, const T* weight, int64_t rows,
+                                           int64_t C, T eps) {
+    const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    T ms = 0;
+    for (int64_t c = 0; c < C; ++c) ms += x[r * C + c] * x[r * C + c];
+    const T s = T(1) / dev_sqrt(ms / T(C) + eps);
+    for (int64_t c = 0; c < C; ++c) y[r * C + c] = x[r * C + c] * s * (weight ? weight[c] : T(1));
+    rstd[r] = s;
+}
+
+// v2: one warp per row (see the header for why it is faster). Same arguments as v1.
+template <class T>
+__global__ void rms_norm_forward_kernel(T* y, T* rstd, const T* x, const T* weight, int64_t rows,
+                                        int64_t C, T eps) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r = warp_row(rows);
+    if (r < 0) return;
+    const T* xr = x + r * C;
+    T ss = 0;
+    for (int64_t c = lane; c < C; c += kWarp) ss += xr[c] * xr[c];
+    const T s = T(1) / dev_sqrt(warp_sum(ss) / T(C) + eps);
+    T* yr = y + r * C;
+    for (int64_t c = lane; c < C; c += kWarp) yr[c] = xr[c] * s * (weight ? weight[c] : T(1));
+    if (lane == 0) rstd[r] = s;
+}
+
+// dx: (rows, C) out; dy, x: (rows, C); rstd: (rows); weight: (C) or null.
+template <class T>
+__global__ void rms_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* rstd,
+                                            const T* weight, int64_t rows, int64_t C) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r = warp_row(rows);
+    if (r < 0) return;
+    const T *xr = x + r * C, *dyr = dy + r * C;
+    const T s = rstd[r];
+    T acc = 0;
+    for (int64_t c = lane; c < C; c += kWarp)
+        acc += dyr[c] * (weight ? weight[c] : T(1)) * (xr[c] * s);  // dxhat · xhat
+    const T mean_dxhat_xhat = warp_sum(acc) / T(C);
+    T* dxr = dx + r * C;
+    for (int64_t c = lane; c < C; c += kWarp) {
+        const T xhat = xr[c] * s, dxhat = dyr[c] * (weight ? weight[c] : T(1));
+        dxr[c] = s * (dxhat - xhat * mean_dxhat_xhat);  // direct − rstd term
+    }
+}
+
+// ---- lp_normalize --------------------------------------------------------------------------
+
+// a^k for a small integer k > 0 by products (the cpu's int_pow, same rounding); k = 0: pow(a, p).
+template <class T>
+__device__ __forceinline__ T abs_pow(T a, T p, int k) {
+    if (k == 0) return dev_pow(a, p);
+    T r = a;
+    for (int i = 1; i < k; ++i) r *= a;
+    return r;
+}
+
+// p when it is an integer in 3..8 (the cpu's with_small_int_power), else 0.
+template <class T>
+__host__ __device__ __forceinline__ int small_int_power(T p) {
+    for (int k = 3; k <= 8; ++k)
+        if (p == T(k)) return k;
+    return 0;
+}
+
+// y: (rows, C) out; norm: (rows) out, ‖x_r‖_p; x: (rows, C).
+template <class T>
+__global__ void lp_normalize_forward_kernel(T* y, T* norm, const T* x, int64_t rows, int64_t C, T p,
+                                            T eps) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r = warp_row(rows);
+    if (r < 0) return;
+    const T* xr = x + r * C;
+    T n = 0;
+    if (p == T(1)) {
+        for (int64_t c = lane; c < C; c += kWarp) n += dev_abs(xr[c]);
+        n = warp_sum(n);
+    } else {
+        // Scale by 1/max|x| first, so that |x|^p neither overflows nor underflows (ops/norm.cpp).
+        T m = 0;
+        for (int64_t c = lane; c < C; c += kWarp) m = dev_abs(xr[c]) > m ? dev_abs(xr[c]) : m;
+        m = warp_max(m);
+        if (!(m > 0)) {
+            n = m;  // an all-zero row
+        } else {
+            const T inv_m = T(1) / m;
+            const int k = p == T(2) ? 2 : small_int_power(p);
+            T sum = 0;
+            for (int64_t c = lane; c < C; c += kWarp) sum += abs_pow(dev_abs(xr[c]) * inv_m, p, k);
+            sum = warp_sum(sum);
+            n = m * (k == 2 ? dev_sqrt(sum) : dev_pow(sum, T(1) / p));
+        }
+    }
+    const T inv = T(1) / (n > eps ? n : eps);
+    T* yr = y + r * C;
+    for (int64_t c = lane; c < C; c += kWarp) yr[c] = xr[c] * inv;
+    if (lane == 0) norm[r] = n;
+}
+
+// dx: (rows, C) out; dy, x: (rows, C); norm: (rows).
+template <class T>
+__global__ void lp_normalize_backward_kernel(T* dx, const T* dy, const T* x, const T* norm,
+                                             int64_t rows, int64_t C, T p, T eps) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r = warp_row(rows);
+    if (r < 0) return;
+    const T *xr = x + r * C, *dyr = dy + r * C;
+    T* dxr = dx + r * C;
+    const T n = norm[r], inv = T(1) / (n > eps ? n : eps);
+    if (!(n > eps)) {  // clamped: y = x / eps, a constant denominator
+        for (int64_t c = lane; c < C; c += kWarp) dxr[c] = dyr[c] * inv;
+        return;
+    }
+    T acc = 0;  // Σ dy · y
+    for (int64_t c = lane; c < C; c += kWarp) acc += dyr[c] * (xr[c] * inv);
+    const T s = warp_sum(acc);
+    const int k = small_int_power(p);
+    for (int64_t c = lane; c < C; c += kWarp) {
+        const T v = xr[c] * inv;  // y
+        // g = ∂n/∂x: sign(y) at p = 1 (sign(0) = 0), y at p = 2, else sign(y) |y|^(p−1).
+        T g;
+        if (p == T(1))
+            g = T((v > 0) - (v < 0));
+        else if (p == T(2))
+            g = v;
+        else
+            g = (v < 0 ? T(-1) : T(1)) * abs_pow(dev_abs(v), p - T(1), k > 0 ? k - 1 : 0);
+        dxr[c] = (dyr[c] - s * g) * inv;  // direct − norm term
+    }
+}
+
+}  // namespace
+
+// ---- launchers (declared in ops/norm.h) ----------------------------------------------------
+
+template <class T>
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
+                        int64_t rows, int64_t C, T eps) {
+    if (rows == 0) return;
+    QK_LAUNCH((layer_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
+              stream(), y, mean, rstd, x, weight, bias, rows, C, eps);
+    QK_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
+}
+
+template <class T>
+void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x, const T* mean,
+                         const T* rstd, const T* weight, int64_t rows, int64_t C) {
+    if (rows > 0) {
+        QK_LAUNCH((layer_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
+                  0, stream(), dx, dy, x, mean, rstd, weight, rows, C);
+        QK_CUDA_CHECK_LAUNCH("layer_norm_backward_dx_kernel");
+    }
+    norm_param_grads(dweight, dbias, dy, x, mean, rstd, rows, C);
+}
+
+template <class T>
+void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C,
+                         T eps) {
+    if (rows == 0) return;
+    QK_LAUNCH((rms_norm_forward_v1_kernel<T>), blocks_for(rows, kRowThreads), kRowThreads, 0,
+              stream(), y, rstd, x, weight, rows, C, eps);
+    QK_CUDA_CHECK_LAUNCH("rms_norm_forward_v1_kernel");
+}
+
+template <class T>
+void rms_norm_forward(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C, T eps) {
+    if (rows == 0) return;
+    QK_LAUNCH((rms_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
+              stream(), y, rstd, x, weight, rows, C, eps);
+    QK_CUDA_CHECK_LAUNCH("rms_norm_forward_kernel");
+}
+
+template <class T>
+void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const T* rstd, const T* weight,
+                       int64_t rows, int64_t C) {
+    if (rows > 0) {
+        QK_LAUNCH((rms_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
+                  0, stream(), dx, dy, x, rstd, weight, rows, C);
+        QK_CUDA_CHECK_LAUNCH("rms_norm_backward_dx_kernel");
+    }
+    if (dweight)
+        norm_param_grads(dweight, static_cast<T*>(nullptr), dy, x, static_cast<const T*>(nullptr),
+                         rstd, rows, C);
+}
+
+template <class T>
+void lp_normalize_forward(T* y, T* norm, const T* x, int64_t rows, int64_t C, T p, T eps) {
+    if (rows == 0) return;
+    QK_LAUNCH((lp_normalize_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
+              stream(), y, norm, x, rows, C, p, eps);
+    QK_CUDA_CHECK_LAUNCH("lp_normalize_forward_kernel");
+}
+
+template <class T>
+void lp_normalize_backward(T* dx, const T* dy, const T* x, const T* norm, int64_t rows, int64_t C,
+                           T p, T eps) {
+    if (rows == 0) return;
+    QK_LAUNCH((lp_normalize_backward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
+              stream(), dx, dy, x, norm, rows, C, p, eps);
+    QK_CUDA_CHECK_LAUNCH("lp_normalize_backward_kernel");
+}
+
+// Every launcher for float and double.
+#define QK_CUDA_NORM_INSTANTIATE(launcher)              \
+    template decltype(launcher<float>) launcher<float>; \
+    template decltype(launcher<double>) launcher<double>;
+QK_CUDA_NORM_INSTANTIATE(layer_norm_forward)
+QK_CUDA_NORM_INSTANTIATE(layer_norm_backward)
+QK_CUDA_NORM_INSTANTIATE(rms_norm_forward_v1)
+QK_CUDA_NORM_INSTANTIATE(rms_norm_forward)
+QK_CUDA_NORM_INSTANTIATE(rms_norm_backward)
+QK_CUDA_NORM_INSTANTIATE(lp_normalize_forward)
+QK_CUDA_NORM_INSTANTIATE(lp_normalize_backward)
+#undef QK_CUDA_NORM_INSTANTIATE
+
+}  // namespace qk::cuda

@@ -1,0 +1,358 @@
+// cuda/reduce.cu — reductions over any set of dims on the device (sum, max, logsumexp) and the
+// backward kernels of max and logsumexp. sum_to, hence the backward of every broadcasting op,
+// runs through sum_reduce. Built as CUDA by nvcc, or as C++ against cuda/emu (cuda/runtime.h).
+//
+// Layout. x has any strides; the output is contiguous in the keepdim layout ("kept": size 1 on
+// reduced dims). The host splits x's dims into the kept ones, which number the outputs r in
+// row-major order (exactly the kept layout's linear index), and the reduced ones, which number
+// the elements j of one group; two StridedIndex structs turn (r, j) into x's offset
+// outer(r) + inner(j). Nothing is permuted or copied, whatever the dims and strides.
+//
+// Kernel ladder (DESIGN §4):
+//   v1, one thread per output: a serial loop over the group, the CPU loop transposed onto
+//       threads. Right when groups are small and outputs many (sum_to a (B, 1, C) bias from a
+//       (B, 3, C) gradient): every thread is busy and no barrier is needed.
+//   v2, one block per output (grid-stride over outputs past 65535): the block's threads stride
+//       over the group, each keeping a partial; a warp combines its 32 partials with an xor
+//       butterfly of __shfl_xor_sync (registers only, no shared memory, no barrier), lane 0 of
+//       each warp writes its warp's result to shared memory, and after one __syncthreads every
+//       warp reduces those (at most 32) values the same way, so every thread ends with the
+//       result. Right for long groups (a row of logits), where v1 would leave one thread walking
+//       thousands of elements while the rest of the GPU idles. Block size: the group rounded up
+//       to a power of two, 32 to 256.
+// The dispatcher takes v2 for groups of 32 or more; set_reduce_version() forces one for tests.
+// Sums are fixed trees (the order does not depend on which thread runs first), so the emulator's
+// run orders give identical bits; v1 and v2 differ from each other and from the CPU in rounding.
+//
+// CPU twins: cpu::sum_accumulate, cpu::max_accumulate, cpu::sum_exp_accumulate (with the lse
+// finish in logsumexp_into_shape), cpu::max_count_ties + cpu::max_backward and
+// cpu::logsumexp_backward, all in ops/reduce.cpp.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "cuda/runtime.h"
+#include "cuda/strided_index.h"
+#include "ops/elementwise_math.h"
+#include "ops/reduce.h"
+
+namespace qk::cuda {
+
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+int forced_version = 0;  // 0: choose by group size
+
+struct SumOp {
+    template <class T>
+    __device__ __forceinline__ T operator()(T a, T b) const {
+        return a + b;
+    }
+    template <class T>
+    __device__ __forceinline__ static T identity() {
+        return T(0);
+    }
+};
+
+// max that lets a NaN in and never lets it out again, as cpu::max_nan.
+struct MaxOp {
+    template <class T>
+    __device__ __forceinline__ T operator()(T acc, T v) const {
+        return (v > acc || v != v) ? v : acc;
+    }
+    template <class T>
+    __device__ __forceinline__ static T identity() {
+        return -std::numeric_limits<T>::infinity();
+    }
+};
+
+// The shift logsumexp subtracts: the group max, or 0 where it is ±inf or NaN (m − m is 0 exactly
+// when m is finite), as cpu::lse_shift.
+template <class T>
+__device__ __forceinline__ T lse_shift(T m) {
+    return m - m == T(0) ? m : T(0);
+}
+
+// v combined over the 32 lanes of the warp; every lane gets the result.
+template <class T, class Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
+    for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
+    return v;
+}
+
+// v combined over the block (blockDim.x a multiple of 32); every thread gets the result.
+// The first barrier keeps a previous call's readers of `partial` from seeing this call's writes.
+template <class T, class Op>
+__device__ __forceinline__ T block_reduce(T v, Op op) {
+    __shared__ T partial[32];
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = warp_reduce(v, op);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < warps ? partial[lane] : Op::template identity<T>();
+    return warp_reduce(v, op);
+}
+
+// What every kernel gets: outputs numbered by outer, group elements by inner; operand 0 is x,
+// operand 1 is dx (contiguous in x's shape; used by the backward kernels only).
+struct Groups {
+    StridedIndex<2> outer, inner;
+    int64_t n_out = 1, group = 1;
+};
+
+Groups make_groups(const Shape& shape, const Shape& x_strides, const Shape& kept, const char* op) {
+    const Shape dx_strides = contiguous_strides(shape);
+    Shape outer_shape, inner_shape, outer_x, outer_dx, inner_x, inner_dx;
+    for (size_t d = 0; d < shape.size(); ++d) {
+        const bool reduced = kept[d] == 1 && shape[d] != 1;
+        (reduced ? inner_shape : outer_shape).push_back(shape[d]);
+        (reduced ? inner_x : outer_x).push_back(x_strides[d]);
+        (reduced ? inner_dx : outer_dx).push_back(dx_strides[d]);
+    }
+    Groups g;
+    g.outer = make_strided_index<2>(outer_shape, {&outer_x, &outer_dx}, op);
+    g.inner = make_strided_index<2>(inner_shape, {&inner_x, &inner_dx}, op);
+    g.n_out = numel_of(outer_shape);
+    g.group = numel_of(inner_shape);
+    return g;
+}
+
+// ---- v1: one thread per output ----------------------------------------------------------------
+
+// out: (n_out) contiguous (kept layout); x through g.    out[r] = op over group r of x
+template <class T, class Op>
+__global__ void reduce_v1_kernel(T* out, const T* x, Groups g) {
+    const Op op{};
+    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < g.n_out;
+         r += step) {
+        int64_t base[2], off[2];
+        g.outer.offsets(r, base);
+        T acc = Op::template identity<T>();
+        for (int64_t j = 0; j < g.group; ++j) {
+            g.inner.offsets(j, off);
+            acc = op(acc, x[base[0] + off[0]]);
+        }
+        out[r] = acc;
+    }
+}
+
+// lse: (n_out) contiguous.    lse[r] = shift + log Σ_j exp(x[j] − shift), shift from the max
+template <class T>
+__global__ void logsumexp_v1_kernel(T* lse, const T* x, Groups g) {
+    const MaxOp max_op{};
+    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < g.n_out;
+         r += step) {
+        int64_t base[2], off[2];
+        g.outer.offsets(r, base);
+        T m = MaxOp::identity<T>();
+        for (int64_t j = 0; j < g.group; ++j) {
+            g.inner.offsets(j, off);
+            m = max_op(m, x[base[0] + off[0]]);
+        }
+        const T shift = lse_shift(m);
+        T s = 0;
+        for (int64_t j = 0; j < g.group; ++j) {
+            g.inner.offsets(j, off);
+            s += math::exp_fast(x[base[0] + off[0]] - shift);
+        }
+        lse[r] = shift + std::log(s);
+    }
+}
+
+// dx: x's shape, contiguous; y, dy: (n_out).    dx[j] = [x[j] == y[r]] · dy[r] / #ties(r)
+template <class T>
+__global__ void max_backward_v1_kernel(T* dx, const T* x, const T* y, const T* dy, Groups g) {
+    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < g.n_out;
+         r += step) {
+        int64_t base[2], off[2];
+        g.outer.offsets(r, base);
+        T count = 0;
+        for (int64_t j = 0; j < g.group; ++j) {
+            g.inner.offsets(j, off);
+            count += x[base[0] + off[0]] == y[r] ? T(1) : T(0);
+        }
+        for (int64_t j = 0; j < g.group; ++j) {
+            g.inner.offsets(j, off);
+            dx[base[1] + off[1]] = x[base[0] + off[0]] == y[r] ? dy[r] / count : T(0);
+        }
+    }
+}
+
+// ---- v2: one block per output -----------------------------------------------------------------
+
+template <class T, class Op>
+__global__ void reduce_v2_kernel(T* out, const T* x, Groups g) {
+    const Op op{};
+    for (int64_t r = blockIdx.x; r < g.n_out; r += gridDim.x) {  // uniform over the block
+        int64_t base[2], off[2];
+        g.outer.offsets(r, base);
+        T acc = Op::template identity<T>();
+        for (int64_t j = threadIdx.x; j < g.group; j += blockDim.x) {
+            g.inner.offsets(j, off);
+            acc = op(acc, x[base[0] + off[0]]);
+        }
+        acc = block_reduce(acc, op);
+        if (threadIdx.x == 0) out[r] = acc;
+    }
+}
+
+template <class T>
+__global__ void logsumexp_v2_kernel(T* lse, const T* x, Groups g) {
+    for (int64_t r = blockIdx.x; r < g.n_out; r += gridDim.x) {
+        int64_t base[2], off[2];
+        g.outer.offsets(r, base);
+        T m = MaxOp::identity<T>();
+        for (int64_t j = threadIdx.x; j < g.group; j += blockDim.x) {
+            g.inner.offsets(j, off);
+            m = MaxOp{}(m, x[base[0] + off[0]]);
+        }
+        const T shift = lse_shift(block_reduce(m, MaxOp{}));
+        T s = 0;
+        for (int64_t j = threadIdx.x; j < g.group; j += blockDim.x) {
+            g.inner.offsets(j, off);
+            s += math::exp_fast(x[base[0] + off[0]] - shift);
+        }
+        s = block_reduce(s, SumOp{});
+        if (threadIdx.x == 0) lse[r] = shift + std::log(s);
+    }
+}
+
+template <class T>
+__global__ void max_backward_v2_kernel(T* dx, const T* x, const T* y, const T* dy, Groups g) {
+    for (int64_t r = blockIdx.x; r < g.n_out; r += gridDim.x) {
+        int64_t base[2], off[2];
+        g.outer.offsets(r, base);
+        T count = 0;
+        for (int64_t j = threadIdx.x; j < g.group; j += blockDim.x) {
+            g.inner.offsets(j, off);
+            count += x[base[0] + off[0]] == y[r] ? T(1) : T(0);
+        }
+        count = block_reduce(count, SumOp{});
+        for (int64_t j = threadIdx.x; j < g.group; j += blockDim.x) {
+            g.inner.offsets(j, off);
+            dx[base[1] + off[1]] = x[base[0] + off[0]] == y[r] ? dy[r] / count : T(0);
+        }
+    }
+}
+
+// ---- elementwise backward ---------------------------------------------------------------------
+
+// dx: contiguous; x, lse/dy through index (x's offset, then the kept one: stride 0 on reduced
+// dims); one thread per element.    dx[i] = dy[r] · exp(x[i] − lse[r])  (0 where lse = −inf)
+template <class T>
+__global__ void logsumexp_backward_kernel(T* dx, const T* x, const T* lse, const T* dy,
+                                          StridedIndex<2> index, int64_t n) {
+    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += step) {
+        int64_t off[2];
+        index.offsets(i, off);
+        const T l = lse[off[1]];
+        dx[i] = l == -std::numeric_limits<T>::infinity()
+                    ? T(0)
+                    : dy[off[1]] * math::exp_fast(x[off[0]] - l);
+    }
+}
+
+// Which version runs, and v2's block size: the group rounded up to a power of two in [32, 256].
+bool use_v2(const Groups& g) { return forced_version ? forced_version == 2 : g.group >= 32; }
+unsigned v2_threads(const Groups& g) {
+    unsigned threads = 32;
+    while (threads < 256 && static_cast<int64_t>(threads) < g.group) threads *= 2;
+    return threads;
+}
+unsigned v2_blocks(const Groups& g) {
+    return static_cast<unsigned>(g.n_out < 65535 ? g.n_out : 65535);
+}
+
+template <class T, class Op>
+void reduce(T* out, const T* x, const Shape& x_strides, const Shape& shape, const Shape& kept,
+            const char* op) {
+    const Groups g = make_groups(shape, x_strides, kept, op);
+    if (g.n_out == 0) return;
+    if (use_v2(g)) {
+        QK_LAUNCH((reduce_v2_kernel<T, Op>), v2_blocks(g), v2_threads(g), 0, stream(), out, x, g);
+        QK_CUDA_CHECK_LAUNCH("reduce_v2_kernel");
+    } else {
+        QK_LAUNCH((reduce_v1_kernel<T, Op>), grid_for(g.n_out), kThreads, 0, stream(), out, x, g);
+        QK_CUDA_CHECK_LAUNCH("reduce_v1_kernel");
+    }
+}
+
+}  // namespace
+
+void set_reduce_version(int version) {
+    QK_CHECK(version >= 0 && version <= 2, "set_reduce_version: 0 (auto), 1 or 2, got {}", version);
+    forced_version = version;
+}
+
+template <class T>
+void sum_reduce(T* out, const T* x, const Shape& x_strides, const Shape& shape, const Shape& kept) {
+    reduce<T, SumOp>(out, x, x_strides, shape, kept, "sum");
+}
+
+template <class T>
+void max_reduce(T* out, const T* x, const Shape& x_strides, const Shape& shape, const Shape& kept) {
+    reduce<T, MaxOp>(out, x, x_strides, shape, kept, "max");
+}
+
+template <class T>
+void logsumexp_reduce(T* lse, const T* x, const Shape& x_strides, const Shape& shape,
+                      const Shape& kept) {
+    const Groups g = make_groups(shape, x_strides, kept, "logsumexp");
+    if (g.n_out == 0) return;
+    if (use_v2(g)) {
+        QK_LAUNCH((logsumexp_v2_kernel<T>), v2_blocks(g), v2_threads(g), 0, stream(), lse, x, g);
+        QK_CUDA_CHECK_LAUNCH("logsumexp_v2_kernel");
+    } else {
+        QK_LAUNCH((logsumexp_v1_kernel<T>), grid_for(g.n_out), kThreads, 0, stream(), lse, x, g);
+        QK_CUDA_CHECK_LAUNCH("logsumexp_v1_kernel");
+    }
+}
+
+template <class T>
+void max_backward(T* dx, const T* x, const Shape& x_strides, const T* y, const T* dy,
+                  const Shape& shape, const Shape& kept) {
+    const Groups g = make_groups(shape, x_strides, kept, "max backward");
+    if (g.n_out == 0 || g.group == 0) return;
+    if (use_v2(g)) {
+        QK_LAUNCH((max_backward_v2_kernel<T>), v2_blocks(g), v2_threads(g), 0, stream(), dx, x, y,
+                  dy, g);
+        QK_CUDA_CHECK_LAUNCH("max_backward_v2_kernel");
+    } else {
+        QK_LAUNCH((max_backward_v1_kernel<T>), grid_for(g.n_out), kThreads, 0, stream(), dx, x, y,
+                  dy, g);
+        QK_CUDA_CHECK_LAUNCH("max_backward_v1_kernel");
+    }
+}
+
+template <class T>
+void logsumexp_backward(T* dx, const T* x, const Shape& x_strides, const T* lse, const T* dy,
+                        const Shape& shape, const Shape& kept) {
+    const int64_t n = numel_of(shape);
+    if (n == 0) return;
+    Shape k_strides = contiguous_strides(kept);
+    for (size_t d = 0; d < kept.size(); ++d)
+        if (kept[d] == 1) k_strides[d] = 0;
+    const auto index = make_strided_index<2>(shape, {&x_strides, &k_strides}, "logsumexp backward");
+    QK_LAUNCH((logsumexp_backward_kernel<T>), grid_for(n), kThreads, 0, stream(), dx, x, lse, dy,
+              index, n);
+    QK_CUDA_CHECK_LAUNCH("logsumexp_backward_kernel");
+}
+
+#define QK_REDUCE_INSTANTIATE(T)                                                                \
+    template void sum_reduce<T>(T*, const T*, const Shape&, const Shape&, const Shape&);        \
+    template void max_reduce<T>(T*, const T*, const Shape&, const Shape&, const Shape&);        \
+    template void logsumexp_reduce<T>(T*, const T*, const Shape&, const Shape&, const Shape&);  \
+    template void max_backward<T>(T*, const T*, const Shape&, const T*, const T*, const Shape&, \
+                                  const Shape&);                                                \
+    template void logsumexp_backward<T>(T*, const T*, const Shape&, const T*, const T*,         \
+                                        const Shape&, const Shape&);
+QK_REDUCE_INSTANTIATE(float)
+QK_REDUCE_INSTANTIATE(double)
+
+}  // namespace qk::cuda

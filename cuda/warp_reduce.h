@@ -1,0 +1,78 @@
+// Warp and block reductions shared by the row kernels (cuda/softmax.cu, cuda/loss.cu,
+// cuda/norm.cu), plus the few device math overloads they need for float and double.
+//
+// Determinism: every sum here is a fixed tree. warp_sum is an xor butterfly, after which all 32
+// lanes hold the same bits (lane l adds a + b where its partner adds b + a); block_sum adds the
+// warps' sums in warp order. The result never depends on the order in which threads or blocks
+// run, so the emulator's forward/reverse/random run orders give bit-identical outputs.
+//
+// Block sizes must be multiples of 32: the shuffles use the full mask.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/emu/cuda_compat.h"
+
+namespace qk::cuda {
+
+inline constexpr int kWarp = 32;
+inline constexpr unsigned kFullMask = 0xffffffffu;
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+    for (int offset = kWarp / 2; offset > 0; offset /= 2)
+        v += __shfl_xor_sync(kFullMask, v, offset);
+    return v;
+}
+
+template <class T>
+__device__ __forceinline__ T warp_max(T v) {
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+        const T other = __shfl_xor_sync(kFullMask, v, offset);
+        v = other > v ? other : v;
+    }
+    return v;
+}
+
+// The sum (kMax: the max) of v over the block, returned to every thread. The first barrier keeps
+// a previous call's readers of `partial` from seeing this call's writes, so calls may follow one
+// another; every warp then reduces the (at most 32) warp results itself, so no third barrier.
+template <class T, bool kMax>
+__device__ __forceinline__ T block_reduce(T v, T identity) {
+    __shared__ T partial[kWarp];
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int warps = (blockDim.x + kWarp - 1) / kWarp;
+    v = kMax ? warp_max(v) : warp_sum(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < warps ? partial[lane] : identity;
+    return kMax ? warp_max(v) : warp_sum(v);
+}
+
+template <class T>
+__device__ __forceinline__ T block_sum(T v) {
+    return block_reduce<T, false>(v, T(0));
+}
+
+template <class T>
+__device__ __forceinline__ T block_max(T v) {
+    return block_reduce<T, true>(v, -INFINITY);
+}
+
+// Math overloads that pick expf or exp by type: the C names exist in device code under nvcc and
+// on the host under the emulation alike.
+__device__ __forceinline__ float dev_exp(float x) { return expf(x); }
+__device__ __forceinline__ double dev_exp(double x) { return exp(x); }
+__device__ __forceinline__ float dev_log(float x) { return logf(x); }
+__device__ __forceinline__ double dev_log(double x) { return log(x); }
+__device__ __forceinline__ float dev_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double dev_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float dev_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double dev_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float dev_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double dev_pow(double x, double y) { return pow(x, y); }
+__device__ __forceinline__ float dev_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ double dev_abs(double x) { return fabs(x); }
+
+}  // namespace qk::cuda

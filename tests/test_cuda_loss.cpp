@@ -1,0 +1,143 @@
+// The `cuda_loss` suite: cuda/loss.cu (cross-entropy) against the cpu kernels of ops/loss.cpp,
+// forward (per-row lse and the mean loss) and backward (softmax − onehot, scaled), in float32 and
+// float64, under every run order of the emulator (bit-identical across orders), with ragged
+// vocabularies (V = 37, 100, 259 > the 256-thread block), ignored rows, targets at the row ends
+// and logits of 1e4.
+#include <limits>
+
+#include "cuda_kernel_check.h"
+#include "cuda_parity.h"
+#include "helpers.h"
+
+using namespace qk::test;
+namespace cpu = qk::cpu;
+namespace cuda = qk::cuda;
+
+namespace {
+
+// Checks forward and backward on logits x (N, V) and targets t (N). dloss: the upstream scalar.
+template <class T>
+void check_cross_entropy(const std::vector<T>& x, const std::vector<int32_t>& t, int64_t V,
+                         int32_t ignore_index, T dloss) {
+    const int64_t N = int64_t(t.size());
+    int64_t n_valid = 0;
+    for (int32_t ti : t) n_valid += ti != ignore_index;
+    REQUIRE(n_valid > 0);
+    CAPTURE(N);
+    CAPTURE(V);
+    std::vector<T> lse_ref(N), dx_ref(N * V);
+    const double total =
+        cpu::cross_entropy_forward(lse_ref.data(), x.data(), t.data(), N, V, ignore_index);
+    const T loss_ref = T(total / double(n_valid));
+    const T scale = T(double(dloss) / double(n_valid));
+    cpu::cross_entropy_backward(dx_ref.data(), x.data(), t.data(), lse_ref.data(), N, V,
+                                ignore_index, scale);
+
+    DeviceBuffer<T> d_x(x), d_lse(static_cast<size_t>(N)), d_loss(static_cast<size_t>(1));
+    DeviceBuffer<T> d_dx(static_cast<size_t>(N * V)), d_dloss(std::vector<T>{dloss});
+    DeviceBuffer<T> d_lse_ref(lse_ref);  // the backward reads the cpu's lse: the same inputs
+    DeviceBuffer<int32_t> d_t(t);
+    std::vector<T> loss_first, lse_first, dx_first;
+    for (Order order : kOrders) {
+        CAPTURE(order_name(order));
+        RunOrderScope scope(order);
+        cuda::cross_entropy_forward(d_loss.ptr, d_lse.ptr, d_x.ptr, d_t.ptr, N, V, ignore_index,
+                                    n_valid);
+        cuda::cross_entropy_backward(d_dx.ptr, d_x.ptr, d_t.ptr, d_lse_ref.ptr, d_dloss.ptr, N, V,
+                                     ignore_index, n_valid);
+        const auto loss = d_loss.download(), lse = d_lse.download(), dx = d_dx.download();
+        CHECK(std::isfinite(loss[0]));
+        CHECK(max_rel_error(loss, std::vector<T>{loss_ref}) <= tolerance<T>());
+        CHECK(max_rel_error(lse, lse_ref) <= tolerance<T>());
+        CHECK(max_rel_error(dx, dx_ref) <= tolerance<T>());
+        if (loss_first.empty()) {
+            loss_first = loss, lse_first = lse, dx_first = dx;
+        } else {  // fixed reduction trees: the same bits whatever order the threads ran in
+            CHECK(loss == loss_first);
+            CHECK(lse == lse_first);
+            CHECK(dx == dx_first);
+        }
+    }
+}
+
+// N targets in [0, V): row i gets 0, V − 1, or a pseudo-random class, in turn, so that the row
+// ends are always covered.
+std::vector<int32_t> targets(int64_t N, int64_t V, uint64_t seed) {
+    qk::Generator gen(seed);
+    std::vector<int32_t> t(N);
+    for (int64_t i = 0; i < N; ++i)
+        t[i] = i % 3 == 0 ? 0 : i % 3 == 1 ? int32_t(V - 1) : int32_t(gen.uniform() * double(V));
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda cross_entropy matches the cpu on ragged vocabularies", T, float, double) {
+    if (!cuda_device_or_skip()) return;
+    uint64_t seed = 40;
+    for (int64_t V : {37, 100, 259, 600})
+        for (int64_t N : {5, 13}) {
+            const auto x = random_values<T>(size_t(N * V), ++seed, 3.0);
+            check_cross_entropy<T>(x, targets(N, V, seed), V, -1, T(1));
+            check_cross_entropy<T>(x, targets(N, V, seed), V, -1, T(0.37));  // dL != 1
+        }
+}
+
+TEST_CASE_TEMPLATE("cuda cross_entropy skips ignored rows", T, float, double) {
+    if (!cuda_device_or_skip()) return;
+    const int64_t N = 9, V = 100;
+    const auto x = random_values<T>(size_t(N * V), 77, 2.0);
+    auto t = targets(N, V, 5);
+    t[0] = t[4] = t[8] = -100;  // ignored, including the first and the last row
+    check_cross_entropy<T>(x, t, V, -100, T(1));
+    // An ignore_index that is a real class: rows with target 0 are skipped.
+    check_cross_entropy<T>(x, targets(N, V, 6), V, 0, T(1));
+}
+
+TEST_CASE_TEMPLATE("cuda cross_entropy stays finite on logits of 1e4", T, float, double) {
+    if (!cuda_device_or_skip()) return;
+    const int64_t N = 6, V = 259;
+    const auto x = random_values<T>(size_t(N * V), 11, 1e4);
+    check_cross_entropy<T>(x, targets(N, V, 12), V, -1, T(1));
+    // Every row's target is its largest logit: a loss near 0, not a cancellation to garbage.
+    std::vector<int32_t> t(N);
+    for (int64_t i = 0; i < N; ++i)
+        t[i] = int32_t(std::max_element(x.begin() + i * V, x.begin() + (i + 1) * V) -
+                       (x.begin() + i * V));
+    check_cross_entropy<T>(x, t, V, -1, T(1));
+}
+
+// Op level: qk::cross_entropy on cuda logits and targets against the cpu, through autograd.
+TEST_CASE("cuda cross_entropy op matches the cpu through autograd") {
+    for (qk::DType dtype : {qk::kF32, qk::kF64}) {
+        const int64_t N = 13, V = 259;
+        const qk::Tensor x = randn_seeded({N, V}, 31, dtype, 3.0);
+        const qk::Tensor t = qk::from_ids(targets(N, V, 32));
+        check_cuda_parity("cross_entropy",
+                          [](const Inputs& in) { return qk::cross_entropy(in[0], in[1]); }, {x, t});
+        auto t_ignored = targets(N, V, 33);
+        t_ignored[0] = t_ignored[7] = t_ignored[12] = -1;
+        check_cuda_parity("cross_entropy with ignored rows",
+                          [](const Inputs& in) { return qk::cross_entropy(in[0], in[1], -1); },
+                          {x, qk::from_ids(t_ignored)});
+        // Huge logits: the loss and its gradient stay finite.
+        check_cuda_parity("cross_entropy on logits of 1e4",
+                          [](const Inputs& in) { return qk::cross_entropy(in[0], in[1]); },
+                          {randn_seeded({N, V}, 34, dtype, 1e4), t});
+    }
+}
+
+TEST_CASE("cuda cross_entropy op rejects bad targets before any kernel runs") {
+    if (!cuda_device_or_skip()) return;
+    const qk::Tensor x = randn_seeded({4, 37}, 35, qk::kF32).to(qk::Device::cuda);
+    CHECK(throws_with(
+        [&] {
+            qk::cross_entropy(x, qk::from_ids({0, 37, 1, 2}).to(qk::Device::cuda));
+        },
+        {"cross_entropy", "target 37 at row 1", "[0, 37)"}));
+    CHECK(throws_with(
+        [&] {
+            qk::cross_entropy(x, qk::from_ids({-1, -1, -1, -1}).to(qk::Device::cuda));
+        },
+        {"cross_entropy", "all 4 targets equal ignore_index -1"}));
+}

@@ -1,0 +1,135 @@
+// matmul and linear on cuda (cuBLAS through the row-major/column-major trick, cuda/matmul.cu)
+// against the cpu (OpenBLAS), forward and both gradients: every transpose combination, batched,
+// broadcast batch, the Linear case as one GEMM, float32 and float64; and the tiled teaching
+// kernel against cuBLAS and the cpu. Sizes are ragged (not multiples of 16 or 32).
+#include "cuda_parity.h"
+
+using namespace qk;
+using qk::test::check_cuda_parity;
+using qk::test::cuda_runnable;
+using qk::test::Inputs;
+using qk::test::max_abs_diff;
+using qk::test::randn_seeded;
+using qk::test::throws_with;
+
+namespace {
+
+constexpr int64_t M = 37, K = 29, N = 45;
+
+// A (rows, cols) operand stored as given, or stored transposed and read through .t() (strides
+// (1, rows): cuBLAS gets CUBLAS_OP_T, the cpu CblasTrans).
+Tensor operand(int64_t rows, int64_t cols, bool transposed, uint64_t seed, DType dt) {
+    return transposed ? randn_seeded({cols, rows}, seed, dt) : randn_seeded({rows, cols}, seed, dt);
+}
+Tensor as_stored(const Tensor& t, bool transposed) { return transposed ? t.t() : t; }
+
+}  // namespace
+
+TEST_CASE("matmul on cuda matches the cpu for every transpose combination, f32 and f64") {
+    for (DType dt : {kF32, kF64})
+        for (bool ta : {false, true})
+            for (bool tb : {false, true}) {
+                check_cuda_parity(
+                    fmt::format("matmul {} a{} b{}", dtype_name(dt), ta ? "ᵀ" : "", tb ? "ᵀ" : ""),
+                    [ta, tb](const Inputs& in) {
+                        return matmul(as_stored(in[0], ta), as_stored(in[1], tb));
+                    },
+                    {operand(M, K, ta, 1, dt), operand(K, N, tb, 2, dt)});
+            }
+}
+
+TEST_CASE("batched and broadcast-batch matmul on cuda match the cpu") {
+    for (DType dt : {kF32, kF64}) {
+        // same batch on both sides: one strided-batched call
+        check_cuda_parity("batched", [](const Inputs& in) { return matmul(in[0], in[1]); },
+                          {randn_seeded({3, M, K}, 3, dt), randn_seeded({3, K, N}, 4, dt)});
+        // a's batch broadcast against b's, over two batch dims (a host loop of strided calls)
+        check_cuda_parity("broadcast batch", [](const Inputs& in) { return matmul(in[0], in[1]); },
+                          {randn_seeded({2, 1, M, K}, 5, dt), randn_seeded({3, K, N}, 6, dt)});
+        // attention's q · kᵀ: both batched, b a transposed view
+        check_cuda_parity(
+            "q kT", [](const Inputs& in) { return matmul(in[0], in[1].transpose(-2, -1)); },
+            {randn_seeded({2, 3, 19, 13}, 7, dt), randn_seeded({2, 3, 21, 13}, 8, dt)});
+        // the Linear case: (B, T, C) times a shared 2-D matrix, one GEMM over all rows
+        check_cuda_parity("rows times shared",
+                          [](const Inputs& in) { return matmul(in[0], in[1].t()); },
+                          {randn_seeded({2, 17, K}, 9, dt), randn_seeded({N, K}, 10, dt)});
+        // an operand GEMM cannot read as stored (expanded rows): copied first
+        check_cuda_parity("expanded operand",
+                          [](const Inputs& in) {
+                              return matmul(in[0].expand({M, K}), in[1]);
+                          },
+                          {randn_seeded({1, K}, 11, dt), randn_seeded({K, N}, 12, dt)});
+    }
+}
+
+TEST_CASE("linear on cuda matches the cpu, with and without bias") {
+    for (DType dt : {kF32, kF64}) {
+        check_cuda_parity("linear with bias",
+                          [](const Inputs& in) { return linear(in[0], in[1], in[2]); },
+                          {randn_seeded({2, 17, K}, 13, dt), randn_seeded({N, K}, 14, dt),
+                           randn_seeded({N}, 15, dt)});
+        check_cuda_parity("linear without bias",
+                          [](const Inputs& in) { return linear(in[0], in[1]); },
+                          {randn_seeded({3, 11, K}, 16, dt), randn_seeded({N, K}, 17, dt)});
+        check_cuda_parity(
+            "linear of a transposed x",
+            [](const Inputs& in) { return linear(in[0].transpose(0, 1), in[1], in[2]); },
+            {randn_seeded({19, 3, K}, 18, dt), randn_seeded({N, K}, 19, dt),
+             randn_seeded({N}, 20, dt)});
+    }
+}
+
+TEST_CASE("matmul on cuda: an empty inner dim gives zeros, an empty output nothing") {
+    if (!cuda_runnable()) return;
+    const Tensor a = Tensor::empty({4, 0}, kF32, Device::cuda);
+    const Tensor b = Tensor::empty({0, 5}, kF32, Device::cuda);
+    const Tensor y = matmul(a, b);
+    CHECK(y.device() == Device::cuda);
+    CHECK(max_abs_diff(y, zeros({4, 5})) == 0);
+    const Tensor bias = randn_seeded({5}, 21).to(Device::cuda);
+    CHECK(max_abs_diff(linear(a, b.t(), bias), bias.expand({4, 5})) == 0);
+    CHECK(
+        matmul(Tensor::empty({0, 3}, kF32, Device::cuda), randn_seeded({3, 2}, 28).to(Device::cuda))
+            .numel() == 0);
+}
+
+TEST_CASE("the tiled kernel matches cuBLAS and the cpu, 2-D and batched, f32 and f64") {
+    if (!cuda_runnable()) return;
+    for (DType dt : {kF32, kF64}) {
+        const double tol = dt == kF64 ? 1e-12 : 1e-4;
+        for (auto [m, k, n] : {std::array<int64_t, 3>{M, K, N}, {1, 1, 1}, {33, 17, 16}}) {
+            const Tensor a = randn_seeded({m, k}, 22, dt), b = randn_seeded({k, n}, 23, dt);
+            const Tensor tiled = detail::matmul_tiled(a.to(Device::cuda), b.to(Device::cuda));
+            CHECK(tiled.device() == Device::cuda);
+            CHECK(max_abs_diff(tiled, matmul(a, b)) < tol);
+            CHECK(max_abs_diff(tiled, matmul(a.to(Device::cuda), b.to(Device::cuda))) < tol);
+        }
+        // batched, with transposed views made contiguous on the way in
+        const Tensor a = randn_seeded({3, K, M}, 24, dt), b = randn_seeded({3, K, N}, 25, dt);
+        const Tensor tiled =
+            detail::matmul_tiled(a.to(Device::cuda).transpose(1, 2), b.to(Device::cuda));
+        CHECK(max_abs_diff(tiled, matmul(a.transpose(1, 2), b)) < tol);
+    }
+#ifdef QK_CUDA_EMULATION
+    // the tiles' barriers: the same result in every run order
+    const Tensor a = randn_seeded({M, K}, 26).to(Device::cuda);
+    const Tensor b = randn_seeded({K, N}, 27).to(Device::cuda);
+    const Tensor forward = detail::matmul_tiled(a, b);
+    qk::test::RunOrderReset reset;
+    for (auto order : {qk::emu::RunOrder::reverse, qk::emu::RunOrder::random}) {
+        qk::emu::set_run_order(order, 99);
+        CHECK(max_abs_diff(detail::matmul_tiled(a, b), forward) == 0);
+    }
+#endif
+}
+
+TEST_CASE("matmul_tiled and matmul refuse bad inputs with the shapes and devices") {
+    if (!cuda_runnable()) return;
+    const Tensor a = randn_seeded({4, 5}, 29), b = randn_seeded({5, 6}, 30);
+    CHECK(throws_with([&] { (void)detail::matmul_tiled(a, b); }, {"matmul_tiled", "cpu"}));
+    CHECK(throws_with([&] { (void)detail::matmul_tiled(a.to(Device::cuda), a.to(Device::cuda)); },
+                      {"matmul_tiled", "[4, 5]"}));
+    CHECK(throws_with([&] { (void)matmul(a.to(Device::cuda), b); },
+                      {"matmul", "devices differ", "cuda", "cpu"}));
+}

@@ -1,0 +1,205 @@
+// The `cuda_norm` suite: cuda/norm.cu against the cpu kernels of ops/norm.cpp — layer_norm,
+// rms_norm (both rungs of its ladder: v1 one thread per row, v2 one warp per row) and lp_normalize
+// (p = 1, 2, integer and fractional p), forward and backward with dweight/dbias, in float32 and
+// float64, under every run order of the emulator. dweight/dbias come from a two-stage sum over
+// rows (no atomics), so every output must be bit-identical across orders. Sizes are ragged
+// (C = 37, 100, 259) and span several blocks (4 rows per block; 32 rows per parameter chunk).
+#include "cuda_kernel_check.h"
+#include "cuda_parity.h"
+#include "helpers.h"
+
+using namespace qk::test;
+namespace cpu = qk::cpu;
+namespace cuda = qk::cuda;
+
+namespace {
+
+struct Size {
+    int64_t rows, C;
+};
+constexpr Size kSizes[] = {{10, 37}, {70, 100}, {7, 259}, {33, 64}};
+
+// Compares `got` with `ref` and with the first order's result (bitwise), kept in `first`.
+template <class T>
+void check_output(const char* what, const std::vector<T>& got, const std::vector<T>& ref,
+                  std::vector<T>& first) {
+    CAPTURE(what);
+    CHECK(max_rel_error(got, ref) <= tolerance<T>());
+    if (first.empty())
+        first = got;
+    else
+        CHECK(got == first);
+}
+
+template <class T>
+void check_layer_norm(Size s, bool has_bias, uint64_t seed, double offset) {
+    const auto [rows, C] = s;
+    CAPTURE(rows);
+    CAPTURE(C);
+    CAPTURE(has_bias);
+    auto x = random_values<T>(size_t(rows * C), seed, 2.0);
+    for (auto& v : x) v += T(offset);  // a large mean: the two-pass variance must not cancel
+    const auto w = random_values<T>(size_t(C), seed + 1), b = random_values<T>(size_t(C), seed + 2);
+    const auto dy = random_values<T>(size_t(rows * C), seed + 3);
+    const T eps = T(1e-5);
+    std::vector<T> y_ref(rows * C), mean_ref(rows), rstd_ref(rows), dx_ref(rows * C), dw_ref(C),
+        db_ref(C);
+    cpu::layer_norm_forward(y_ref.data(), mean_ref.data(), rstd_ref.data(), x.data(), w.data(),
+                            has_bias ? b.data() : nullptr, rows, C, eps);
+    cpu::layer_norm_backward(dx_ref.data(), dw_ref.data(), has_bias ? db_ref.data() : nullptr,
+                             dy.data(), x.data(), mean_ref.data(), rstd_ref.data(), w.data(), rows,
+                             C);
+    DeviceBuffer<T> d_x(x), d_w(w), d_b(b), d_dy(dy), d_mean_ref(mean_ref), d_rstd_ref(rstd_ref);
+    DeviceBuffer<T> d_y(y_ref.size()), d_mean(mean_ref.size()), d_rstd(rstd_ref.size());
+    DeviceBuffer<T> d_dx(dx_ref.size()), d_dw(dw_ref.size()), d_db(db_ref.size());
+    std::vector<T> f_y, f_mean, f_rstd, f_dx, f_dw, f_db;
+    for (Order order : kOrders) {
+        CAPTURE(order_name(order));
+        RunOrderScope scope(order);
+        cuda::layer_norm_forward(d_y.ptr, d_mean.ptr, d_rstd.ptr, d_x.ptr, d_w.ptr,
+                                 has_bias ? d_b.ptr : nullptr, rows, C, eps);
+        // The backward reads the cpu's mean and rstd, so that it is tested on the same inputs.
+        cuda::layer_norm_backward(d_dx.ptr, d_dw.ptr, has_bias ? d_db.ptr : nullptr, d_dy.ptr,
+                                  d_x.ptr, d_mean_ref.ptr, d_rstd_ref.ptr, d_w.ptr, rows, C);
+        check_output("y", d_y.download(), y_ref, f_y);
+        check_output("mean", d_mean.download(), mean_ref, f_mean);
+        check_output("rstd", d_rstd.download(), rstd_ref, f_rstd);
+        check_output("dx", d_dx.download(), dx_ref, f_dx);
+        check_output("dweight", d_dw.download(), dw_ref, f_dw);
+        if (has_bias) check_output("dbias", d_db.download(), db_ref, f_db);
+    }
+}
+
+template <class T>
+void check_rms_norm(Size s, bool has_weight, uint64_t seed) {
+    const auto [rows, C] = s;
+    CAPTURE(rows);
+    CAPTURE(C);
+    CAPTURE(has_weight);
+    const auto x = random_values<T>(size_t(rows * C), seed, 3.0);
+    const auto w = random_values<T>(size_t(C), seed + 1);
+    const auto dy = random_values<T>(size_t(rows * C), seed + 2);
+    const T eps = T(1e-6);
+    const T* w_host = has_weight ? w.data() : nullptr;
+    std::vector<T> y_ref(rows * C), rstd_ref(rows), dx_ref(rows * C), dw_ref(C);
+    cpu::rms_norm_forward(y_ref.data(), rstd_ref.data(), x.data(), w_host, rows, C, eps);
+    cpu::rms_norm_backward(dx_ref.data(), has_weight ? dw_ref.data() : nullptr, dy.data(), x.data(),
+                           rstd_ref.data(), w_host, rows, C);
+    DeviceBuffer<T> d_x(x), d_w(w), d_dy(dy), d_rstd_ref(rstd_ref);
+    DeviceBuffer<T> d_y(y_ref.size()), d_rstd(rstd_ref.size()), d_dx(dx_ref.size());
+    DeviceBuffer<T> d_dw(dw_ref.size());
+    T* w_dev = has_weight ? d_w.ptr : nullptr;
+    std::vector<T> f_y1, f_rstd1, f_y, f_rstd, f_dx, f_dw;
+    for (Order order : kOrders) {
+        CAPTURE(order_name(order));
+        RunOrderScope scope(order);
+        cuda::rms_norm_forward_v1(d_y.ptr, d_rstd.ptr, d_x.ptr, w_dev, rows, C, eps);
+        check_output("y (v1)", d_y.download(), y_ref, f_y1);
+        check_output("rstd (v1)", d_rstd.download(), rstd_ref, f_rstd1);
+        cuda::rms_norm_forward(d_y.ptr, d_rstd.ptr, d_x.ptr, w_dev, rows, C, eps);
+        check_output("y (v2)", d_y.download(), y_ref, f_y);
+        check_output("rstd (v2)", d_rstd.download(), rstd_ref, f_rstd);
+        cuda::rms_norm_backward(d_dx.ptr, has_weight ? d_dw.ptr : nullptr, d_dy.ptr, d_x.ptr,
+                                d_rstd_ref.ptr, w_dev, rows, C);
+        check_output("dx", d_dx.download(), dx_ref, f_dx);
+        if (has_weight) check_output("dweight", d_dw.download(), dw_ref, f_dw);
+    }
+}
+
+// x: (rows, C) given, so that special rows (all zero, tiny, huge) can be planted.
+template <class T>
+void check_lp_normalize(const std::vector<T>& x, Size s, double p, uint64_t seed) {
+    const auto [rows, C] = s;
+    CAPTURE(rows);
+    CAPTURE(C);
+    CAPTURE(p);
+    const auto dy = random_values<T>(size_t(rows * C), seed);
+    const T eps = T(1e-12);
+    std::vector<T> y_ref(rows * C), n_ref(rows), dx_ref(rows * C);
+    cpu::lp_normalize_forward(y_ref.data(), n_ref.data(), x.data(), rows, C, T(p), eps);
+    cpu::lp_normalize_backward(dx_ref.data(), dy.data(), x.data(), n_ref.data(), rows, C, T(p),
+                               eps);
+    DeviceBuffer<T> d_x(x), d_dy(dy), d_n_ref(n_ref);
+    DeviceBuffer<T> d_y(y_ref.size()), d_n(n_ref.size()), d_dx(dx_ref.size());
+    std::vector<T> f_y, f_n, f_dx;
+    for (Order order : kOrders) {
+        CAPTURE(order_name(order));
+        RunOrderScope scope(order);
+        cuda::lp_normalize_forward(d_y.ptr, d_n.ptr, d_x.ptr, rows, C, T(p), eps);
+        cuda::lp_normalize_backward(d_dx.ptr, d_dy.ptr, d_x.ptr, d_n_ref.ptr, rows, C, T(p), eps);
+        check_output("y", d_y.download(), y_ref, f_y);
+        check_output("norm", d_n.download(), n_ref, f_n);
+        check_output("dx", d_dx.download(), dx_ref, f_dx);
+    }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda layer_norm matches the cpu, forward and backward", T, float, double) {
+    if (!cuda_device_or_skip()) return;
+    uint64_t seed = 300;
+    for (Size s : kSizes)
+        for (bool has_bias : {true, false}) check_layer_norm<T>(s, has_bias, seed += 10, 0.0);
+    check_layer_norm<T>({9, 100}, true, 7, 100.0);  // mean 100, std 2
+}
+
+TEST_CASE_TEMPLATE("cuda rms_norm v1 and v2 match the cpu, forward and backward", T, float,
+                   double) {
+    if (!cuda_device_or_skip()) return;
+    uint64_t seed = 500;
+    for (Size s : kSizes)
+        for (bool has_weight : {true, false}) check_rms_norm<T>(s, has_weight, seed += 10);
+}
+
+TEST_CASE_TEMPLATE("cuda lp_normalize matches the cpu for p = 1, 2, 3, 2.5, 7", T, float, double) {
+    if (!cuda_device_or_skip()) return;
+    uint64_t seed = 700;
+    for (Size s : kSizes)
+        for (double p : {1.0, 2.0, 3.0, 2.5, 7.0}) {
+            const auto x = random_values<T>(size_t(s.rows * s.C), seed += 10);
+            check_lp_normalize<T>(x, s, p, seed + 1);
+        }
+}
+
+TEST_CASE_TEMPLATE("cuda lp_normalize handles zero, tiny and huge rows like the cpu", T, float,
+                   double) {
+    if (!cuda_device_or_skip()) return;
+    const Size s{9, 37};
+    auto x = random_values<T>(size_t(s.rows * s.C), 42);
+    for (int64_t c = 0; c < s.C; ++c) {
+        x[0 * s.C + c] = 0;                  // all zero: n = 0 <= eps, clamped
+        x[4 * s.C + c] *= T(1e-30);          // tiny: |x|^p would underflow without the scaling
+        x[8 * s.C + c] *= T(1e15);           // huge: |x|^p would overflow without the scaling
+        if (c % 3 == 0) x[5 * s.C + c] = 0;  // exact zeros: sign(0) = 0 at p = 1
+    }
+    for (double p : {1.0, 2.0, 4.0, 1.5}) check_lp_normalize<T>(x, s, p, 43);
+}
+
+// Op level: qk::layer_norm, qk::rms_norm, qk::lp_normalize on cuda tensors against the cpu,
+// through autograd (gradients of x and of the parameters).
+TEST_CASE("cuda layer_norm, rms_norm and lp_normalize ops match the cpu through autograd") {
+    for (qk::DType dtype : {qk::kF32, qk::kF64}) {
+        const qk::Tensor x = randn_seeded({5, 7, 37}, 61, dtype, 2.0);
+        const qk::Tensor w = randn_seeded({37}, 62, dtype), b = randn_seeded({37}, 63, dtype);
+        check_cuda_parity(
+            "layer_norm",
+            [](const Inputs& in) { return qk::layer_norm(in[0], in[1], in[2], 1e-5); }, {x, w, b});
+        check_cuda_parity(
+            "layer_norm without bias",
+            [](const Inputs& in) { return qk::layer_norm(in[0], in[1], qk::Tensor(), 1e-5); },
+            {x, w});
+        check_cuda_parity(
+            "rms_norm", [](const Inputs& in) { return qk::rms_norm(in[0], in[1], 1e-6); }, {x, w});
+        check_cuda_parity("rms_norm without weight",
+                          [](const Inputs& in) { return qk::rms_norm(in[0], qk::Tensor(), 1e-6); },
+                          {x});
+        for (double p : {1.0, 2.0, 3.0, 2.5}) {
+            CAPTURE(p);
+            check_cuda_parity("lp_normalize",
+                              [p](const Inputs& in) { return qk::lp_normalize(in[0], p); }, {x});
+            // Along dim 1: the op transposes, copies on the device, and transposes back.
+            check_cuda_parity("lp_normalize along dim 1",
+                              [p](const Inputs& in) { return qk::lp_normalize(in[0], p, 1); }, {x});
+        }
+    }
+}

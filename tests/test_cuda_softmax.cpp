@@ -1,0 +1,167 @@
+// The `cuda_softmax` suite: cuda/softmax.cu against the cpu kernels of ops/softmax.cpp, forward
+// and backward, softmax and log_softmax, with the causal mask and the soft-cap, in float32 and
+// float64, under every run order of the emulator (the outputs must also be bit-identical across
+// orders: the kernels' sums are fixed trees). Sizes are ragged (Tk = 37, 100, 259: not multiples
+// of 32) and always span at least two blocks (4 rows per block).
+#include <limits>
+#include <string>
+
+#include "cuda_kernel_check.h"
+#include "cuda_parity.h"
+#include "helpers.h"
+
+using namespace qk::test;
+namespace cpu = qk::cpu;
+namespace cuda = qk::cuda;
+
+namespace {
+
+struct Geometry {
+    int64_t outer, Tq, Tk;  // x: (outer, Tq, Tk), rows = outer · Tq
+};
+constexpr Geometry kGeometries[] = {{2, 7, 37}, {1, 5, 100}, {2, 3, 259}, {3, 1, 64}};
+
+struct Variant {
+    bool causal;
+    double cap;
+};
+constexpr Variant kVariants[] = {{false, 0}, {true, 0}, {false, 5}, {true, 5}};
+
+std::string describe(const Geometry& g, const Variant& v, bool is_log) {
+    return fmt::format("{} x ({}, {}, {}) causal={} cap={}", is_log ? "log_softmax" : "softmax",
+                       g.outer, g.Tq, g.Tk, v.causal, v.cap);
+}
+
+template <class T>
+void cpu_forward(bool is_log, T* y, T* lse, const T* x, int64_t rows, int64_t Tq, int64_t Tk,
+                 bool causal, T cap) {
+    if (is_log)
+        cpu::softmax_forward<T, true>(y, lse, x, rows, Tq, Tk, causal, cap);
+    else
+        cpu::softmax_forward<T, false>(y, lse, x, rows, Tq, Tk, causal, cap);
+}
+
+template <class T>
+void cpu_backward(bool is_log, T* dx, const T* dy, const T* y, const T* lse, int64_t rows,
+                  int64_t Tq, int64_t Tk, bool causal, T cap) {
+    if (is_log)
+        cpu::softmax_backward<T, true>(dx, dy, y, lse, rows, Tq, Tk, causal, cap);
+    else
+        cpu::softmax_backward<T, false>(dx, dy, y, lse, rows, Tq, Tk, causal, cap);
+}
+
+// Runs forward and backward of one configuration on both backends under every run order and
+// checks parity and run-order independence. x: (rows, Tk) logits.
+template <class T>
+void check_softmax(const std::vector<T>& x, const Geometry& g, const Variant& v, bool is_log,
+                   uint64_t seed) {
+    const int64_t rows = g.outer * g.Tq, n = rows * g.Tk;
+    const T cap = T(v.cap);
+    CAPTURE(describe(g, v, is_log));
+    std::vector<T> y_ref(n), lse_ref(rows), dx_ref(n);
+    cpu_forward<T>(is_log, y_ref.data(), lse_ref.data(), x.data(), rows, g.Tq, g.Tk, v.causal, cap);
+    const std::vector<T> dy = random_values<T>(n, seed + 1);
+    cpu_backward<T>(is_log, dx_ref.data(), dy.data(), y_ref.data(), lse_ref.data(), rows, g.Tq,
+                    g.Tk, v.causal, cap);
+
+    DeviceBuffer<T> d_x(x), d_dy(dy), d_y(n), d_lse(rows), d_dx(n);
+    // The backward reads the cpu's y and lse, so that it is tested on exactly the same inputs.
+    DeviceBuffer<T> d_y_ref(y_ref), d_lse_ref(lse_ref);
+    std::vector<T> y_first, lse_first, dx_first;
+    for (Order order : kOrders) {
+        CAPTURE(order_name(order));
+        RunOrderScope scope(order);
+        cuda::softmax_forward<T>(d_y.ptr, d_lse.ptr, d_x.ptr, rows, g.Tq, g.Tk, v.causal, cap,
+                                 is_log);
+        cuda::softmax_backward<T>(d_dx.ptr, d_dy.ptr, d_y_ref.ptr, d_lse_ref.ptr, rows, g.Tq, g.Tk,
+                                  v.causal, cap, is_log);
+        const auto y = d_y.download(), lse = d_lse.download(), dx = d_dx.download();
+        CHECK(max_rel_error(y, y_ref) <= tolerance<T>());
+        CHECK(max_rel_error(lse, lse_ref) <= tolerance<T>());
+        CHECK(max_rel_error(dx, dx_ref) <= tolerance<T>());
+        if (y_first.empty()) {
+            y_first = y, lse_first = lse, dx_first = dx;
+        } else {  // fixed reduction trees: the same bits whatever order the threads ran in
+            CHECK(y == y_first);
+            CHECK(lse == lse_first);
+            CHECK(dx == dx_first);
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda softmax and log_softmax match the cpu, causal and soft-capped", T, float,
+                   double) {
+    if (!cuda_device_or_skip()) return;
+    uint64_t seed = 100;
+    for (const Geometry& g : kGeometries)
+        for (const Variant& v : kVariants) {
+            if (v.causal && g.Tq > g.Tk) continue;
+            // Scale 4: the cap at 5 bends most logits, and exp spans a wide range.
+            const auto x = random_values<T>(size_t(g.outer * g.Tq * g.Tk), ++seed, 4.0);
+            for (bool is_log : {false, true}) check_softmax<T>(x, g, v, is_log, seed * 7);
+        }
+}
+
+TEST_CASE_TEMPLATE("cuda softmax stays finite on logits of 1e4", T, float, double) {
+    if (!cuda_device_or_skip()) return;
+    const Geometry g{2, 5, 37};
+    const auto x = random_values<T>(size_t(g.outer * g.Tq * g.Tk), 7, 1e4);
+    for (const Variant& v : {Variant{false, 0}, Variant{true, 0}, Variant{true, 50}})
+        for (bool is_log : {false, true}) {
+            check_softmax<T>(x, g, v, is_log, 9);
+            const int64_t rows = g.outer * g.Tq, n = rows * g.Tk;
+            DeviceBuffer<T> d_x(x), d_y(static_cast<size_t>(n)), d_lse(static_cast<size_t>(rows));
+            cuda::softmax_forward<T>(d_y.ptr, d_lse.ptr, d_x.ptr, rows, g.Tq, g.Tk, v.causal,
+                                     T(v.cap), is_log);
+            const auto y = d_y.download(), lse = d_lse.download();
+            bool finite = true;
+            for (int64_t r = 0; r < rows; ++r) {
+                finite = finite && std::isfinite(lse[r]);
+                const int64_t visible = v.causal ? r % g.Tq + (g.Tk - g.Tq) + 1 : g.Tk;
+                for (int64_t j = 0; j < visible; ++j)
+                    finite = finite && std::isfinite(y[r * g.Tk + j]);
+            }
+            CHECK(finite);
+        }
+}
+
+TEST_CASE_TEMPLATE("cuda softmax of a row with nothing finite to see is 0 with gradient 0", T,
+                   float, double) {
+    if (!cuda_device_or_skip()) return;
+    // 6 rows of 40: rows 1 and 4 are all −inf; row 2 is −inf except one entry.
+    const int64_t rows = 6, Tk = 40;
+    auto x = random_values<T>(size_t(rows * Tk), 3);
+    const T inf = std::numeric_limits<T>::infinity();
+    for (int64_t j = 0; j < Tk; ++j) x[1 * Tk + j] = x[4 * Tk + j] = -inf;
+    for (int64_t j = 0; j < Tk; ++j) x[2 * Tk + j] = j == 33 ? T(1.5) : -inf;
+    for (bool is_log : {false, true})
+        check_softmax<T>(x, Geometry{1, rows, Tk}, {false, 0}, is_log, 5);
+    for (bool is_log : {false, true})
+        check_softmax<T>(x, Geometry{1, rows, Tk}, {false, 3}, is_log, 5);
+}
+
+// Op level: qk::softmax / qk::log_softmax on cuda tensors against the cpu, through autograd
+// (tests/cuda_parity.h: outputs and input gradients, random probe, every run order).
+TEST_CASE("cuda softmax and log_softmax ops match the cpu through autograd") {
+    for (qk::DType dtype : {qk::kF32, qk::kF64}) {
+        const qk::Tensor x = randn_seeded({2, 7, 37}, 21, dtype, 4.0);
+        for (const qk::SoftmaxOptions& o :
+             {qk::SoftmaxOptions{}, qk::SoftmaxOptions{true, 0}, qk::SoftmaxOptions{true, 5}}) {
+            CAPTURE(o.causal);
+            CAPTURE(o.softcap);
+            check_cuda_parity("softmax", [o](const Inputs& in) { return qk::softmax(in[0], o); },
+                              {x});
+            check_cuda_parity("log_softmax",
+                              [o](const Inputs& in) { return qk::log_softmax(in[0], o); }, {x});
+        }
+        // A non-contiguous input (softmax over a transposed view): contiguous() on the device.
+        const qk::Tensor xt = randn_seeded({37, 6}, 22, dtype, 2.0);
+        check_cuda_parity("softmax of a transposed view",
+                          [](const Inputs& in) {
+                              return qk::softmax(in[0].t(), {false, 3});
+                          },
+                          {xt});
+    }
+}
