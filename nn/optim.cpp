@@ -6,7 +6,9 @@
 //   m̂ = m / (1 − β1^t),  v̂ = v / (1 − β2^t)   bias corrections
 //   p = p − lr · (m̂ / (sqrt(v̂) + ε) + λ p)    decoupled decay (λ = wd, or wd / lr_max for the
 //                                               independent variant, so lr · λ = (lr/lr_max)·wd)
-// One fused pass per parameter: read p, g, m, v; write p, m, v.
+// One fused pass per parameter: read p, g, m, v; write p, m, v. A parameter on cuda takes the
+// same pass on the device (cuda/adamw.cu); the moments live on the parameter's device.
+// SGD is written with tensor ops, so it runs on whichever device the parameters live on.
 #include "nn/optim.h"
 
 #include <cmath>
@@ -66,7 +68,22 @@ void AdamW::step(double lr) {
                 });
                 break;
             case Device::cuda:
-                QK_CHECK(false, "AdamW: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+                QK_CHECK(g.device() == Device::cuda && m_[i].device() == Device::cuda,
+                         "AdamW: parameter {} of shape {} is on cuda but its gradient is on {} and "
+                         "its moments on {}",
+                         i, p.shape(), g.device(), m_[i].device());
+                dispatch_float(p.dtype(), [&](auto tag) {
+                    using T = decltype(tag);
+                    qk::cuda::adamw_update<T>(p.data<T>(), g.data<T>(), m_[i].data<T>(),
+                                              v_[i].data<T>(), p.numel(), T(lr), T(options_.beta1),
+                                              T(options_.beta2), T(options_.eps), T(decay),
+                                              T(bias1), T(bias2));
+                });
+#else
+                throw_built_without_cuda("AdamW");
+#endif
+                break;
         }
     }
 }

@@ -61,3 +61,12 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
                       bool throw_on_nonfinite = true);
 
 }  // namespace qk::nn
+
+// The CUDA twin of AdamW's fused update (cuda/adamw.cu; the cpu loop is nn::cpu::adamw_update in
+// nn/optim.cpp): device pointers, contiguous. p, m, v: (n) updated in place; g: (n). bias1 and
+// bias2 are 1 − β1^t and 1 − β2^t. Instantiated for float and double.
+namespace qk::cuda {
+template <class T>
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps, T decay,
+                  T bias1, T bias2);
+}  // namespace qk::cuda

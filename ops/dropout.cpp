@@ -16,13 +16,18 @@
 // word drawn from gen is below p * 2^32; words come four per Philox block, so a call advances gen
 // by ceil(numel / 4) blocks. The mask depends only on gen's (seed, counter), not on the thread
 // count or the device: a fresh Generator(seed) redraws the same mask. Generator::fill draws the
-// words for 16 counters at a time, so the draw costs less than the masking pass.
+// words for 16 counters at a time, so the draw costs less than the masking pass. On cuda the
+// mask is drawn the same way on the cpu and copied to the device (cuda/dropout.cu applies it).
 #include "ops/dropout.h"
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "autograd/node.h"
+#ifdef QK_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
 
 namespace qk {
 
@@ -55,7 +60,13 @@ void apply_mask(T* out, const T* in, const uint8_t* keep, int64_t n, T s) {
 
 namespace {
 
-using Mask = std::vector<uint8_t>;
+// The keep mask, drawn on the cpu whatever x's device (so the same generator state gives the same
+// mask on both). For a cuda x it is copied to the device once, and forward and backward read the
+// device copy; the host copy is then dropped.
+struct Mask {
+    std::vector<uint8_t> host;
+    std::shared_ptr<Storage> device;  // null unless x is on cuda
+};
 
 // out = in with the mask applied (in is made contiguous; row-major order matches the mask's).
 Tensor masked(const Tensor& in_any, const Mask& keep, double s) {
@@ -63,13 +74,27 @@ Tensor masked(const Tensor& in_any, const Mask& keep, double s) {
     Tensor out = Tensor::empty(in.shape(), in.dtype(), in.device());
     switch (in.device()) {
         case Device::cpu:
+            QK_CHECK(!keep.device, "dropout: the gradient is on cpu, the mask on cuda (shape {})",
+                     in.shape());
             dispatch_float(in.dtype(), [&](auto tag) {
                 using T = decltype(tag);
-                cpu::apply_mask(out.data<T>(), in.data<T>(), keep.data(), in.numel(), T(s));
+                cpu::apply_mask(out.data<T>(), in.data<T>(), keep.host.data(), in.numel(), T(s));
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "dropout: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            QK_CHECK(keep.device, "dropout: the gradient is on cuda, the mask on cpu (shape {})",
+                     in.shape());
+            dispatch_float(in.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::apply_mask(out.data<T>(), in.data<T>(),
+                                 static_cast<const uint8_t*>(keep.device->data()), in.numel(),
+                                 T(s));
+            });
+#else
+            throw_built_without_cuda("dropout");
+#endif
+            break;
     }
     return out;
 }
@@ -82,11 +107,21 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
     QK_CHECK(is_floating(x.dtype()), "dropout: x must be float32 or float64, got {} of shape {}",
              x.dtype(), x.shape());
     if (!training || p == 0) return x;
-    QK_CHECK(x.device() == Device::cpu, "dropout: no CUDA kernel yet (x is on {})", x.device());
     const double s = p < 1 ? 1 / (1 - p) : 0;
     const auto threshold = static_cast<uint64_t>(std::llround(std::ldexp(p, 32)));  // p * 2^32
-    Mask keep(x.numel());
-    cpu::draw_keep_mask(keep.data(), x.numel(), threshold, gen);
+    Mask keep;
+    keep.host.resize(static_cast<size_t>(x.numel()));
+    cpu::draw_keep_mask(keep.host.data(), x.numel(), threshold, gen);
+    if (x.device() == Device::cuda) {
+#ifdef QK_WITH_CUDA
+        keep.device = std::make_shared<Storage>(keep.host.size(), Device::cuda);
+        if (!keep.host.empty())
+            cuda::copy_to_device(keep.device->data(), keep.host.data(), keep.host.size());
+        keep.host = {};
+#else
+        throw_built_without_cuda("dropout");
+#endif
+    }
     Tensor y = masked(x, keep, s);
     return autograd::record("dropout", y, {x}, [keep = std::move(keep), s](const Tensor& dy) {
         return std::vector<Tensor>{masked(dy, keep, s)};

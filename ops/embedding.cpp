@@ -14,7 +14,8 @@
 // same time (a data race, lost updates). It is split by columns instead: each thread owns a band
 // of columns of every dweight row and walks all N positions in order, so no element has two
 // writers, no atomics are needed, and every dweight element sums its terms in the same order
-// (n = 0, 1, ...) whatever the thread count: the gradient is bitwise reproducible.
+// (n = 0, 1, ...) whatever the thread count: the gradient is bitwise reproducible. (The CUDA
+// twin, cuda/embedding.cu, scatters with atomicAdd instead: see there for what that costs.)
 #include "ops/embedding.h"
 
 #include <omp.h>
@@ -97,7 +98,16 @@ Tensor embedding_backward(const Tensor& dy_in, const Tensor& ids, int64_t V, int
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "embedding backward: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            dispatch_float(dy.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::embedding_backward(dweight.data<T>(), dy.data<T>(), ids.data<int32_t>(),
+                                         ids.numel(), C);
+            });
+#else
+            throw_built_without_cuda("embedding backward");
+#endif
+            break;
     }
     return dweight;
 }
@@ -112,15 +122,19 @@ Tensor embedding(const Tensor& weight_in, const Tensor& ids_in) {
     QK_CHECK(is_floating(weight_in.dtype()),
              "embedding: weight must be float32 or float64, got {} of shape {}", weight_in.dtype(),
              weight_in.shape());
-    QK_CHECK(weight_in.device() == ids_in.device(), "embedding: weight is on {} but ids are on {}",
-             weight_in.device(), ids_in.device());
+    // ids on the cpu with a cuda weight are accepted (and copied over): batches come from the
+    // host data loader, and the range check below reads the ids on the host anyway. The reverse
+    // (cuda ids, cpu weight) would bring ids back for nothing: the caller should move the weight.
+    QK_CHECK(weight_in.device() == ids_in.device() || ids_in.device() == Device::cpu,
+             "embedding: weight is on {} but ids are on {}", weight_in.device(), ids_in.device());
     const int64_t V = weight_in.size(0), C = weight_in.size(1);
     // detach() first so that making a copy contiguous records no node: the node below is
     // recorded against weight_in itself.
     Tensor weight = weight_in.detach().contiguous();
     // A private copy (N ints, 1/C of y's size): the backward reads the ids later, and a caller
     // refilling its batch buffer before backward() must not change the gradient.
-    Tensor ids = ids_in.clone();
+    // (to() already copies when the devices differ.)
+    Tensor ids = ids_in.device() == weight.device() ? ids_in.clone() : ids_in.to(weight.device());
     Shape out_shape = ids.shape();
     out_shape.push_back(C);
     Tensor y = Tensor::empty(out_shape, weight.dtype(), weight.device());
@@ -134,7 +148,19 @@ Tensor embedding(const Tensor& weight_in, const Tensor& ids_in) {
             });
             break;
         case Device::cuda:
-            QK_CHECK(false, "embedding: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            // Checked on the host, as on the cpu (a kernel could not throw): cuda ids bring N
+            // ints back, cpu ids are checked where they are.
+            check_ids_in_range(ids_in.to(Device::cpu), V, weight.shape());
+            dispatch_float(weight.dtype(), [&](auto tag) {
+                using T = decltype(tag);
+                cuda::embedding_forward(y.data<T>(), weight.data<T>(), ids.data<int32_t>(),
+                                        ids.numel(), C);
+            });
+#else
+            throw_built_without_cuda("embedding");
+#endif
+            break;
     }
     return autograd::record("embedding", y, {weight_in}, [ids, V, C](const Tensor& dy) {
         return std::vector<Tensor>{embedding_backward(dy, ids, V, C)};

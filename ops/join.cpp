@@ -13,7 +13,8 @@
 // Kernel: a contiguous x_i of shape (A..., len_i, B...) is a matrix (outer, len_i * inner), with
 // outer = prod(A) and inner = prod(B); y is (outer, total * inner). Row o of x_i is one run of
 // len_i * inner elements that goes to columns [off_i * inner, (off_i + len_i) * inner) of y's row
-// o: cat is `outer` memcpy-sized copies per input, one pass over the data.
+// o: cat is `outer` memcpy-sized copies per input, one pass over the data. On cuda the same
+// decomposition runs as one copy kernel per input (cuda/join.cu); the views need no kernel.
 #include "ops/join.h"
 
 #include <algorithm>
@@ -98,7 +99,19 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
             }
             break;
         case Device::cuda:
-            QK_CHECK(false, "cat: no CUDA kernel yet");
+#ifdef QK_WITH_CUDA
+            for (size_t i = 0; i < tensors.size(); ++i) {
+                Tensor x = tensors[i].detach().contiguous();
+                dispatch_all(y.dtype(), [&](auto tag) {
+                    using T = decltype(tag);
+                    cuda::cat_copy(y.data<T>(), out_shape[d] * inner, x.data<T>(),
+                                   lengths[i] * inner, offsets[i] * inner, outer);
+                });
+            }
+#else
+            throw_built_without_cuda("cat");
+#endif
+            break;
     }
     return autograd::record("cat", y, tensors, [d, offsets, lengths](const Tensor& dy) {
         std::vector<Tensor> dxs;

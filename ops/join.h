@@ -19,4 +19,12 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim = 0);
 // fewer than n (a length of 5 in 4 chunks gives 2, 2, 1). Views of x.
 std::vector<Tensor> chunk(const Tensor& x, int64_t n, int64_t dim = 0);
 
+// The CUDA twin of cpu::cat_copy in ops/join.cpp (cuda/join.cu): device pointers.
+// y: (outer, y_row); x: (outer, x_row), contiguous. Copies x into y's columns [col, col + x_row).
+// Instantiated for float, double and int32.
+namespace cuda {
+template <class T>
+void cat_copy(T* y, int64_t y_row, const T* x, int64_t x_row, int64_t col, int64_t outer);
+}  // namespace cuda
+
 }  // namespace qk

@@ -1,0 +1,132 @@
+// The `cuda_optim` suite: AdamW's fused update on cuda (cuda/adamw.cu) against the cpu loop of
+// nn/optim.cpp, and SGD (tensor ops, so it runs wherever its parameters live), float32 and
+// float64, under every run order of the emulator. The same parameters and the same sequence of
+// gradients are fed to a cpu and a cuda optimiser for several steps: the weights and moments must
+// agree within the dtype's tolerance (not bitwise: nvcc contracts to fma where g++ does not).
+// Parameter sizes are ragged (37, 3 x 45, 1) and the largest spans several 256-thread blocks.
+#include "cuda_kernel_check.h"
+#include "cuda_parity.h"
+#include "nn/optim.h"
+
+using namespace qk;
+using qk::test::cuda_runnable;
+using qk::test::parity_mismatch;
+using qk::test::randn_seeded;
+
+namespace {
+
+// The parameters of one run: a bias-like vector (no decay), a matrix (decayed), a scalar.
+std::vector<Tensor> make_params(DType dt, Device device) {
+    std::vector<Tensor> ps = {randn_seeded({37}, 1, dt), randn_seeded({3, 45}, 2, dt),
+                              randn_seeded({1}, 3, dt)};
+    for (Tensor& p : ps) {
+        p = p.to(device);
+        p.requires_grad_();
+    }
+    return ps;
+}
+
+// Gradient `step` of parameter i, the same on both devices: drawn on the cpu from a fixed seed,
+// with a wide spread of magnitudes so that sqrt(v̂) + ε is tested near ε too.
+Tensor gradient(const Tensor& p, int step, size_t i) {
+    const double scale = (step % 3 == 0) ? 1e-4 : 1.0;
+    return randn_seeded(p.shape(), 100 + 10 * uint64_t(step) + i, p.dtype(), scale);
+}
+
+void check_close(const Tensor& got, const Tensor& want, const std::string& what) {
+    CAPTURE(what);
+    const bool f64 = want.dtype() == kF64;
+    // Several steps of the same arithmetic, with and without fma: a few ulps of drift per step.
+    const std::string m =
+        parity_mismatch(got.to(Device::cpu), want, f64 ? 1e-13 : 2e-6, f64 ? 1e-12 : 2e-5);
+    CHECK_MESSAGE(m.empty(), m);
+}
+
+}  // namespace
+
+TEST_CASE("AdamW on cuda parameters matches the cpu over several steps, both decay variants") {
+    if (!cuda_runnable()) return;
+    qk::test::RunOrderReset reset;
+    for (DType dt : {kF32, kF64})
+        for (bool independent : {false, true})
+            for (const std::string& order : qk::test::parity_run_orders()) {
+                CAPTURE(dt);
+                CAPTURE(independent);
+                CAPTURE(order);
+                qk::test::set_parity_run_order(order);
+                const nn::AdamWOptions options{.lr = 3e-2,
+                                               .weight_decay = 0.1,
+                                               .independent_weight_decay = independent,
+                                               .lr_max = 6e-2};
+                std::vector<Tensor> p_cpu = make_params(dt, Device::cpu);
+                std::vector<Tensor> p_dev = make_params(dt, Device::cuda);
+                nn::AdamW opt_cpu(p_cpu, options), opt_dev(p_dev, options);
+                for (int step = 0; step < 6; ++step) {
+                    for (size_t i = 0; i < p_cpu.size(); ++i) {
+                        if (step == 2 && i == 2) continue;  // a parameter without a gradient
+                        const Tensor g = gradient(p_cpu[i], step, i);
+                        p_cpu[i].set_grad(g);
+                        p_dev[i].set_grad(g.to(Device::cuda));
+                    }
+                    const double lr = 3e-2 * (1 + step) / 6;  // a warmup: lr changes every step
+                    opt_cpu.step(lr);
+                    opt_dev.step(lr);
+                    opt_cpu.zero_grad();
+                    opt_dev.zero_grad();
+                }
+                CHECK(opt_dev.steps() == 6);
+                const auto s_cpu = opt_cpu.state(), s_dev = opt_dev.state();
+                for (size_t i = 0; i < p_cpu.size(); ++i) {
+                    CHECK(p_dev[i].device() == Device::cuda);
+                    check_close(p_dev[i].detach(), p_cpu[i].detach(), fmt::format("p{}", i));
+                    CHECK(s_dev[2 * i].device() == Device::cuda);
+                    check_close(s_dev[2 * i], s_cpu[2 * i], fmt::format("m{}", i));
+                    check_close(s_dev[2 * i + 1], s_cpu[2 * i + 1], fmt::format("v{}", i));
+                }
+            }
+}
+
+TEST_CASE("AdamW kernel: one step against the formula, large enough for several blocks") {
+    if (!qk::test::cuda_device_or_skip()) return;
+    const int64_t n = 1000;  // 4 blocks of 256, the last one ragged
+    const auto p0 = qk::test::random_values<double>(n, 1),
+               g = qk::test::random_values<double>(n, 2);
+    auto m0 = qk::test::random_values<double>(n, 3, 0.1),
+         v0 = qk::test::random_values<double>(n, 4);
+    for (auto& x : v0) x = x * x;  // a second moment is non-negative
+    const double lr = 0.01, b1 = 0.9, b2 = 0.95, eps = 1e-8, decay = 0.1;
+    const double bias1 = 1 - b1 * b1 * b1, bias2 = 1 - b2 * b2 * b2;  // step 3
+    qk::test::DeviceBuffer<double> d_p(p0), d_g(g), d_m(m0), d_v(v0);
+    cuda::adamw_update(d_p.ptr, d_g.ptr, d_m.ptr, d_v.ptr, n, lr, b1, b2, eps, decay, bias1, bias2);
+    const auto p = d_p.download(), m = d_m.download(), v = d_v.download();
+    for (int64_t i = 0; i < n; ++i) {
+        const double mi = b1 * m0[i] + (1 - b1) * g[i], vi = b2 * v0[i] + (1 - b2) * g[i] * g[i];
+        const double pi = p0[i] - lr * (mi / bias1 / (std::sqrt(vi / bias2) + eps) + decay * p0[i]);
+        REQUIRE(m[i] == doctest::Approx(mi).epsilon(1e-14));
+        REQUIRE(v[i] == doctest::Approx(vi).epsilon(1e-14));
+        REQUIRE(p[i] == doctest::Approx(pi).epsilon(1e-13));
+    }
+}
+
+TEST_CASE("SGD with momentum and weight decay on cuda parameters matches the cpu") {
+    if (!cuda_runnable()) return;
+    for (DType dt : {kF32, kF64}) {
+        CAPTURE(dt);
+        std::vector<Tensor> p_cpu = make_params(dt, Device::cpu);
+        std::vector<Tensor> p_dev = make_params(dt, Device::cuda);
+        nn::SGD opt_cpu(p_cpu, 0.9, 0.01), opt_dev(p_dev, 0.9, 0.01);
+        for (int step = 0; step < 4; ++step) {
+            for (size_t i = 0; i < p_cpu.size(); ++i) {
+                const Tensor g = gradient(p_cpu[i], step, i);
+                p_cpu[i].set_grad(g);
+                p_dev[i].set_grad(g.to(Device::cuda));
+            }
+            opt_cpu.step(0.05);
+            opt_dev.step(0.05);
+        }
+        for (size_t i = 0; i < p_cpu.size(); ++i) {
+            CHECK(p_dev[i].device() == Device::cuda);
+            check_close(p_dev[i].detach(), p_cpu[i].detach(), fmt::format("p{}", i));
+        }
+    }
+}
