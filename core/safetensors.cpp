@@ -110,11 +110,7 @@ void save_safetensors(const std::string& path,
     for (const auto& [name, t] : tensors) {
         QK_CHECK(name != "__metadata__" && !header.contains(name),
                  "save_safetensors {}: tensor name '{}' is reserved or repeated", path, name);
-        QK_CHECK(t.device() == Device::cpu,
-                 "save_safetensors {}: tensor '{}' is on {}; copy it to "
-                 "the cpu first",
-                 path, name, t.device());
-        Tensor c = t.detach().contiguous();
+        const Tensor c = t.detach().to(Device::cpu).contiguous();  // a device tensor comes back
         const size_t begin = data.size();
         data.append(static_cast<const char*>(c.raw_data()), c.numel() * dtype_size(c.dtype()));
         header[name] = {{"dtype", dtype_code(c.dtype())},

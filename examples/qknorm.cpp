@@ -87,6 +87,11 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
     cmd->add_option("--tokenizer", cfg.tokenizer, "char (sorted unique characters) or byte (256)")
         ->check(CLI::IsMember({"char", "byte"}))
         ->capture_default_str();
+    cmd->add_option("--device", cfg.device,
+                    "cpu, or cuda: the CUDA backend (a GPU, or in an emulation build the CUDA "
+                    "kernels run on the cpu: correct but slow, for tests)")
+        ->check(CLI::IsMember({"cpu", "cuda"}))
+        ->capture_default_str();
     cmd->add_option("--batch-size", cfg.batch_size, "sequences per step (B)")
         ->capture_default_str();
     cmd->add_option("--steps", cfg.steps, "optimisation steps")->capture_default_str();
@@ -212,9 +217,11 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
     if (cfg.run_dir.empty())
         cfg.run_dir = fmt::format("runs/{:%Y%m%d-%H%M%S}", fmt::localtime(std::time(nullptr)));
     fmt::print(
-        "qknorm train: L={} H={} C={} T={} B={}, attention: {}, steps {}, lr {}, run dir {}{}\n",
+        "qknorm train: L={} H={} C={} T={} B={}, attention: {}, steps {}, lr {}, on {}, run dir "
+        "{}{}\n",
         cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size, cfg.batch_size,
-        describe_attention(cfg.model), cfg.steps, cfg.lr, cfg.run_dir, resume ? " (resuming)" : "");
+        describe_attention(cfg.model), cfg.steps, cfg.lr, cfg.device, cfg.run_dir,
+        resume ? " (resuming)" : "");
     TrainResult result = train(cfg, resume);
     if (result.diverged) {
         fmt::print(stderr, "qknorm train: {}\n", result.message);

@@ -43,7 +43,9 @@ double mean_vector_norm(const Tensor& t) { return mean(sqrt(sum(t * t, {-1}))).i
 void measure_scores(const Tensor& s, const Tensor& attn, AttentionStats& stats) {
     // s, attn: (B, H, T, T). Masked entries of s are ignored: only j <= i counts.
     const int64_t T = s.size(-1);
-    Tensor s_c = s.contiguous().to(kF64), a_c = attn.contiguous().to(kF64);
+    // Read on the host: a (B, H, T, T) copy every stats step is cheap next to a training step.
+    Tensor s_c = s.to(Device::cpu).contiguous().to(kF64);
+    Tensor a_c = attn.to(Device::cpu).contiguous().to(kF64);
     const double* sp = s_c.data<double>();
     const double* ap = a_c.data<double>();
     const int64_t rows = s_c.numel() / T;

@@ -83,7 +83,7 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
     GPTOutput out;
     if (with_stats) out.stats.resize(config_.n_layer);
 
-    Tensor positions = arange(T, kI32);
+    Tensor positions = arange(T, kI32).to(ids.device());
     Tensor x = wte->forward(ids) + wpe->forward(positions);  // (B, T, C) + (T, C)
     if (config_.dropout > 0 && training()) x = dropout(x, config_.dropout, true, dropout_gen_);
     for (size_t i = 0; i < h.size(); ++i)

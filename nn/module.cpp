@@ -36,6 +36,22 @@ void Module::zero_grad() {
     for (Tensor& p : parameters()) p.zero_grad();
 }
 
+void Module::to(Device device) {
+    for (const Tensor& p : parameters()) {
+        if (p.device() == device) continue;
+        const Tensor moved = p.detach().to(device);
+        TensorImpl& impl = p.impl();  // shared by every handle to this parameter
+        impl.storage = moved.storage();
+        impl.strides = moved.strides();
+        impl.offset = moved.offset();
+    }
+}
+
+Device Module::device() const {
+    const std::vector<Tensor> params = parameters();
+    return params.empty() ? Device::cpu : params.front().device();
+}
+
 void Module::train(bool on) {
     training_ = on;
     for (auto& [name, child] : children_) child->train(on);

@@ -22,6 +22,10 @@ class Module {
     std::vector<Tensor> parameters() const;
     int64_t parameter_count() const;
     void zero_grad();
+    // Moves every parameter to `device` in place: the tensor handles the modules hold (a tied
+    // wte and LM head included) see the new storage. Create optimisers after moving.
+    void to(Device device);
+    Device device() const;  // where the parameters are (cpu for a module without any)
 
     void train(bool on = true);  // recursive; dropout and friends read training()
     void eval() { train(false); }

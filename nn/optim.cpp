@@ -17,6 +17,7 @@
 #include "autograd/grad_mode.h"
 #include "core/factory.h"
 #include "ops/elementwise.h"
+#include "ops/reduce.h"
 
 namespace qk::nn {
 
@@ -152,6 +153,11 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, bool t
     double total = 0;
     for (const Tensor& p : params) {
         if (!p.grad().defined()) continue;
+        if (p.grad().device() != Device::cpu) {  // summed on the device, one number comes back
+            const Tensor g = p.grad().to(kF64);
+            total += sum(g * g).item();
+            continue;
+        }
         Tensor g = p.grad().contiguous();
         dispatch_float(g.dtype(), [&](auto tag) {  // squares summed in double: millions of terms
             const auto* data = g.data<decltype(tag)>();

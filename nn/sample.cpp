@@ -44,7 +44,8 @@ std::vector<int32_t> generate(GPT& model, std::vector<int32_t> tokens, const Sam
     for (int64_t n = 0; n < options.max_new_tokens; ++n) {
         const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - block);
         std::vector<int32_t> context(tokens.begin() + start, tokens.end());
-        Tensor ids = from_ids(context, {1, static_cast<int64_t>(context.size())});
+        Tensor ids =
+            from_ids(context, {1, static_cast<int64_t>(context.size())}).to(model.device());
         Tensor logits = model.forward(ids).logits;  // (1, T, V)
         Tensor last = logits.select(1, -1).reshape({V});
         tokens.push_back(draw(last.to_vector<double>(), options, gen));

@@ -25,6 +25,7 @@ std::string TrainConfig::to_json() const {
     j["model"] = model.to_strings();
     j["data_path"] = data_path;
     j["tokenizer"] = tokenizer;
+    j["device"] = device;
     j["batch_size"] = batch_size;
     j["steps"] = steps;
     j["warmup"] = warmup;
@@ -53,6 +54,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
         c.model = GPTConfig::from_strings(j.at("model").get<std::map<std::string, std::string>>());
         j.at("data_path").get_to(c.data_path);
         j.at("tokenizer").get_to(c.tokenizer);
+        c.device = j.value("device", std::string("cpu"));  // runs saved before devices existed
         j.at("batch_size").get_to(c.batch_size);
         j.at("steps").get_to(c.steps);
         j.at("warmup").get_to(c.warmup);
@@ -160,6 +162,7 @@ double evaluate(GPT& model, const TextDataset& data, const TrainConfig& cfg) {
     for (int64_t i = 0; i < cfg.eval_batches; ++i) {
         Tensor ids, targets;
         data.batch(false, cfg.batch_size, gen, ids, targets);
+        ids = ids.to(model.device()), targets = targets.to(model.device());
         total += model.forward(ids, targets).cross_entropy.item();
     }
     model.train();
@@ -187,7 +190,7 @@ void print_progress(int64_t step, int64_t total, double loss, double val_loss, d
 bool all_finite(const std::vector<Tensor>& tensors) {
     for (const Tensor& t : tensors) {
         bool ok = true;
-        const Tensor c = t.contiguous();
+        const Tensor c = t.to(Device::cpu).contiguous();
         dispatch_float(c.dtype(), [&](auto tag) {
             const auto* data = c.data<decltype(tag)>();
             for (int64_t i = 0; i < t.numel() && ok; ++i) ok = std::isfinite(data[i]);
@@ -240,7 +243,11 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     cfg.model.vocab_size = tokenizer.vocab_size();
     const TextDataset data(tokenizer.encode(text), cfg.model.block_size);
 
-    GPT model(cfg.model, cfg.seed);
+    QK_CHECK(cfg.device == "cpu" || cfg.device == "cuda",
+             "train: device must be 'cpu' or 'cuda', got '{}'", cfg.device);
+    const Device device = cfg.device == "cuda" ? Device::cuda : Device::cpu;
+    GPT model(cfg.model, cfg.seed);  // initialised on the cpu: the same weights on every device
+    model.to(device);
     AdamWOptions adam{.lr = cfg.lr,
                       .beta1 = cfg.beta1,
                       .beta2 = cfg.beta2,
@@ -285,6 +292,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         const double lr = cosine_lr(step, cfg.warmup, cfg.steps, cfg.lr, cfg.lr_min);
         Tensor ids, targets;
         data.batch(true, cfg.batch_size, data_gen, ids, targets);
+        ids = ids.to(device), targets = targets.to(device);
         const bool with_stats = step % cfg.stats_every == 0 || step + 1 == cfg.steps;
         GPTOutput out = model.forward(ids, targets, with_stats);
         const double loss = out.cross_entropy.item();

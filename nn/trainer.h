@@ -14,6 +14,7 @@ struct TrainConfig {
     GPTConfig model;
     std::string data_path;           // empty: the bundled Tiny Shakespeare
     std::string tokenizer = "char";  // char | byte
+    std::string device = "cpu";      // cpu | cuda: where the weights, batches and steps live
     int64_t batch_size = 32;
     int64_t steps = 2000;
     int64_t warmup = 100;

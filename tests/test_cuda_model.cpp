@@ -9,28 +9,17 @@
 #include <cmath>
 
 #include "cuda_parity.h"
+#include "helpers.h"
+#include "nn/checkpoint.h"
 #include "nn/gpt.h"
 #include "nn/optim.h"
+#include "nn/trainer.h"
 
 using namespace qk;
 using namespace qk::nn;
 using qk::test::cuda_runnable;
 
 namespace {
-
-// Moves every parameter of `model` to `device` in place. Module members and parameters() share
-// one TensorImpl per parameter, so re-pointing the impl at a device copy of its values moves the
-// parameter for every holder (tied embeddings included). A stand-in for a Module::to(Device)
-// that nn/module.h does not have yet (see the report of the CUDA model test).
-void move_parameters(Module& model, Device device) {
-    for (const Tensor& p : model.parameters()) {
-        const Tensor moved = p.detach().to(device);
-        TensorImpl& impl = p.impl();
-        impl.storage = moved.storage();
-        impl.strides = moved.strides();
-        impl.offset = moved.offset();
-    }
-}
 
 // The batch of test_nn.cpp's overfit test: row b is (8 + b, 0, 1, ..., 6) and every target is
 // 8 + b, so only attention back to position 0 can fit it.
@@ -50,7 +39,7 @@ Batch fixed_batch(int64_t B, int64_t T) {
 // The losses of `steps` AdamW steps on `device`.
 std::vector<double> train(const GPTConfig& config, Device device, int steps) {
     GPT model(config, 7);
-    if (device != Device::cpu) move_parameters(model, device);
+    model.to(device);
     for (const Tensor& p : model.parameters()) REQUIRE(p.device() == device);
     const Batch batch = fixed_batch(8, config.block_size);
     const Tensor ids = batch.ids.to(device), targets = batch.targets.to(device);
@@ -103,4 +92,33 @@ TEST_CASE("the tiny GPT with QK-LayerNorm and dropout on cuda follows the cpu's 
     c.qk_norm = QKNorm::layernorm;
     c.dropout = 0.1;
     check_variant(c);
+}
+
+TEST_CASE("train() on cuda: the same losses as on the cpu, checkpoints that load on the cpu") {
+    if (!cuda_runnable()) return;
+    qk::test::TempDir dir("cuda_train");
+    TrainConfig cfg;
+    cfg.model.block_size = 8, cfg.model.n_layer = 1, cfg.model.n_head = 2, cfg.model.n_embd = 16;
+    cfg.model.qk_norm = QKNorm::layernorm;
+    cfg.data_path = qk::test::write_corpus(dir);
+    cfg.batch_size = 2, cfg.steps = 4, cfg.warmup = 1, cfg.lr = 1e-2, cfg.lr_min = 1e-3;
+    cfg.eval_every = 2, cfg.eval_batches = 1, cfg.stats_every = 2;
+    cfg.checkpoint_every = 2, cfg.keep_checkpoints = 1, cfg.sample_tokens = 5;
+    cfg.progress = false;
+    TrainConfig on_cuda = cfg;
+    cfg.run_dir = dir / "cpu";
+    on_cuda.run_dir = dir / "cuda", on_cuda.device = "cuda";
+    const TrainResult a = qk::nn::train(cfg), b = qk::nn::train(on_cuda);
+    REQUIRE((!a.diverged && !b.diverged && b.steps_done == 4));
+    CHECK(b.final_loss == doctest::Approx(a.final_loss).epsilon(1e-4));
+    CHECK(b.final_val_loss == doctest::Approx(a.final_val_loss).epsilon(1e-4));
+    CHECK(b.sample.size() == 6);
+    CHECK(load_run_config(on_cuda.run_dir).device == "cuda");
+    // The checkpoint is an ordinary file: it loads into a cpu model with the cuda run's weights.
+    LoadedModel loaded = load_model(latest_model_checkpoint(on_cuda.run_dir));
+    CHECK(loaded.model->device() == Device::cpu);
+    // Resuming the cuda run from its step-4 checkpoint changes nothing and reports its losses.
+    TrainConfig again = load_run_config(on_cuda.run_dir);
+    again.progress = false;
+    CHECK(qk::nn::train(again, true).final_val_loss == b.final_val_loss);
 }
