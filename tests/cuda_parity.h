@@ -40,7 +40,7 @@ struct ParityOptions {
 // True when device kernels can run here; otherwise reports the skip once per call site.
 inline bool cuda_runnable() {
     if (cuda::device_available()) return true;
-    MESSAGE("no CUDA device: skipped (" << cuda::backend_description() << ")");
+    MESSAGE("no CUDA device: skipped (" << std::string(cuda::backend_description()) << ")");
     return false;
 }
 
