@@ -253,12 +253,6 @@ pid_t spawn_train(const std::string& exe, const std::vector<std::string>& args,
     return pid;
 }
 
-std::string format_seconds(double s) {
-    const int t = static_cast<int>(s);
-    return t >= 3600 ? fmt::format("{}h{:02d}m", t / 3600, t / 60 % 60)
-                     : fmt::format("{}m{:02d}s", t / 60, t % 60);
-}
-
 void report_finished(const SweepSpec& spec, const Cell& cell, size_t done, size_t total,
                      double elapsed, size_t trained) {
     if (!spec.progress) return;
@@ -270,8 +264,8 @@ void report_finished(const SweepSpec& spec, const Cell& cell, size_t done, size_
                                      static_cast<double>(total - done) / std::max(spec.jobs, 1)
                                : 0;
     fmt::print("[{}/{}] {} lr {:g} seed {}: {} ({:.0f} s)  elapsed {}  ETA {}\n", done, total,
-               cell.variant, cell.lr, cell.seed, outcome, s.seconds, format_seconds(elapsed),
-               format_seconds(eta));
+               cell.variant, cell.lr, cell.seed, outcome, s.seconds, format_duration(elapsed),
+               format_duration(eta));
     std::fflush(stdout);
 }
 

@@ -169,12 +169,6 @@ double evaluate(GPT& model, const TextDataset& data, const TrainConfig& cfg) {
     return total / static_cast<double>(cfg.eval_batches);
 }
 
-std::string format_duration(double seconds) {
-    const int s = static_cast<int>(seconds);
-    return s >= 3600 ? fmt::format("{}h{:02d}m", s / 3600, s / 60 % 60)
-                     : fmt::format("{}m{:02d}s", s / 60, s % 60);
-}
-
 void print_progress(int64_t step, int64_t total, double loss, double val_loss, double tokens_per_s,
                     double eta_seconds) {
     const int width = 24, filled = static_cast<int>(width * step / std::max<int64_t>(total, 1));
@@ -212,6 +206,12 @@ json stats_to_json(const std::vector<AttentionStats>& stats) {
 }
 
 }  // namespace
+
+std::string format_duration(double seconds) {
+    const int s = static_cast<int>(seconds);
+    return s >= 3600 ? fmt::format("{}h{:02d}m", s / 3600, s / 60 % 60)
+                     : fmt::format("{}m{:02d}s", s / 60, s % 60);
+}
 
 std::string latest_model_checkpoint(const std::string& run_dir) {
     std::vector<int64_t> steps = checkpoint_steps(run_dir);

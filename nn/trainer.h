@@ -52,6 +52,8 @@ TrainConfig load_run_config(const std::string& run_dir);
 
 // The newest complete checkpoint of a run ("" if none): the model file path.
 std::string latest_model_checkpoint(const std::string& run_dir);
+// "4m05s" or "1h02m": the ETAs of the progress bar and of `qknorm sweep`.
+std::string format_duration(double seconds);
 // The bundled Tiny Shakespeare, found next to the sources or installed data.
 std::string default_data_path();
 
