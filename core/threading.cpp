@@ -7,6 +7,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -34,12 +35,14 @@ void set_num_threads(int n) {
 
 int num_threads() { return current_threads; }
 
+int available_cores() { return std::max(omp_get_num_procs(), 1); }
+
 void init_threads() {
     static bool done = false;
     if (done) return;
     done = true;
     const char* env = std::getenv("QK_NUM_THREADS");
-    int n = env ? std::atoi(env) : 1;
+    const int n = env ? std::atoi(env) : available_cores();
     set_num_threads(n >= 1 ? n : 1);
 }
 

@@ -7,7 +7,9 @@
 // Every flag has a default; `qknorm train --help` lists them with what they do.
 #include <fmt/chrono.h>
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 
@@ -234,10 +236,13 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
     return 0;
 }
 
+// threads: the count asked for (--threads or QK_NUM_THREADS), or 0 to share the cores out.
 int run_sweep_command(SweepSpec spec, const ModelFlags& flags, int threads) {
     apply_model_flags(spec.base, flags);
     spec.qknorm_exe = std::filesystem::read_symlink("/proc/self/exe").string();
-    // Each run is a child process: it inherits the thread count through the environment.
+    // Each run is a child process: it inherits the thread count through the environment. Runs
+    // side by side get a share of the cores each, so that N runs do not fight over them.
+    if (threads == 0) threads = std::max(1, available_cores() / std::max(spec.jobs, 1));
     setenv("QK_NUM_THREADS", std::to_string(threads).c_str(), 1);
     const size_t total = spec.variants.size() * spec.lrs.size() * spec.seeds.size();
     fmt::print(
@@ -324,9 +329,11 @@ int main(int argc, char** argv) {
     std::string resume_dir;
     bool quiet = false;
     int threads = num_threads();
-    app.add_option("--threads", threads,
-                   "cpu threads for OpenBLAS and the kernels (env QK_NUM_THREADS)")
-        ->capture_default_str();
+    CLI::Option* threads_option =
+        app.add_option("--threads", threads,
+                       "cpu threads for OpenBLAS and the kernels (env QK_NUM_THREADS; default: "
+                       "every core, shared out between the runs of a sweep)")
+            ->capture_default_str();
 
     CLI::App* train_cmd = app.add_subcommand(
         "train", "train a model (defaults: the QK-norm model on Tiny Shakespeare)");
@@ -374,7 +381,10 @@ int main(int argc, char** argv) {
             check_alone(train_cmd, "--from-json", "takes every setting from the file");
             return run_train(cfg, flags, resume_dir, from_json, quiet);
         }
-        if (sweep_cmd->parsed()) return run_sweep_command(sweep, sweep_flags, threads);
+        if (sweep_cmd->parsed()) {
+            const bool threads_given = threads_option->count() > 0 || std::getenv("QK_NUM_THREADS");
+            return run_sweep_command(sweep, sweep_flags, threads_given ? threads : 0);
+        }
         return run_sample(run, ckpt, prompt, options, seed);
     } catch (const Error& e) {
         fmt::print(stderr, "qknorm: {}\n", e.what());
