@@ -19,7 +19,7 @@ namespace qk {
 void init_threads();  // idempotent; called by the library's static initialiser
 void set_num_threads(int n);
 int num_threads();
-int available_cores();  // the cores this process may run on (its affinity mask)
+int available_cores();        // the cores this process may run on (its affinity mask)
 void enable_flush_to_zero();  // for the calling thread
 
 }  // namespace qk
