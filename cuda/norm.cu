@@ -1,7 +1,8 @@
 // CUDA layer_norm, rms_norm and lp_normalize, forward and backward with parameter gradients.
-// Twin of ops/norm.cpp (cpu::layer_norm_*, cpu::rms_norm_*, cpu::lp_normalize_*), whose header
-// derives the math and names the backward terms (direct, mean term, rstd term, norm term) that the
-// comments below reuse. Every array is contiguous, x seen as (rows, C).
+// Twin of ops/norm.cpp (cpu::layer_norm_*, cpu::rms_norm_*) and ops/lp_normalize.cpp
+// (cpu::lp_normalize_*), whose headers derive the math and names the backward terms (direct, mean
+// term, rstd term, norm term) that the comments below reuse. Every array is contiguous, x seen as
+// (rows, C).
 //
 // Work split:
 //   row kernels (forward, and dx in backward): one warp per row, kWarpsPerBlock = 4 rows per
@@ -235,7 +236,8 @@ __global__ void lp_normalize_forward_kernel(T* y, T* norm, const T* x, int64_t r
         for (int64_t c = lane; c < C; c += kWarp) n += dev_abs(xr[c]);
         n = warp_sum(n);
     } else {
-        // Scale by 1/max|x| first, so that |x|^p neither overflows nor underflows (ops/norm.cpp).
+        // Scale by 1/max|x| first, so that |x|^p neither overflows nor underflows
+        // (ops/lp_normalize.cpp).
         T m = 0;
         for (int64_t c = lane; c < C; c += kWarp) m = dev_abs(xr[c]) > m ? dev_abs(xr[c]) : m;
         m = warp_max(m);

@@ -1,5 +1,6 @@
 // Normalisations over the last dim (layer_norm, rms_norm) or any dim (lp_normalize).
-// The math, what each op saves and its backward are derived at the top of ops/norm.cpp.
+// The math, what each op saves and its backward are derived at the top of ops/norm.cpp
+// (layer_norm, rms_norm) and ops/lp_normalize.cpp.
 #pragma once
 
 #include "core/tensor.h"

@@ -1,0 +1,32 @@
+// What the normalisation ops share: the row-parallel threshold and the input checks.
+// Internal to ops/norm.cpp and ops/lp_normalize.cpp.
+#pragma once
+#include <cmath>
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace qk {
+
+namespace cpu {
+// Rows go to OpenMP threads above 2^15 elements (~10 µs of work, the order of a sleeping thread's
+// wake-up under OMP_WAIT_POLICY=passive).
+constexpr int64_t kNormParallelWork = 1 << 15;
+}  // namespace cpu
+
+// x: floating, at least 1-D with a non-empty normalised dim; eps > 0 keeps a constant row finite.
+inline void check_norm_input(const char* op, const Tensor& x, double eps) {
+    QK_CHECK(x.defined(), "{}: x is an undefined tensor", op);
+    QK_CHECK(is_floating(x.dtype()), "{}: x must be float32 or float64, got {} of shape {}", op,
+             x.dtype(), x.shape());
+    QK_CHECK(x.dim() >= 1, "{}: x must have at least one dim to normalise over, got shape {}", op,
+             x.shape());
+    QK_CHECK(eps > 0 && std::isfinite(eps),
+             "{}: eps must be finite and > 0 (it keeps an all-zero row finite), got {}", op, eps);
+}
+
+inline Tensor empty_like(const Tensor& t) {
+    return Tensor::empty(t.shape(), t.dtype(), t.device());
+}
+
+}  // namespace qk
