@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "qk.h"
 
 using namespace qk;
@@ -74,6 +75,7 @@ Row compare(const std::string& shape, const Tensor& a, bool ta, const Tensor& b,
     const float* pb = b.data<float>();
     const int64_t lda = ta ? M : K, ldb = tb ? K : N;
     auto raw = [&] {
+        bench::RawBlasThreads blas_threads;
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, y.data(), N);
     };

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "nn/gpt.h"
 #include "nn/optim.h"
 #include "qk.h"
@@ -65,6 +66,7 @@ class RawSgemm {
           dx(M * K),
           dw(K * N) {}
     void operator()() {
+        bench::RawBlasThreads blas_threads;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x.data(), K, w.data(),
                     K, 0.0f, y.data(), N);  // y = x·Wᵀ
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dy.data(), N,

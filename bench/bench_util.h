@@ -10,11 +10,21 @@
 #include <functional>
 #include <vector>
 
+#include <cblas.h>
 #include <fmt/format.h>
 
 #include "core/storage.h"
+#include "core/threading.h"
 
 namespace qk::bench {
+
+// The raw-sgemm reference runs OpenBLAS with its own threads, as many as ours, while it lives:
+// the library keeps OpenBLAS on one thread and splits GEMMs itself (ops/matmul.cpp), so the
+// reference is what OpenBLAS does alone with the same number of threads.
+struct RawBlasThreads {
+    RawBlasThreads() { openblas_set_num_threads(num_threads()); }
+    ~RawBlasThreads() { openblas_set_num_threads(1); }
+};
 
 // Median seconds per call of fn over repeats of at least `min_seconds` in total (after one
 // warm-up call). The median resists the other tenant of the physical core.

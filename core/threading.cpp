@@ -28,7 +28,9 @@ void set_num_threads(int n) {
     QK_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got {}", n);
     current_threads = n;
     omp_set_num_threads(n);
-    openblas_set_num_threads(n);
+    // OpenBLAS stays on the calling thread: ops/matmul.cpp splits large GEMMs over our OpenMP
+    // threads itself, so there is one pool of threads, and they sleep when idle.
+    openblas_set_num_threads(1);
 #pragma omp parallel num_threads(n)
     enable_flush_to_zero();  // each pool thread sets its own MXCSR
 }

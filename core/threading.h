@@ -1,10 +1,11 @@
 // CPU threading policy, in one place.
 //
-// OpenBLAS and our OpenMP kernels share one thread count, set_num_threads(n). The default is the
-// QK_NUM_THREADS environment variable, else every core the process may use: a training step of
-// the default model runs 1.5x faster with 2 threads than with 1 on this 2-core machine when
-// nothing else runs (measured: 9,650 vs 6,430 tokens/s). Programs that run several processes at
-// once (qknorm sweep --jobs N) give each a share of the cores instead.
+// One thread count, set_num_threads(n), serves every op. The default is the QK_NUM_THREADS
+// environment variable, else every core the process may use: the default model trains 1.5x
+// faster with 2 threads than with 1 on this 2-core machine when nothing else runs. OpenBLAS stays
+// single-threaded and ops/matmul.cpp splits large GEMMs over our OpenMP threads, so that one pool
+// of sleeping threads serves everything (OpenBLAS's own workers yield in a loop while they wait).
+// Programs that run several processes at once (qknorm sweep --jobs N) give each a share.
 //   * OpenMP threads should sleep when idle: the ./qk script exports OMP_WAIT_POLICY=passive
 //     (libgomp reads it when it loads, before any code of ours could set it). Threads that spin
 //     while waiting steal the core from the thread doing the work when the cores are shared.

@@ -38,10 +38,18 @@
 // Kernel ladder: v1, the naive triple loop that mirrors the sum above, is the reference in
 // tests/test_matmul.cpp; v2 is OpenBLAS, faster because it blocks for the caches and registers
 // (packed panels, an AVX-512 micro-kernel) so each loaded element is reused many times.
-// OpenBLAS threads itself (qk::set_num_threads), so no OpenMP around the GEMM calls.
+//
+// Threads: OpenBLAS runs single-threaded, and a large GEMM is split here into one slab of rows
+// (or of columns, when the output is wider than tall) per OpenMP thread; many small GEMMs (the
+// attention products, one per batch and head) go to the threads whole. One pool of threads that
+// sleep when idle then serves every op: OpenBLAS's own workers yield in a loop while they wait
+// (sched_yield), and next to our OpenMP threads that cost 19 % of a 2-thread training step here.
+// OpenBLAS picks its kernels by matrix size, so a slab's rows can round differently (in the last
+// bits) from the same rows of the whole product: results depend on the thread count.
 #include "ops/matmul.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -52,6 +60,7 @@
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "core/strided.h"
+#include "core/threading.h"
 #include "ops/reduce.h"
 
 namespace qk {
@@ -67,13 +76,44 @@ struct GemmLayout {
 // y: (M, N) row-major with leading dim ldy; op(a): (M, K); op(b): (K, N).
 //     y = op(a) · op(b) + beta · y          (beta 0: y's old contents are ignored)
 template <class T>
-void gemm(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLayout lb, int64_t M,
-          int64_t N, int64_t K, T beta = T(0)) {
+void gemm_one_thread(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLayout lb,
+                     int64_t M, int64_t N, int64_t K, T beta) {
     const auto ta = la.trans ? CblasTrans : CblasNoTrans, tb = lb.trans ? CblasTrans : CblasNoTrans;
     if constexpr (std::is_same_v<T, float>)
         cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a, la.ld, b, lb.ld, beta, y, ldy);
     else
         cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a, la.ld, b, lb.ld, beta, y, ldy);
+}
+
+// Below this many multiply-adds (~20 µs) a GEMM stays on one thread: waking a sleeping thread
+// costs about as much.
+constexpr int64_t kParallelGemmWork = int64_t{1} << 20;
+
+// The same product, split over the OpenMP threads in slabs of whole rows of y (or of whole
+// columns when N > M). Row i of op(a) starts at a + i·ld when a is stored as is, at a + i when
+// transposed; column j of op(b) at b + j, or b + j·ld when transposed.
+template <class T>
+void gemm(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLayout lb, int64_t M,
+          int64_t N, int64_t K, T beta = T(0)) {
+    const int threads = num_threads();
+    if (threads == 1 || omp_in_parallel() || M * N * K < kParallelGemmWork) {
+        gemm_one_thread(y, ldy, a, la, b, lb, M, N, K, beta);
+        return;
+    }
+    const bool by_rows = M >= N;
+    const int64_t extent = by_rows ? M : N;
+    const int64_t slab = (extent + threads - 1) / threads;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int t = 0; t < threads; ++t) {
+        const int64_t first = t * slab, count = std::min(slab, extent - first);
+        if (count <= 0) continue;
+        if (by_rows)
+            gemm_one_thread(y + first * ldy, ldy, a + first * (la.trans ? 1 : la.ld), la, b, lb,
+                            count, N, K, beta);
+        else
+            gemm_one_thread(y + first, ldy, a, la, b + first * (lb.trans ? lb.ld : 1), lb, M, count,
+                            K, beta);
+    }
 }
 
 // y: (rows, N) contiguous; bias: (N).    y[r, :] = bias, the starting value of linear's GEMM
@@ -94,8 +134,11 @@ void batched_gemm(T* y, const T* a, const Shape& a_batch_strides, GemmLayout la,
     const int64_t sy = batch.empty() ? 0 : y_batch_strides.back();
     const int64_t sa = batch.empty() ? 0 : a_batch_strides.back();
     const int64_t sb = batch.empty() ? 0 : b_batch_strides.back();
+    // Small matrices go to the threads whole, one GEMM each; large ones split themselves.
+    const bool whole = M * N * K < kParallelGemmWork;
     for_each_run<3>(batch, {&y_batch_strides, &a_batch_strides, &b_batch_strides},
                     [&](const auto& off, int64_t n) {
+#pragma omp parallel for schedule(static) if (whole && n > 1 && n * M * N * K >= kParallelGemmWork)
                         for (int64_t i = 0; i < n; ++i)
                             gemm(y + off[0] + i * sy, N, a + off[1] + i * sa, la,
                                  b + off[2] + i * sb, lb, M, N, K);

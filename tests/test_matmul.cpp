@@ -269,3 +269,34 @@ TEST_CASE("linear bad inputs name the op and the shapes") {
         },
         {"linear", "float32", "float64"}));
 }
+
+TEST_CASE("GEMMs split over threads match the naive loop") {
+    // Large enough to be split (rows of y when M >= N, columns otherwise), in every transpose
+    // layout, plus a batch of small GEMMs that go to the threads whole. float64 is held to the
+    // naive loop; float32 to float64's result, within float32's rounding over K = 130 terms.
+    struct Case {
+        Shape a, b;
+        bool ta, tb;
+    };
+    const std::vector<Case> cases = {
+        {{301, 130}, {130, 97}, false, false},           // M > N: rows
+        {{97, 130}, {130, 301}, false, false},           // N > M: columns
+        {{130, 301}, {97, 130}, true, true},             // both transposed, rows
+        {{130, 97}, {301, 130}, true, true},             // both transposed, columns
+        {{7, 6, 37, 33}, {7, 6, 33, 29}, false, false},  // 42 small GEMMs
+    };
+    const int saved = num_threads();
+    for (const Case& c : cases) {
+        Tensor a = randn_seeded(c.a, 61), b = randn_seeded(c.b, 62);
+        if (c.ta) a = a.transpose(-2, -1);
+        if (c.tb) b = b.transpose(-2, -1);
+        for (int threads : {1, 2, 3}) {
+            set_num_threads(threads);
+            INFO("a ", a.shape(), ", b ", b.shape(), ", ", threads, " threads");
+            check_forward(a, b);
+            Tensor y32 = matmul(a.to(kF32), b.to(kF32));
+            CHECK(max_abs_diff(y32, matmul_ref(a, b)) < 1e-4);
+        }
+        set_num_threads(saved);
+    }
+}
