@@ -260,9 +260,9 @@ void report_finished(const SweepSpec& spec, const Cell& cell, size_t done, size_
     const std::string outcome = s.diverged   ? std::string("diverged")
                                 : s.finished ? fmt::format("val {:.4f}", s.final_val_loss)
                                              : std::string("failed (see log.txt)");
-    const double eta = trained ? elapsed / static_cast<double>(trained) *
-                                     static_cast<double>(total - done) / std::max(spec.jobs, 1)
-                               : 0;
+    // elapsed / trained is wall time per run with the jobs already running side by side.
+    const double eta =
+        trained ? elapsed / static_cast<double>(trained) * static_cast<double>(total - done) : 0;
     fmt::print("[{}/{}] {} lr {:g} seed {}: {} ({:.0f} s)  elapsed {}  ETA {}\n", done, total,
                cell.variant, cell.lr, cell.seed, outcome, s.seconds, format_duration(elapsed),
                format_duration(eta));

@@ -85,7 +85,7 @@ void gemm_one_thread(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, G
         cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a, la.ld, b, lb.ld, beta, y, ldy);
 }
 
-// Below this many multiply-adds (~20 µs) a GEMM stays on one thread: waking a sleeping thread
+// Below this many multiply-adds (~40 µs) a GEMM stays on one thread: waking a sleeping thread
 // costs about as much.
 constexpr int64_t kParallelGemmWork = int64_t{1} << 20;
 
