@@ -160,15 +160,10 @@ void lp_normalize_backward(T* dx, const T* dy, const T* x, const T* norm, int64_
     }
 }
 
-// Every kernel for float and double (ops/norm.h declares them for the tests and the benchmark).
-#define QK_LP_INSTANTIATE(kernel)                   \
-    template decltype(kernel<float>) kernel<float>; \
-    template decltype(kernel<double>) kernel<double>;
-QK_LP_INSTANTIATE(lp_normalize_forward_v1)
-QK_LP_INSTANTIATE(lp_normalize_forward)
-QK_LP_INSTANTIATE(lp_normalize_backward_v1)
-QK_LP_INSTANTIATE(lp_normalize_backward)
-#undef QK_LP_INSTANTIATE
+QK_NORM_INSTANTIATE(lp_normalize_forward_v1)
+QK_NORM_INSTANTIATE(lp_normalize_forward)
+QK_NORM_INSTANTIATE(lp_normalize_backward_v1)
+QK_NORM_INSTANTIATE(lp_normalize_backward)
 
 }  // namespace cpu
 

@@ -260,10 +260,6 @@ void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const T* rstd
     });
 }
 
-// Every kernel for float and double (ops/norm.h declares them for the tests and the benchmark).
-#define QK_NORM_INSTANTIATE(kernel)                 \
-    template decltype(kernel<float>) kernel<float>; \
-    template decltype(kernel<double>) kernel<double>;
 QK_NORM_INSTANTIATE(layer_norm_forward_v1)
 QK_NORM_INSTANTIATE(layer_norm_forward)
 QK_NORM_INSTANTIATE(layer_norm_backward_v1)
@@ -272,7 +268,6 @@ QK_NORM_INSTANTIATE(rms_norm_forward_v1)
 QK_NORM_INSTANTIATE(rms_norm_forward)
 QK_NORM_INSTANTIATE(rms_norm_backward_v1)
 QK_NORM_INSTANTIATE(rms_norm_backward)
-#undef QK_NORM_INSTANTIATE
 
 }  // namespace cpu
 

@@ -25,6 +25,12 @@ inline void check_norm_input(const char* op, const Tensor& x, double eps) {
              "{}: eps must be finite and > 0 (it keeps an all-zero row finite), got {}", op, eps);
 }
 
+// Instantiates a cpu kernel template for float and double (ops/norm.h declares them for the tests
+// and the benchmark).
+#define QK_NORM_INSTANTIATE(kernel)                 \
+    template decltype(kernel<float>) kernel<float>; \
+    template decltype(kernel<double>) kernel<double>;
+
 inline Tensor empty_like(const Tensor& t) {
     return Tensor::empty(t.shape(), t.dtype(), t.device());
 }
