@@ -6,17 +6,23 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
+#include <string_view>
 #include <tuple>
+
+#include "core/file_io.h"
 
 namespace qk {
 
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// A valid header nests 3 deep (header -> tensor entry -> shape array) and has about 6 + rank
+// elements per tensor; the bounds leave room for both yet keep nlohmann::json, which builds a
+// node per level and per element, from spending seconds and gigabytes on a hostile header.
+constexpr int64_t kMaxHeaderDepth = 8;
+constexpr uint64_t kMaxHeaderElements = 1'000'000;
 
 const char* dtype_code(DType d) { return d == kF32 ? "F32" : d == kF64 ? "F64" : "I32"; }
 
@@ -60,6 +66,58 @@ uint64_t checked_nbytes(const nlohmann::json& shape, DType dtype, const std::str
         out_shape.push_back(static_cast<int64_t>(size));
     }
     return empty ? 0 : extent;
+}
+
+void check_header_length(uint64_t header_len, uint64_t file_size, const std::string& origin) {
+    QK_CHECK(header_len <= kMaxHeaderBytes,
+             "safetensors {}: header length {} exceeds the {} byte cap", origin, header_len,
+             kMaxHeaderBytes);
+    QK_CHECK(header_len <= file_size - 8,
+             "safetensors {}: header length {} runs past the end of "
+             "the {} byte file (truncated?)",
+             origin, header_len, file_size);
+}
+
+struct JsonExtent {
+    int64_t max_depth = 0;
+    uint64_t elements = 0;  // arrays, objects and commas: a bound on the values they hold
+};
+
+// One linear pass that skips strings (and the escapes in them); brackets that do not match are
+// left for the JSON parser to report.
+JsonExtent measure_json(std::string_view json) {
+    JsonExtent extent;
+    int64_t depth = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < json.size(); ++i) {
+        const char c = json[i];
+        if (in_string) {
+            if (c == '\\') ++i;
+            in_string = c != '"';
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            extent.max_depth = std::max(extent.max_depth, ++depth);
+            ++extent.elements;
+        } else if (c == ']' || c == '}') {
+            --depth;
+        } else if (c == ',') {
+            ++extent.elements;
+        }
+    }
+    return extent;
+}
+
+void check_header_extent(std::string_view json, const std::string& origin) {
+    const JsonExtent extent = measure_json(json);
+    QK_CHECK(extent.max_depth <= kMaxHeaderDepth,
+             "safetensors {}: header nests JSON {} levels deep; at most {} allowed (a valid "
+             "header nests 3)",
+             origin, extent.max_depth, kMaxHeaderDepth);
+    QK_CHECK(extent.elements <= kMaxHeaderElements,
+             "safetensors {}: header has {} JSON elements (arrays, objects, commas); at most {} "
+             "allowed",
+             origin, extent.elements, kMaxHeaderElements);
 }
 
 }  // namespace
@@ -133,13 +191,8 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
              "length",
              origin, bytes.size());
     const uint64_t header_len = get_u64_le(bytes);
-    QK_CHECK(header_len <= kMaxHeaderBytes,
-             "safetensors {}: header length {} exceeds the {} byte cap", origin, header_len,
-             kMaxHeaderBytes);
-    QK_CHECK(header_len <= bytes.size() - 8,
-             "safetensors {}: header length {} runs past the end of "
-             "the {} byte file (truncated?)",
-             origin, header_len, bytes.size());
+    check_header_length(header_len, bytes.size(), origin);
+    check_header_extent(std::string_view(bytes).substr(8, header_len), origin);
     nlohmann::json header;
     std::set<std::string> names;
     bool duplicate = false;
@@ -218,11 +271,11 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    QK_CHECK(in, "safetensors: cannot open '{}'", path);
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
-    return parse_safetensors(buffer.str(), path);
+    const RegularFile file(path, "safetensors");
+    // The header length against the real size before the whole file is read: a corrupt length
+    // fails at once, however large the file.
+    if (file.size() >= 8) check_header_length(get_u64_le(file.read(0, 8)), file.size(), path);
+    return parse_safetensors(file.read(0, file.size()), path);
 }
 
 }  // namespace qk

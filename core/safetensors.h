@@ -8,7 +8,9 @@
 // Reading treats the file as hostile input and makes the reference implementation's checks:
 // the header length against the file size and a 100 MB cap, a JSON object, names unique, each
 // range inside the buffer with length = dtype size × product of the shape (overflow-checked),
-// ranges disjoint and together covering the buffer exactly.
+// ranges disjoint and together covering the buffer exactly. Before the JSON parser sees the
+// header, a linear scan bounds its nesting (8 levels) and its elements (1,000,000), and only a
+// regular file is read (core/file_io.h): a FIFO, a device or a directory is refused unopened.
 // Writing is atomic: a temporary file in the same directory, flushed, then renamed over the
 // target, so a crash never leaves a half-written checkpoint under the real name.
 #pragma once
@@ -34,8 +36,8 @@ void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 SafetensorsFile load_safetensors(const std::string& path);
-SafetensorsFile parse_safetensors(const std::string& bytes,
-                                  const std::string& origin);  // for tests
+// The same checks on the bytes of a file; origin names them in errors (tests, fuzzing).
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& origin);
 
 // Writes `bytes` to path atomically (temporary file + fsync + rename).
 void write_file_atomic(const std::string& path, const std::string& bytes);

@@ -8,6 +8,8 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -25,7 +27,8 @@ void enable_flush_to_zero() {
 }
 
 void set_num_threads(int n) {
-    QK_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got {}", n);
+    QK_CHECK(n >= 1 && n <= kMaxThreads,
+             "set_num_threads: the thread count must be in [1, {}], got {}", kMaxThreads, n);
     current_threads = n;
     omp_set_num_threads(n);
     // OpenBLAS stays on the calling thread: ops/matmul.cpp splits large GEMMs over our OpenMP
@@ -37,15 +40,34 @@ void set_num_threads(int n) {
 
 int num_threads() { return current_threads; }
 
+int parse_thread_count(const std::string& text, const std::string& origin) {
+    int n = 0;
+    const char* end = text.data() + text.size();
+    const auto [ptr, ec] = std::from_chars(text.data(), end, n);
+    QK_CHECK(ec == std::errc() && ptr == end && n >= 1 && n <= kMaxThreads,
+             "{}: the thread count must be a whole number in [1, {}], got '{}'", origin,
+             kMaxThreads, text);
+    return n;
+}
+
 int available_cores() { return std::max(omp_get_num_procs(), 1); }
 
 void init_threads() {
     static bool done = false;
     if (done) return;
     done = true;
-    const char* env = std::getenv("QK_NUM_THREADS");
-    const int n = env ? std::atoi(env) : available_cores();
-    set_num_threads(n >= 1 ? n : 1);
+    // This runs before main, where an exception would abort the program: a bad QK_NUM_THREADS is
+    // reported and replaced by the default here, and programs that take a thread count (qknorm)
+    // parse the variable again themselves to refuse it.
+    int n = std::min(available_cores(), kMaxThreads);
+    if (const char* env = std::getenv("QK_NUM_THREADS")) {
+        try {
+            n = parse_thread_count(env, "QK_NUM_THREADS");
+        } catch (const Error& e) {
+            std::fprintf(stderr, "qk: %s; using %d\n", e.what(), n);
+        }
+    }
+    set_num_threads(n);
 }
 
 namespace {

@@ -15,10 +15,19 @@
 // runs with the same count.
 #pragma once
 
+#include <string>
+
 namespace qk {
 
-void init_threads();  // idempotent; called by the library's static initialiser
-void set_num_threads(int n);
+// More threads than this is a typo, not a request: each OpenMP thread takes a stack, and 100,000
+// of them overflowed the process's memory inside libgomp.
+constexpr int kMaxThreads = 1024;
+
+void init_threads();          // idempotent; called by the library's static initialiser
+void set_num_threads(int n);  // n in [1, kMaxThreads], else qk::Error
+// A thread count written as text (QK_NUM_THREADS, --threads): a whole number in [1, kMaxThreads],
+// else qk::Error naming `origin` and the text.
+int parse_thread_count(const std::string& text, const std::string& origin);
 int num_threads();
 int available_cores();        // the cores this process may run on (its affinity mask)
 void enable_flush_to_zero();  // for the calling thread

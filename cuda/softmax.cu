@@ -59,12 +59,14 @@ __global__ void softmax_forward_kernel(T* y, T* lse, const T* x, int64_t rows, i
     T* yr = y + r * Tk;
     // Pass 1: the capped logits z (staged in yr) and this lane's online (max, sum).
     T m = -INFINITY, s = 0;
+    T bad = 0;  // 1 when a visible z is NaN or +inf: the row is NaN, as on the cpu
     for (int64_t j = lane; j < n; j += kWarp) {
         T z = xr[j];
         if (cap > 0) {
             z = cap * dev_tanh(z / cap);
             yr[j] = z;  // read back in pass 2 by this same lane: no barrier needed
         }
+        if (z != z || z == T(INFINITY)) bad = 1;
         if (z > m) {
             s = s * dev_exp(m - z) + T(1);  // exp(−inf) = 0 on the first finite z
             m = z;
@@ -76,6 +78,14 @@ __global__ void softmax_forward_kernel(T* y, T* lse, const T* x, int64_t rows, i
         const T m_other = __shfl_xor_sync(kFullMask, m, offset);
         const T s_other = __shfl_xor_sync(kFullMask, s, offset);
         merge_max_sum(m, s, m_other, s_other);
+        const T bad_other = __shfl_xor_sync(kFullMask, bad, offset);
+        bad = bad_other > bad ? bad_other : bad;
+    }
+    if (bad != T(0)) {  // NaN where visible, masked entries 0 or −inf, lse NaN
+        for (int64_t j = lane; j < Tk; j += kWarp)
+            yr[j] = j < n ? T(NAN) : (kLog ? T(-INFINITY) : T(0));
+        if (lane == 0) lse[r] = T(NAN);
+        return;
     }
     if (m == -INFINITY) {  // nothing finite visible: softmax 0, log_softmax −inf, lse −inf
         for (int64_t j = lane; j < Tk; j += kWarp) yr[j] = kLog ? T(-INFINITY) : T(0);
@@ -106,6 +116,10 @@ __global__ void softmax_backward_kernel(T* dx, const T* dy, const T* y, const T*
     const T row_lse = lse[r];
     if (row_lse == -INFINITY) {  // nothing finite visible: gradient 0
         for (int64_t j = lane; j < Tk; j += kWarp) dx[o + j] = 0;
+        return;
+    }
+    if (row_lse != row_lse) {  // a NaN row: NaN gradient where visible, masked entries 0
+        for (int64_t j = lane; j < Tk; j += kWarp) dx[o + j] = j < n ? T(NAN) : T(0);
         return;
     }
     // softmax: dot = Σ_vis g·y;  log_softmax: sum_dy = Σ_vis g. Masked g are 0.

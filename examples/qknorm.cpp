@@ -1,10 +1,13 @@
-// qknorm — the command-line program: train a QK-norm GPT, sample from it.
+// qknorm — the command-line program: train a QK-norm GPT, sample from it, sweep the variants.
 //
 //   qknorm train [--qk-norm layernorm] [--steps 2000] [--run-dir runs/default] ...
 //   qknorm train --resume runs/default
-//   qknorm sample --run runs/default --prompt "ROMEO:" --tokens 400
+//   qknorm sample --run-dir runs/default --prompt "ROMEO:" --tokens 400
 //
-// Every flag has a default; `qknorm train --help` lists them with what they do.
+// Every flag has a default; `qknorm train --help` lists them with what they do (the flags are
+// defined in examples/qknorm_flags.cpp). Exit status: 0 done, 1 an error (a file, a checkpoint,
+// the data), 2 a usage error (a flag's value, a config file), 3 training diverged. Every error
+// is one line `qknorm: <what>: <why>` on stderr, never an abort.
 #include <fmt/chrono.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -12,197 +15,40 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <new>
 
 #include "core/threading.h"
+#include "examples/qknorm_flags.h"
 #include "nn/checkpoint.h"
+#include "nn/data.h"
 #include "nn/sample.h"
-#include "nn/sweep.h"
-#include "nn/trainer.h"
+#include "nn/toml_check.h"
 
 using namespace qk;
 using namespace qk::nn;
+using namespace qk::cli;
 
 namespace {
 
-struct ModelFlags {
-    std::string norm = "layernorm", qk_norm = "layernorm", qk_scope = "head";
+namespace fs = std::filesystem;
+
+constexpr int kExitError = 1, kExitUsage = 2, kExitDiverged = 3;
+
+// A flag's value or a config file that cannot be used: exit status 2, as CLI11's own errors.
+struct UsageError : Error {
+    using Error::Error;
 };
 
-void add_attention_flags(CLI::App* cmd, GPTConfig& m, ModelFlags& flags) {
-    cmd->add_option(
-           "--qk-norm", flags.qk_norm,
-           "normalisation of q and k: none (baseline), layernorm, rmsnorm, l2 (Henry et al., "
-           "learnable scale g), lp (q/|q|_p, learnable g)")
-        ->check(CLI::IsMember({"none", "layernorm", "rmsnorm", "l2", "lp"}))
-        ->capture_default_str();
-    cmd->add_option(
-           "--qk-norm-scope", flags.qk_scope,
-           "layernorm/rmsnorm statistics per head over D (head) or over all C channels (full)")
-        ->check(CLI::IsMember({"head", "full"}))
-        ->capture_default_str();
-    cmd->add_option("--attn-softcap", m.attn_softcap,
-                    "soft-cap c of the attention logits, c*tanh(s/c); 0 = off")
-        ->capture_default_str();
-    cmd->add_option("--qkv-norm", m.qkv_norm, "normalise v too and drop ln_1 (Rybakov et al.)")
-        ->capture_default_str();
-}
-
-void add_regularisation_flags(CLI::App* cmd, GPTConfig& m) {
-    cmd->add_option("--logit-softcap", m.logit_softcap, "soft-cap of the output logits; 0 = off")
-        ->capture_default_str();
-    cmd->add_option("--z-loss", m.z_loss, "weight of the z-loss mean(logsumexp(logits)^2); 0 = off")
-        ->capture_default_str();
-}
-
-// With attention_flags false (the sweep), the variant strings choose the attention instead.
-void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool attention_flags) {
-    GPTConfig& m = cfg.model;
-    cmd->add_option("--n-layer", m.n_layer, "transformer blocks (L)")->capture_default_str();
-    cmd->add_option("--n-head", m.n_head, "attention heads per block (H)")->capture_default_str();
-    cmd->add_option("--n-embd", m.n_embd, "model width C (head dim D = C / H)")
-        ->capture_default_str();
-    cmd->add_option("--block-size", m.block_size, "context length T")->capture_default_str();
-    cmd->add_option("--dropout", m.dropout, "dropout probability (attention, residual, embedding)")
-        ->capture_default_str();
-    cmd->add_option("--bias", m.bias, "biases in every Linear and norm (true|false)")
-        ->capture_default_str();
-    cmd->add_option("--tie-embeddings", m.tie_embeddings, "share wte with the LM head (true|false)")
-        ->capture_default_str();
-    cmd->add_option("--norm", flags.norm, "block norms ln_1, ln_2, ln_f")
-        ->check(CLI::IsMember({"layernorm", "rmsnorm"}))
-        ->capture_default_str();
-    add_regularisation_flags(cmd, m);
-    if (attention_flags) add_attention_flags(cmd, m, flags);
-    cmd->add_option("--lp-p", m.lp_p, "p of the lp variant (>= 1)")->capture_default_str();
-    cmd->add_option("--qk-scale-init", m.qk_scale_init,
-                    "initial g for l2/lp: henry (log2(T^2-T)), sqrt_d, or a number")
-        ->capture_default_str();
-    cmd->add_option("--qk-scale-per-head", m.qk_scale_per_head,
-                    "one g per head instead of one per layer")
-        ->capture_default_str();
-}
-
-// With single_run false (the sweep), the grid sets the learning rate, seed and run directory.
-void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
-    cmd->add_option("--data", cfg.data_path,
-                    "text file to train on (default: bundled Tiny Shakespeare)");
-    cmd->add_option("--tokenizer", cfg.tokenizer, "char (sorted unique characters) or byte (256)")
-        ->check(CLI::IsMember({"char", "byte"}))
-        ->capture_default_str();
-    cmd->add_option("--device", cfg.device,
-                    "cpu, or cuda: the CUDA backend (a GPU, or in an emulation build the CUDA "
-                    "kernels run on the cpu: correct but slow, for tests)")
-        ->check(CLI::IsMember({"cpu", "cuda"}))
-        ->capture_default_str();
-    cmd->add_option("--batch-size", cfg.batch_size, "sequences per step (B)")
-        ->capture_default_str();
-    cmd->add_option("--steps", cfg.steps, "optimisation steps")->capture_default_str();
-    cmd->add_option("--warmup", cfg.warmup, "linear warmup steps before the cosine decay")
-        ->capture_default_str();
-    if (single_run) cmd->add_option("--lr", cfg.lr, "peak learning rate")->capture_default_str();
-    if (single_run)
-        cmd->add_option("--lr-min", cfg.lr_min, "learning rate at the end of the cosine decay")
-            ->capture_default_str();
-    cmd->add_option("--beta1", cfg.beta1, "AdamW beta1")->capture_default_str();
-    cmd->add_option("--beta2", cfg.beta2, "AdamW beta2")->capture_default_str();
-    cmd->add_option("--weight-decay", cfg.weight_decay, "AdamW weight decay (2-D weights only)")
-        ->capture_default_str();
-    cmd->add_option(
-           "--independent-wd", cfg.independent_weight_decay,
-           "decay by (lr/lr_max)*wd per step, independent of the peak lr (Wortsman et al.)")
-        ->capture_default_str();
-    cmd->add_option("--grad-clip", cfg.grad_clip, "global gradient-norm clip; 0 = off")
-        ->capture_default_str();
-    cmd->add_option("--eval-every", cfg.eval_every, "validate every N steps")
-        ->capture_default_str();
-    cmd->add_option("--eval-batches", cfg.eval_batches,
-                    "validation batches (the same ones each time)")
-        ->capture_default_str();
-    cmd->add_option("--stats-every", cfg.stats_every,
-                    "record the attention stability signals every N steps")
-        ->capture_default_str();
-    cmd->add_option("--checkpoint-every", cfg.checkpoint_every, "write a checkpoint every N steps")
-        ->capture_default_str();
-    cmd->add_option("--keep-checkpoints", cfg.keep_checkpoints,
-                    "how many recent checkpoints to keep")
-        ->capture_default_str();
-    if (single_run)
-        cmd->add_option("--seed", cfg.seed, "seed of the weights, the batches and dropout")
-            ->capture_default_str();
-    if (single_run)
-        cmd->add_option(
-            "--run-dir", cfg.run_dir,
-            "where the checkpoints, metrics.jsonl and plot.svg go (default: runs/<date-time>)");
-    if (single_run)
-        cmd->add_option("--sample-tokens", cfg.sample_tokens,
-                        "characters to generate at the end; 0 = none")
-            ->capture_default_str();
-}
-
-// "qk_norm=layernorm (head), soft-cap 50", "qk_norm=lp (p=3, g0=henry)": the switches that are on.
-std::string describe_attention(const GPTConfig& m) {
-    std::string s = "qk_norm=" + to_string(m.qk_norm);
-    if (m.qk_norm == QKNorm::layernorm || m.qk_norm == QKNorm::rmsnorm)
-        s += fmt::format(" ({})", to_string(m.qk_norm_scope));
-    if (m.qk_norm == QKNorm::l2 || m.qk_norm == QKNorm::lp)
-        s += m.qk_norm == QKNorm::lp ? fmt::format(" (p={}, g0={})", m.lp_p, m.qk_scale_init)
-                                     : fmt::format(" (g0={})", m.qk_scale_init);
-    if (m.attn_softcap > 0) s += fmt::format(", soft-cap {}", m.attn_softcap);
-    if (m.qkv_norm) s += ", qkv-norm";
-    return s;
-}
-
-void apply_model_flags(TrainConfig& cfg, const ModelFlags& flags) {
-    cfg.model.norm = parse_norm_kind(flags.norm);
-    cfg.model.qk_norm = parse_qk_norm(flags.qk_norm);
-    cfg.model.qk_norm_scope = parse_norm_scope(flags.qk_scope);
-}
-
-// Experiment 1 of the stability lab (README: Stability lab) is the default grid: a 2-layer model
-// that trains in about a minute, the QK-norm family, learning rates 1e-3 ... 3e-1.
-void set_sweep_defaults(SweepSpec& spec) {
-    TrainConfig& b = spec.base;
-    b.model.n_layer = 2, b.model.n_head = 4, b.model.n_embd = 128, b.model.block_size = 64;
-    b.model.bias = false;
-    b.batch_size = 32, b.steps = 600, b.warmup = 30;  // 5 % warmup, then cosine
-    b.weight_decay = 1e-4, b.independent_weight_decay = true;
-    b.eval_every = 100, b.stats_every = 10, b.checkpoint_every = 200, b.keep_checkpoints = 1;
-    b.sample_tokens = 0;
-    spec.variants = {"baseline", "qk_layernorm", "qk_rmsnorm", "l2",
-                     "softcap",  "qk_norm_cap",  "qkv_norm"};
-    spec.lrs = {1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1};
-    spec.seeds = {1};
-    spec.out_dir = "sweeps/default";
-}
-
-void add_sweep_flags(CLI::App* cmd, SweepSpec& spec) {
-    cmd->add_option("--variants", spec.variants,
-                    "comma-separated variants, each a preset with optional :key=value overrides; "
-                    "presets: baseline, qk_layernorm, qk_rmsnorm, l2, lp, softcap, qk_norm_cap, "
-                    "qkv_norm; keys: p, g0, cap, scope, L, H, C (e.g. lp:p=3:g0=1)")
-        ->delimiter(',')
-        ->capture_default_str();
-    cmd->add_option("--lrs", spec.lrs, "comma-separated peak learning rates")
-        ->delimiter(',')
-        ->capture_default_str();
-    cmd->add_option("--seeds", spec.seeds, "comma-separated seeds")
-        ->delimiter(',')
-        ->capture_default_str();
-    cmd->add_option("--lr-min-ratio", spec.lr_min_ratio,
-                    "each run's cosine decays to lr * this ratio")
-        ->capture_default_str();
-    cmd->add_option("--jobs", spec.jobs, "runs trained at the same time, one process each")
-        ->capture_default_str();
-    cmd->add_option("--out", spec.out_dir,
-                    "sweep directory: runs/, results.csv, sensitivity.csv and the plots; a "
-                    "second call skips finished runs and resumes interrupted ones")
-        ->capture_default_str();
-    cmd->add_option("--plot-param", spec.plot_param,
-                    "also plot the final loss against this variant override (e.g. p), one curve "
-                    "per remaining variant string, one panel per LR (param_sweep.svg)");
-    cmd->add_option("--plot-lr", spec.plot_lr,
-                    "learning rate of the logit and entropy plots; 0 = the largest")
-        ->capture_default_str();
+// Runs `check`, turning its qk::Error into a UsageError: the values came from the command line.
+template <class F>
+void as_usage(F&& check) {
+    try {
+        check();
+    } catch (const UsageError&) {
+        throw;
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
 }
 
 int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resume_dir,
@@ -211,9 +57,12 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
     if (resume) {
         cfg = load_run_config(resume_dir);
     } else if (!from_json.empty()) {
-        cfg = TrainConfig::from_json(read_text_file(from_json));
+        cfg = TrainConfig::from_json(read_text_file(from_json, "train: --from-json"));
     } else {
-        apply_model_flags(cfg, flags);
+        as_usage([&] {
+            apply_model_flags(cfg, flags);
+            cfg.validate();
+        });
     }
     cfg.progress = !quiet;
     if (cfg.run_dir.empty())
@@ -224,10 +73,11 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
         cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size, cfg.batch_size,
         describe_attention(cfg.model), cfg.steps, cfg.lr, cfg.device, cfg.run_dir,
         resume ? " (resuming)" : "");
+    std::fflush(stdout);
     TrainResult result = train(cfg, resume);
     if (result.diverged) {
         fmt::print(stderr, "qknorm train: {}\n", result.message);
-        return 2;
+        return kExitDiverged;
     }
     fmt::print("final train loss {:.4f}, val loss {:.4f} after {} steps\n", result.final_loss,
                result.final_val_loss, result.steps_done);
@@ -238,8 +88,8 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
 
 // threads: the count asked for (--threads or QK_NUM_THREADS), or 0 to share the cores out.
 int run_sweep_command(SweepSpec spec, const ModelFlags& flags, int threads) {
-    apply_model_flags(spec.base, flags);
-    spec.qknorm_exe = std::filesystem::read_symlink("/proc/self/exe").string();
+    as_usage([&] { apply_model_flags(spec.base, flags); });
+    spec.qknorm_exe = fs::read_symlink("/proc/self/exe").string();
     // Each run is a child process: it inherits the thread count through the environment. Runs
     // side by side get a share of the cores each, so that N runs do not fight over them.
     if (threads == 0) threads = std::max(1, available_cores() / std::max(spec.jobs, 1));
@@ -269,33 +119,59 @@ int run_sweep_command(SweepSpec spec, const ModelFlags& flags, int threads) {
 void check_alone(const CLI::App* cmd, const std::string& option, const std::string& why) {
     if (cmd->get_option(option)->count() == 0) return;
     for (const CLI::Option* other : cmd->get_options())
-        QK_CHECK(
-            other->count() == 0 || other->get_name() == option || other->get_name() == "--quiet",
-            "train: {} {}; {} cannot be combined with it", option, why, other->get_name());
+        if (other->count() != 0 && other->get_name() != option && other->get_name() != "--quiet")
+            throw UsageError(fmt::format("train: {} {}; {} cannot be combined with it", option, why,
+                                         other->get_name()));
 }
 
 // The newest run directory under runs/ (their names are dates, so they sort by time).
 std::string newest_run() {
     std::string newest;
-    if (std::filesystem::exists("runs"))
-        for (const auto& entry : std::filesystem::directory_iterator("runs"))
+    if (fs::is_directory("runs"))
+        for (const auto& entry : fs::directory_iterator("runs"))
             if (entry.is_directory() && entry.path().string() > newest)
                 newest = entry.path().string();
-    QK_CHECK(!newest.empty(), "sample: no run under runs/; pass --run DIR or --ckpt FILE");
+    QK_CHECK(!newest.empty(), "sample: no run under runs/; pass --run-dir DIR or --ckpt FILE");
     return newest;
 }
 
 int run_sample(const std::string& run, const std::string& ckpt, const std::string& prompt,
                const SampleOptions& options, uint64_t seed) {
-    const std::string path =
-        !ckpt.empty() ? ckpt : latest_model_checkpoint(run.empty() ? newest_run() : run);
-    QK_CHECK(!path.empty(), "sample: {} holds no checkpoint; pass --run DIR or --ckpt FILE", run);
+    as_usage([&] { check_sample_options(options); });
+    const std::string run_dir = ckpt.empty() && run.empty() ? newest_run() : run;
+    QK_CHECK(!ckpt.empty() || fs::is_directory(run_dir),
+             "sample: --run-dir '{}' is not a directory (pass a run directory, or a checkpoint "
+             "file with --ckpt)",
+             run_dir);
+    const std::string path = !ckpt.empty() ? ckpt : latest_model_checkpoint(run_dir);
+    QK_CHECK(!path.empty(), "sample: {} holds no checkpoint; pass --run-dir DIR or --ckpt FILE",
+             run_dir);
     LoadedModel loaded = load_model(path);
     Generator gen(seed);
     std::vector<int32_t> ids =
         prompt.empty() ? std::vector<int32_t>{0} : loaded.tokenizer.encode(prompt);
-    fmt::print("{}\n", loaded.tokenizer.decode(generate(*loaded.model, ids, options, gen)));
+    // Streamed: each token is printed as soon as it is drawn, so a long sample shows progress.
+    fmt::print("{}", loaded.tokenizer.decode(ids));
+    std::fflush(stdout);
+    generate(*loaded.model, ids, options, gen, [&](int32_t id) {
+        fmt::print("{}", loaded.tokenizer.decode({id}));
+        std::fflush(stdout);
+    });
+    fmt::print("\n");
     return 0;
+}
+
+// The --config file is read by CLI11, which blocks on a FIFO and accepts an unclosed array as a
+// default value: check it first (a regular file, the TOML subset our configs use).
+void check_config_file(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        std::string path;
+        if (arg == "--config" && i + 1 < argc) path = argv[i + 1];
+        if (arg.rfind("--config=", 0) == 0) path = arg.substr(9);
+        if (!path.empty())
+            as_usage([&] { check_toml_syntax(read_text_file(path, "--config"), path); });
+    }
 }
 
 }  // namespace
@@ -338,6 +214,7 @@ int main(int argc, char** argv) {
         app.add_option("--threads", threads,
                        "cpu threads for OpenBLAS and the kernels (env QK_NUM_THREADS; default: "
                        "every core, shared out between the runs of a sweep)")
+            ->check(CLI::Range(1, kMaxThreads))
             ->capture_default_str();
 
     CLI::App* train_cmd = app.add_subcommand(
@@ -365,21 +242,18 @@ int main(int argc, char** argv) {
     std::string run, ckpt, prompt;
     SampleOptions options;
     uint64_t seed = 0;
-    sample_cmd->add_option(
-        "--run", run,
-        "run directory, its latest checkpoint is used (default: the newest under runs/)");
-    sample_cmd->add_option("--ckpt", ckpt, "a model checkpoint file, instead of --run");
-    sample_cmd->add_option("--prompt", prompt, "text to continue (default: a newline)");
-    sample_cmd->add_option("--tokens", options.max_new_tokens, "tokens to generate")
-        ->capture_default_str();
-    sample_cmd->add_option("--temperature", options.temperature, "softmax temperature; 0 = greedy")
-        ->capture_default_str();
-    sample_cmd->add_option("--top-k", options.top_k, "sample among the k most likely; 0 = all")
-        ->capture_default_str();
-    sample_cmd->add_option("--seed", seed, "sampling seed")->capture_default_str();
+    add_sample_flags(sample_cmd, run, ckpt, prompt, options, seed);
 
-    CLI11_PARSE(app, argc, argv);
     try {
+        if (const char* env = std::getenv("QK_NUM_THREADS"))
+            as_usage([&] { parse_thread_count(env, "QK_NUM_THREADS"); });
+        check_config_file(argc, argv);
+        try {
+            app.parse(argc, argv);
+        } catch (const CLI::ParseError& e) {
+            const int status = app.exit(e);  // prints the help, or the error and a hint
+            return status == 0 ? 0 : kExitUsage;
+        }
         set_num_threads(threads);
         if (train_cmd->parsed()) {
             check_alone(train_cmd, "--resume", "continues the run with the configuration it saved");
@@ -391,8 +265,18 @@ int main(int argc, char** argv) {
             return run_sweep_command(sweep, sweep_flags, threads_given ? threads : 0);
         }
         return run_sample(run, ckpt, prompt, options, seed);
-    } catch (const Error& e) {
+    } catch (const UsageError& e) {
+        fmt::print(stderr, "qknorm: {}\nRun with --help for more information.\n", e.what());
+        return kExitUsage;
+    } catch (const fs::filesystem_error& e) {
+        // "filesystem error: cannot create directories: Not a directory [runs/x]"
         fmt::print(stderr, "qknorm: {}\n", e.what());
-        return 1;
+        return kExitError;
+    } catch (const std::bad_alloc&) {
+        fmt::print(stderr, "qknorm: out of memory (a smaller --batch-size or model fits)\n");
+        return kExitError;
+    } catch (const std::exception& e) {  // qk::Error, and anything a library below us throws
+        fmt::print(stderr, "qknorm: {}\n", e.what());
+        return kExitError;
     }
 }

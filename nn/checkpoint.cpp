@@ -1,6 +1,8 @@
 #include "nn/checkpoint.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 
 #include "core/safetensors.h"
 
@@ -8,16 +10,19 @@ namespace qk::nn {
 
 namespace {
 
+// A whole number in [0, 2^63): std::stoull would take "-1" as 2^64 − 1 and "12abc" as 12.
 uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::string& key,
                    const std::string& path) {
     auto it = m.find(key);
     QK_CHECK(it != m.end(), "checkpoint {}: metadata '{}' is missing", path, key);
-    try {
-        return std::stoull(it->second);
-    } catch (const std::exception&) {
-        throw Error(fmt::format("checkpoint {}: metadata '{}' = '{}' is not an integer", path, key,
-                                it->second));
-    }
+    const std::string& text = it->second;
+    uint64_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    QK_CHECK(ec == std::errc() && end == text.data() + text.size() &&
+                 value <= static_cast<uint64_t>(INT64_MAX),
+             "checkpoint {}: metadata '{}' = '{}' is not a whole number in [0, 2^63)", path, key,
+             text);
+    return value;
 }
 
 void check_matches(const std::string& path, const std::string& name, const Tensor& stored,

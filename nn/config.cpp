@@ -1,5 +1,6 @@
 #include "nn/config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -34,6 +35,13 @@ std::string enum_name(Enum v, const std::array<std::pair<const char*, Enum>, N>&
     for (const auto& [name, value] : names)
         if (value == v) return name;
     return "?";
+}
+
+// "attn_softcap (--attn-softcap)": a field as checkpoints and config.json name it, and its flag.
+std::string with_flag(const char* field) {
+    std::string flag = field;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    return fmt::format("{} (--{})", field, flag);
 }
 
 double parse_number(const std::string& s, const char* field) {
@@ -76,27 +84,43 @@ double GPTConfig::initial_qk_scale() const {
 }
 
 void GPTConfig::validate() const {
-    auto positive = [](int64_t v, const char* name) {
-        QK_CHECK(v > 0, "config: {} must be > 0, got {}", name, v);
+    // Upper bounds far above any model this code trains, low enough that no size product
+    // overflows and a typo (1e9 layers) is named instead of ending in an out-of-memory abort.
+    auto in_range = [](int64_t v, int64_t hi, const char* name) {
+        QK_CHECK(v > 0 && v <= hi, "config: {} must be in [1, {}], got {}", with_flag(name), hi, v);
     };
-    positive(vocab_size, "vocab_size");
-    positive(block_size, "block_size");
-    positive(n_layer, "n_layer");
-    positive(n_head, "n_head");
-    positive(n_embd, "n_embd");
+    QK_CHECK(vocab_size > 0 && vocab_size <= int64_t{1} << 24,
+             "config: vocab_size must be in [1, 2^24], got {}", vocab_size);
+    in_range(block_size, int64_t{1} << 20, "block_size");
+    in_range(n_layer, 1024, "n_layer");
+    in_range(n_embd, int64_t{1} << 16, "n_embd");
+    in_range(n_head, n_embd, "n_head");
     QK_CHECK(n_embd % n_head == 0, "config: n_embd {} must be divisible by n_head {}", n_embd,
              n_head);
-    QK_CHECK(dropout >= 0 && dropout < 1, "config: dropout must be in [0, 1), got {}", dropout);
-    QK_CHECK(lp_p >= 1, "config: lp_p must be >= 1, got {}", lp_p);
-    QK_CHECK(attn_softcap >= 0 && logit_softcap >= 0 && z_loss >= 0,
-             "config: attn_softcap {}, logit_softcap {} and z_loss {} must be >= 0", attn_softcap,
-             logit_softcap, z_loss);
+    QK_CHECK(dropout >= 0 && dropout < 1, "config: dropout (--dropout) must be in [0, 1), got {}",
+             dropout);
+    // p beyond 64 is the max-norm for every practical purpose, and |x|^p overflows long before.
+    QK_CHECK(lp_p >= 1 && lp_p <= 64, "config: lp_p (--lp-p) must be in [1, 64], got {}", lp_p);
+    // inf would be accepted by ">= 0" and turn every logit into NaN (c·tanh(s/c) = inf·0).
+    auto cap_or_off = [](double v, const char* name) {
+        QK_CHECK(std::isfinite(v) && v >= 0,
+                 "config: {} must be a finite number >= 0 (0 = off), got {}", with_flag(name), v);
+    };
+    cap_or_off(attn_softcap, "attn_softcap");
+    cap_or_off(logit_softcap, "logit_softcap");
+    cap_or_off(z_loss, "z_loss");
     QK_CHECK(!qkv_norm || qk_norm != QKNorm::none,
              "config: qkv_norm needs a qk_norm to apply to v (got qk_norm=none)");
     QK_CHECK(block_size >= 2 || (qk_norm != QKNorm::l2 && qk_norm != QKNorm::lp) ||
                  qk_scale_init != "henry",
              "config: the henry scale log2(T²−T) needs block_size >= 2, got {}", block_size);
-    if (qk_norm == QKNorm::l2 || qk_norm == QKNorm::lp) (void)initial_qk_scale();
+    if (qk_norm == QKNorm::l2 || qk_norm == QKNorm::lp) {
+        const double g0 = initial_qk_scale();
+        QK_CHECK(
+            std::isfinite(g0) && g0 > 0,
+            "config: qk_scale_init (--qk-scale-init) must give a finite scale > 0, got {} ('{}')",
+            g0, qk_scale_init);
+    }
 }
 
 std::map<std::string, std::string> GPTConfig::to_strings() const {

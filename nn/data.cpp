@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
-#include <sstream>
+#include <cstdio>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace qk::nn {
 
@@ -114,12 +114,10 @@ void TextDataset::batch(bool train, int64_t batch_size, Generator& gen, Tensor& 
     }
 }
 
-std::string read_text_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    QK_CHECK(in, "cannot open text file '{}'", path);
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
-    return buffer.str();
+std::string read_text_file(const std::string& path, const std::string& what) {
+    std::string text = read_regular_file(path, what, kMaxTextFileBytes);
+    QK_CHECK(!text.empty(), "{}: '{}' is empty", what, path);
+    return text;
 }
 
 }  // namespace qk::nn

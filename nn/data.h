@@ -46,6 +46,10 @@ class TextDataset {
     int64_t block_size_;
 };
 
-std::string read_text_file(const std::string& path);
+// The text of a regular, non-empty file of at most kMaxTextFileBytes, or a qk::Error naming
+// `what` and the path: "data: 'x/' is a directory, not a regular file", "data: 'x' is empty".
+// The cap keeps a corpus within what its int32 token ids (4 bytes a character) leave of memory.
+inline constexpr uint64_t kMaxTextFileBytes = uint64_t{2} << 30;
+std::string read_text_file(const std::string& path, const std::string& what = "read_text_file");
 
 }  // namespace qk::nn

@@ -38,10 +38,15 @@ struct Axis {
                h = log ? std::log10(hi) : hi;
         return from + (a - l) / (h - l) * (to - from);
     }
+    // At most a dozen ticks: every loop below is bounded by a count, so that no range (a NaN,
+    // an empty log axis, 1e300 wide) can make it run away.
     std::vector<double> ticks() const {
         std::vector<double> out;
+        if (!std::isfinite(lo) || !std::isfinite(hi) || !(hi > lo) || (log && !(lo > 0)))
+            return out;
         if (log) {
-            for (double p = std::floor(std::log10(lo)); p <= std::ceil(std::log10(hi)); ++p) {
+            const double first = std::floor(std::log10(lo)), last = std::ceil(std::log10(hi));
+            for (double p = first; p <= last && out.size() < 400; ++p) {
                 double v = std::pow(10.0, p);
                 if (v >= lo * 0.999 && v <= hi * 1.001) out.push_back(v);
             }
@@ -51,8 +56,10 @@ struct Axis {
         double step = std::pow(10.0, std::floor(std::log10((hi - lo) / 5)));
         if ((hi - lo) / step > 10) step *= 2;
         if ((hi - lo) / step > 10) step *= 2.5;
-        for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step)
-            out.push_back(v);
+        if (!(step > 0) || !std::isfinite(step)) return out;
+        const double first = std::ceil(lo / step);
+        for (int i = 0; i <= 12 && (first + i) * step <= hi + step * 1e-9; ++i)
+            out.push_back((first + i) * step);
         return out;
     }
 };
@@ -70,7 +77,10 @@ Axis fit_axis(const std::vector<Series>& series, bool use_x, bool log) {
         }
     Axis a;
     a.log = log;
-    if (!std::isfinite(lo)) return a;
+    if (!std::isfinite(lo)) {  // nothing to draw: an empty panel with a valid axis
+        if (log) a.lo = 1, a.hi = 10;
+        return a;
+    }
     if (hi == lo) {
         hi = log ? hi * 2 : hi + 1;
         lo = log ? lo / 2 : lo - 1;

@@ -32,11 +32,32 @@ int32_t draw(std::vector<double> logits, const SampleOptions& options, Generator
     return static_cast<int32_t>(logits.size() - 1);
 }
 
+// A NaN would fall through every comparison below and come out as the last token of the
+// vocabulary, again and again: refuse it, naming where the sample stopped.
+void check_finite(const std::vector<double>& logits, int64_t token) {
+    for (size_t i = 0; i < logits.size(); ++i)
+        QK_CHECK(std::isfinite(logits[i]),
+                 "sample: the model's logits are not finite (logit {} of token {} is {}); its "
+                 "weights hold a NaN or Inf",
+                 i, token, logits[i]);
+}
+
 }  // namespace
 
+void check_sample_options(const SampleOptions& options) {
+    QK_CHECK(options.max_new_tokens >= 0 && options.max_new_tokens <= kMaxSampleTokens,
+             "sample: --tokens must be in [0, {}], got {}", kMaxSampleTokens,
+             options.max_new_tokens);
+    QK_CHECK(std::isfinite(options.temperature) && options.temperature >= 0,
+             "sample: --temperature must be a finite number >= 0 (0 = greedy), got {}",
+             options.temperature);
+    QK_CHECK(options.top_k >= 0, "sample: --top-k must be >= 0 (0 = all), got {}", options.top_k);
+}
+
 std::vector<int32_t> generate(GPT& model, std::vector<int32_t> tokens, const SampleOptions& options,
-                              Generator& gen) {
+                              Generator& gen, const std::function<void(int32_t)>& on_token) {
     QK_CHECK(!tokens.empty(), "generate: the prompt must hold at least one token");
+    check_sample_options(options);
     NoGradGuard no_grad;
     const bool was_training = model.training();
     model.eval();
@@ -48,7 +69,10 @@ std::vector<int32_t> generate(GPT& model, std::vector<int32_t> tokens, const Sam
             from_ids(context, {1, static_cast<int64_t>(context.size())}).to(model.device());
         Tensor logits = model.forward(ids).logits;  // (1, T, V)
         Tensor last = logits.select(1, -1).reshape({V});
-        tokens.push_back(draw(last.to_vector<double>(), options, gen));
+        std::vector<double> row = last.to_vector<double>();
+        check_finite(row, n);
+        tokens.push_back(draw(std::move(row), options, gen));
+        if (on_token) on_token(tokens.back());
     }
     model.train(was_training);
     return tokens;

@@ -323,7 +323,12 @@ SweepResult run_sweep(const SweepSpec& spec) {
     QK_CHECK(!spec.variants.empty() && !spec.lrs.empty() && !spec.seeds.empty(),
              "sweep: the grid is empty ({} variants, {} learning rates, {} seeds)",
              spec.variants.size(), spec.lrs.size(), spec.seeds.size());
-    QK_CHECK(spec.jobs >= 1, "sweep: jobs must be >= 1, got {}", spec.jobs);
+    QK_CHECK(spec.jobs >= 1 && spec.jobs <= 256, "sweep: --jobs must be in [1, 256], got {}",
+             spec.jobs);
+    QK_CHECK(std::isfinite(spec.lr_min_ratio) && spec.lr_min_ratio >= 0 && spec.lr_min_ratio <= 1,
+             "sweep: --lr-min-ratio must be in [0, 1], got {}", spec.lr_min_ratio);
+    QK_CHECK(!fs::exists(spec.out_dir) || fs::is_directory(spec.out_dir),
+             "sweep: --out '{}' is a file, not a directory", spec.out_dir);
     QK_CHECK(spec.jobs == 1 || !spec.qknorm_exe.empty(),
              "sweep: running {} jobs at once needs the qknorm program (qknorm_exe)", spec.jobs);
     for (double lr : spec.lrs)
@@ -343,9 +348,11 @@ SweepResult run_sweep(const SweepSpec& spec) {
         GPTConfig check = spec.base.model;
         apply_variant(parse_variant(variant), check);  // every variant is valid before any run
         for (double lr : spec.lrs)
-            for (uint64_t seed : spec.seeds)
+            for (uint64_t seed : spec.seeds) {
                 cells.push_back(
                     {variant, spec.out_dir + "/runs/" + run_dir_name(variant, lr, seed), lr, seed});
+                cell_config(spec, cells.back()).validate();  // every run is valid before any starts
+            }
     }
     fs::create_directories(spec.out_dir + "/runs");
     train_cells(spec, cells);

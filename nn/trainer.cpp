@@ -1,11 +1,15 @@
 #include "nn/trainer.h"
 
+#include <unistd.h>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "autograd/grad_mode.h"
 #include "core/safetensors.h"
@@ -17,76 +21,6 @@ namespace qk::nn {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-// ---- configuration as JSON -------------------------------------------------------------------
-
-std::string TrainConfig::to_json() const {
-    json j;
-    j["model"] = model.to_strings();
-    j["data_path"] = data_path;
-    j["tokenizer"] = tokenizer;
-    j["device"] = device;
-    j["batch_size"] = batch_size;
-    j["steps"] = steps;
-    j["warmup"] = warmup;
-    j["lr"] = lr;
-    j["lr_min"] = lr_min;
-    j["beta1"] = beta1;
-    j["beta2"] = beta2;
-    j["weight_decay"] = weight_decay;
-    j["independent_weight_decay"] = independent_weight_decay;
-    j["grad_clip"] = grad_clip;
-    j["eval_every"] = eval_every;
-    j["eval_batches"] = eval_batches;
-    j["stats_every"] = stats_every;
-    j["checkpoint_every"] = checkpoint_every;
-    j["keep_checkpoints"] = keep_checkpoints;
-    j["seed"] = seed;
-    j["run_dir"] = run_dir;
-    j["sample_tokens"] = sample_tokens;
-    return j.dump(2);
-}
-
-TrainConfig TrainConfig::from_json(const std::string& text) {
-    TrainConfig c;
-    try {
-        json j = json::parse(text);
-        c.model = GPTConfig::from_strings(j.at("model").get<std::map<std::string, std::string>>());
-        j.at("data_path").get_to(c.data_path);
-        j.at("tokenizer").get_to(c.tokenizer);
-        c.device = j.value("device", std::string("cpu"));  // runs saved before devices existed
-        j.at("batch_size").get_to(c.batch_size);
-        j.at("steps").get_to(c.steps);
-        j.at("warmup").get_to(c.warmup);
-        j.at("lr").get_to(c.lr);
-        j.at("lr_min").get_to(c.lr_min);
-        j.at("beta1").get_to(c.beta1);
-        j.at("beta2").get_to(c.beta2);
-        j.at("weight_decay").get_to(c.weight_decay);
-        j.at("independent_weight_decay").get_to(c.independent_weight_decay);
-        j.at("grad_clip").get_to(c.grad_clip);
-        j.at("eval_every").get_to(c.eval_every);
-        j.at("eval_batches").get_to(c.eval_batches);
-        j.at("stats_every").get_to(c.stats_every);
-        j.at("checkpoint_every").get_to(c.checkpoint_every);
-        j.at("keep_checkpoints").get_to(c.keep_checkpoints);
-        j.at("seed").get_to(c.seed);
-        j.at("run_dir").get_to(c.run_dir);
-        j.at("sample_tokens").get_to(c.sample_tokens);
-    } catch (const json::exception& e) {
-        throw Error(fmt::format("train config: {}", e.what()));
-    }
-    return c;
-}
-
-TrainConfig load_run_config(const std::string& run_dir) {
-    const std::string path = run_dir + "/config.json";
-    QK_CHECK(fs::exists(path), "resume: {} has no config.json (not a qknorm run directory?)",
-             run_dir);
-    TrainConfig c = TrainConfig::from_json(read_text_file(path));
-    c.run_dir = run_dir;  // the directory may have moved, or been named relative to another cwd
-    return c;
-}
 
 std::string default_data_path() {
     for (const char* candidate :
@@ -119,6 +53,14 @@ std::vector<int64_t> checkpoint_steps(const std::string& run_dir) {
     return steps;
 }
 
+// The step in a checkpoint's name: ".../step-000400.model.safetensors" -> 400.
+int64_t checkpoint_step(const std::string& path) {
+    const std::string name = fs::path(path).filename().string();
+    int64_t step = -1;
+    std::sscanf(name.c_str(), "step-%ld.", &step);
+    return step;
+}
+
 void write_checkpoint(const TrainConfig& cfg, const GPT& model, const AdamW& opt,
                       const Tokenizer& tok, const TrainingState& state) {
     const std::string prefix = checkpoint_prefix(cfg.run_dir, state.step);
@@ -132,24 +74,102 @@ void write_checkpoint(const TrainConfig& cfg, const GPT& model, const AdamW& opt
     }
 }
 
-// Keeps the metrics lines of steps <= last_step (a resumed run rewrites what came after), and
-// reads back the last training and validation losses kept, so that resuming a run that had
-// already finished reports its losses.
-void truncate_metrics(const std::string& path, int64_t last_step, double& last_loss,
-                      double& last_val_loss) {
-    if (!fs::exists(path)) return;
+// What a resumed run reads back from metrics.jsonl: the last training and validation losses
+// (so that resuming a finished run reports them) and the lowest training loss (the reference of
+// the divergence check, so that a resumed run takes the decisions an unbroken one would).
+struct MetricsSoFar {
+    double last_loss = NAN, last_val_loss = NAN, min_loss = INFINITY;
+};
+
+// Keeps the metrics lines of steps <= last_step (a resumed run rewrites what came after). A line
+// that is not a JSON object with a whole step (the half-written last line of a killed run, or an
+// edit) is dropped with a warning: the metrics are a log, and the checkpoint is what resumes.
+MetricsSoFar truncate_metrics(const std::string& path, int64_t last_step) {
+    MetricsSoFar so_far;
+    if (!fs::exists(path)) return so_far;
     std::ifstream in(path);
     std::string line, kept;
-    while (std::getline(in, line)) {
+    for (int64_t number = 1; std::getline(in, line); ++number) {
         if (line.empty()) continue;
-        json j = json::parse(line, nullptr, false);
-        if (j.is_discarded() || j.value("step", int64_t{0}) > last_step) continue;
+        const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
+            fmt::print(stderr, "resume: dropping line {} of {}: not a metrics record\n", number,
+                       path);
+            continue;
+        }
+        if (j["step"].get<int64_t>() > last_step) continue;
         kept += line + "\n";
-        if (j.contains("loss") && j["loss"].is_number()) last_loss = j["loss"].get<double>();
+        if (j.contains("loss") && j["loss"].is_number()) {
+            so_far.last_loss = j["loss"].get<double>();
+            so_far.min_loss = std::min(so_far.min_loss, so_far.last_loss);
+        }
         if (j.contains("val_loss") && j["val_loss"].is_number())
-            last_val_loss = j["val_loss"].get<double>();
+            so_far.last_val_loss = j["val_loss"].get<double>();
     }
     write_file_atomic(path, kept);
+    return so_far;
+}
+
+// A process id that no longer runs (a temporary file named after it is a leftover of a kill).
+bool process_gone(const std::string& pid_text) {
+    char* end = nullptr;
+    const long pid = std::strtol(pid_text.c_str(), &end, 10);
+    if (pid_text.empty() || *end != '\0' || pid <= 0) return true;
+    return pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+// A kill leaves a checkpoint's temporary file (*.tmp.PID) and, between the two files of a
+// checkpoint, a state file without its model (the model is written last). Neither is ever read:
+// remove them when a run starts or resumes.
+void remove_leftovers(const std::string& run_dir) {
+    std::vector<fs::path> leftovers;
+    for (const auto& entry : fs::directory_iterator(run_dir)) {
+        const std::string name = entry.path().filename().string();
+        const size_t tmp = name.rfind(".tmp.");
+        int64_t step = 0;
+        if (tmp != std::string::npos && process_gone(name.substr(tmp + 5)))
+            leftovers.push_back(entry.path());
+        else if (std::sscanf(name.c_str(), "step-%ld.state.safetensors", &step) == 1 &&
+                 name == fmt::format("step-{:06d}.state.safetensors", step) &&
+                 !fs::exists(checkpoint_prefix(run_dir, step) + ".model.safetensors"))
+            leftovers.push_back(entry.path());
+    }
+    for (const fs::path& p : leftovers) fs::remove(p);
+}
+
+// Makes run_dir ready and says how the run starts: resume from its latest checkpoint, or from
+// scratch. A directory whose run stopped before its first checkpoint has nothing to resume: it
+// is started again in place, with a notice, whether --resume was given or not.
+bool prepare_run_dir(const TrainConfig& cfg, bool resume) {
+    QK_CHECK(!fs::exists(cfg.run_dir) || fs::is_directory(cfg.run_dir),
+             "train: --run-dir '{}' is a file, not a directory", cfg.run_dir);
+    fs::create_directories(cfg.run_dir);
+    remove_leftovers(cfg.run_dir);
+    const bool has_run = fs::exists(cfg.run_dir + "/config.json");
+    const bool has_checkpoint = !latest_model_checkpoint(cfg.run_dir).empty();
+    QK_CHECK(resume || !has_run || !has_checkpoint,
+             "train: {} already holds a run; pass --resume {} to continue it, or choose another "
+             "--run-dir",
+             cfg.run_dir, cfg.run_dir);
+    if (has_run && !has_checkpoint)
+        fmt::print(stderr,
+                   "train: {} holds a run that stopped before its first checkpoint: starting it "
+                   "again from step 0{}\n",
+                   cfg.run_dir, resume ? " with its saved configuration" : "");
+    return resume && has_checkpoint;
+}
+
+// Why this step's loss stops the run ("" if it does not): non-finite, or a spike above
+// diverge_factor × the lowest loss so far.
+std::string divergence(double loss, double grad_norm, double min_loss, double factor) {
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm))
+        return fmt::format("loss {}, gradient norm {}", loss, grad_norm);
+    if (factor > 0 && loss > factor * min_loss)
+        return fmt::format(
+            "loss {:.4g} is above {:g} x the lowest loss so far, {:.4g} "
+            "(--diverge-factor)",
+            loss, factor, min_loss);
+    return "";
 }
 
 // ---- the loop's pieces -----------------------------------------------------------------------
@@ -222,29 +242,18 @@ void write_run_plot(const std::string& run_dir);  // run_plot.cpp
 
 TrainResult train(const TrainConfig& cfg_in, bool resume) {
     TrainConfig cfg = cfg_in;
-    fs::create_directories(cfg.run_dir);
+    cfg.validate();
+    if (cfg.data_path.empty()) cfg.data_path = default_data_path();
+    const std::string text = read_text_file(cfg.data_path, "train: --data");
+    resume = prepare_run_dir(cfg, resume);
     const std::string config_path = cfg.run_dir + "/config.json",
                       metrics_path = cfg.run_dir + "/metrics.jsonl";
-    QK_CHECK(resume || !fs::exists(config_path),
-             "train: {} already holds a run; pass --resume {} to "
-             "continue it, or choose another --run-dir",
-             cfg.run_dir, cfg.run_dir);
-    if (cfg.data_path.empty()) cfg.data_path = default_data_path();
-    QK_CHECK(cfg.tokenizer == "char" || cfg.tokenizer == "byte",
-             "train: tokenizer must be 'char' or 'byte', got '{}'", cfg.tokenizer);
-    QK_CHECK(cfg.steps > 0 && cfg.batch_size > 0 && cfg.eval_every > 0 && cfg.eval_batches > 0 &&
-                 cfg.stats_every > 0 && cfg.checkpoint_every > 0,
-             "train: steps, batch_size, eval_every, eval_batches, stats_every and checkpoint_every "
-             "must be > 0");
 
-    const std::string text = read_text_file(cfg.data_path);
     const Tokenizer tokenizer =
         cfg.tokenizer == "char" ? Tokenizer::char_level(text) : Tokenizer::byte_level();
     cfg.model.vocab_size = tokenizer.vocab_size();
     const TextDataset data(tokenizer.encode(text), cfg.model.block_size);
 
-    QK_CHECK(cfg.device == "cpu" || cfg.device == "cuda",
-             "train: device must be 'cpu' or 'cuda', got '{}'", cfg.device);
     const Device device = cfg.device == "cuda" ? Device::cuda : Device::cpu;
     GPT model(cfg.model, cfg.seed);  // initialised on the cpu: the same weights on every device
     model.to(device);
@@ -258,7 +267,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     AdamW optimizer(model.parameters(), adam);
     Generator data_gen(cfg.seed + 1);
     int64_t start_step = 0;
-    double resumed_loss = NAN, resumed_val_loss = NAN;
+    MetricsSoFar so_far;
     if (resume) {
         const std::string latest = latest_model_checkpoint(cfg.run_dir);
         QK_CHECK(!latest.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
@@ -267,10 +276,13 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
             latest.substr(0, latest.size() - std::string(".model.safetensors").size()) +
             ".state.safetensors";
         TrainingState state = load_training_state(state_path, model, optimizer);
+        QK_CHECK(state.step == checkpoint_step(latest),
+                 "resume: {} says step {}, but its name says step {}", state_path, state.step,
+                 checkpoint_step(latest));
         data_gen.set_state(state.data_seed, state.data_counter);
         model.dropout_generator().set_state(state.dropout_seed, state.dropout_counter);
         start_step = state.step;
-        truncate_metrics(metrics_path, start_step, resumed_loss, resumed_val_loss);
+        so_far = truncate_metrics(metrics_path, start_step);
     } else {
         write_file_atomic(config_path, cfg.to_json());
         // Step 0: the validation loss at initialisation, the reference of Wortsman et al.'s LR
@@ -284,9 +296,12 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
 
     TrainResult result;
     result.steps_done = start_step;  // a resumed run that was already complete reports its steps
-    result.final_loss = resumed_loss;
-    double last_val = resumed_val_loss, step_seconds_total = 0;
+    result.final_loss = so_far.last_loss;
+    double last_val = so_far.last_val_loss, min_loss = so_far.min_loss, step_seconds_total = 0;
     const double tokens_per_step = static_cast<double>(cfg.batch_size * cfg.model.block_size);
+    // A checkpoint is written only once the next step's loss, measured on its weights, passes
+    // the divergence check: a run that blows up never leaves its blown-up weights as "last good".
+    std::optional<TrainingState> pending;
     for (int64_t step = start_step; step < cfg.steps; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
         const double lr = cosine_lr(step, cfg.warmup, cfg.steps, cfg.lr, cfg.lr_min);
@@ -302,15 +317,26 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
             grad_norm =
                 clip_grad_norm(model.parameters(), cfg.grad_clip, /*throw_on_nonfinite=*/false);
         }
-        if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+        if (const std::string why = divergence(loss, grad_norm, min_loss, cfg.diverge_factor);
+            !why.empty()) {
             result.diverged = true;
-            result.message = fmt::format(
-                "training diverged at step {}: loss {}, gradient norm {}; the last "
-                "good checkpoint is kept",
-                step + 1, loss, grad_norm);
-            metrics << json{{"step", step + 1}, {"loss", loss}, {"diverged", true}}.dump() << "\n";
+            result.message =
+                fmt::format("training diverged at step {}: {}; the last good checkpoint is kept",
+                            step + 1, why);
+            // JSON has no NaN or Inf: such a loss is written as null.
+            metrics << json{{"step", step + 1},
+                            {"loss", std::isfinite(loss) ? json(loss) : json()},
+                            {"diverged", true},
+                            {"reason", why}}
+                           .dump()
+                    << "\n";
             break;
         }
+        min_loss = std::min(min_loss, loss);
+        // This step's loss was measured on the weights of the pending checkpoint and passed:
+        // only now is that checkpoint known to be good (the weights are still unchanged).
+        if (pending) write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
+        pending.reset();
         optimizer.step(lr);
         optimizer.zero_grad();
         const double seconds =
@@ -342,13 +368,27 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
                     step + 1);
                 break;
             }
-            TrainingState state{step + 1,
-                                data_gen.seed(),
-                                data_gen.counter(),
-                                model.dropout_generator().seed(),
-                                model.dropout_generator().counter(),
-                                {{"train_config", cfg.to_json()}}};
-            write_checkpoint(cfg, model, optimizer, tokenizer, state);
+            pending = TrainingState{step + 1,
+                                    data_gen.seed(),
+                                    data_gen.counter(),
+                                    model.dropout_generator().seed(),
+                                    model.dropout_generator().counter(),
+                                    {{"train_config", cfg.to_json()}}};
+            // The last step has no next loss to vouch for its weights: its validation loss,
+            // measured on them just above, does.
+            if (step + 1 == cfg.steps) {
+                if (const std::string why = divergence(last_val, 0.0, min_loss, cfg.diverge_factor);
+                    !why.empty()) {
+                    result.diverged = true;
+                    result.message = fmt::format(
+                        "training diverged at step {}: validation {} on the final weights; the "
+                        "last good checkpoint is kept",
+                        step + 1, why);
+                    break;
+                }
+                write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
+                pending.reset();
+            }
         }
         if (cfg.progress) {
             const double mean_step =

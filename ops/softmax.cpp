@@ -10,8 +10,11 @@
 //   softmax:      y_j = exp(z_j − m) / S       masked j: y_j = 0 exactly
 //   log_softmax:  y_j = z_j − lse              masked j: y_j = −inf
 // A row with nothing finite to see (every visible z = −inf) has no distribution: we define its
-// softmax as 0, its log_softmax as −inf and its gradient as 0 (never NaN). Causal with Tq > Tk
-// would leave the first rows with no key at all and is rejected.
+// softmax as 0, its log_softmax as −inf and its gradient as 0 (never NaN). A row with a NaN (or
+// +inf, where z − m is NaN) among its visible logits is NaN at every visible position, and so is
+// its lse and its gradient: a NaN in the weights must reach the loss, never be masked into a
+// finite distribution. Causal with Tq > Tk would leave the first rows with no key at all and is
+// rejected.
 //
 // Saved: y, and lse per row (rows values, negligible next to y). In attention y is kept anyway by
 // the next op (y @ v saves y for its backward), so saving it here shares that storage.
@@ -78,6 +81,15 @@ std::vector<T> causal_keep(int64_t Tk) {
     return keep;
 }
 
+// A row with a NaN or +inf among its n visible logits: NaN where visible (masked entries keep
+// their 0 or −inf from the caller's pass, or are set here), and a NaN lse.
+template <class T, bool kLog>
+T nan_row_impl(T* y, int64_t n, int64_t Tk) {
+    std::fill(y, y + n, std::numeric_limits<T>::quiet_NaN());
+    std::fill(y + n, y + Tk, kLog ? -std::numeric_limits<T>::infinity() : T(0));
+    return std::numeric_limits<T>::quiet_NaN();
+}
+
 // One row. y: (Tk) out; returns lse; x: (Tk); keep: (Tk), 1 where visible (kCausal only); the first
 // n keys are the visible ones. cap: 0 = none.
 template <class T, bool kLog, bool kCausal>
@@ -90,17 +102,21 @@ T softmax_row_forward(T* y, const T* x, const T* keep, int64_t n, int64_t Tk, T 
         z = y;
     }
     auto visible_z = [&](int64_t j) { return !kCausal || keep[j] != T(0) ? z[j] : -inf; };
+    auto nan_row = [&](T* row, int64_t visible) { return nan_row_impl<T, kLog>(row, visible, Tk); };
     T m = -inf;
 #pragma omp simd reduction(max : m)
     for (int64_t j = 0; j < Tk; ++j) m = std::max(m, visible_z(j));
-    if (m == -inf) {  // nothing finite visible: see the header
+    if (m == -inf) {  // nothing finite visible, or only NaN (the max skips NaN): see the header
         std::fill(y, y + Tk, kLog ? -inf : T(0));
+        for (int64_t j = 0; j < n; ++j)
+            if (std::isnan(z[j])) return nan_row(y, n);
         return -inf;
     }
     // Masked entries come out of the same loops: exp(−inf − m) = 0, and −inf − lse = −inf.
     if constexpr (kLog) {
         const T S =
             math::lane_sum<T>(Tk, [&](int64_t j) { return math::exp_fast(visible_z(j) - m); });
+        if (std::isnan(S)) return nan_row(y, n);  // a NaN or +inf visible logit
         const T lse = m + std::log(S);
 #pragma omp simd
         for (int64_t j = 0; j < Tk; ++j) y[j] = visible_z(j) - lse;  // y = z − lse
@@ -109,6 +125,7 @@ T softmax_row_forward(T* y, const T* x, const T* keep, int64_t n, int64_t Tk, T 
 #pragma omp simd
         for (int64_t j = 0; j < Tk; ++j) y[j] = math::exp_fast(visible_z(j) - m);
         const T S = math::lane_sum<T>(Tk, [&](int64_t j) { return y[j]; });  // Σ exp(z − m)
+        if (std::isnan(S)) return nan_row(y, n);  // a NaN or +inf visible logit
         const T inv_S = T(1) / S;
 #pragma omp simd
         for (int64_t j = 0; j < Tk; ++j) y[j] *= inv_S;  // y = exp(z − m) / S
@@ -139,6 +156,11 @@ void softmax_row_backward(T* dx, const T* dy, const T* y, const T* keep, T lse, 
                           int64_t Tk, T cap) {
     if (lse == -std::numeric_limits<T>::infinity()) {  // nothing finite visible: gradient 0
         std::fill(dx, dx + Tk, T(0));
+        return;
+    }
+    if (std::isnan(lse)) {  // a NaN row: NaN gradient where visible, masked entries still 0
+        std::fill(dx, dx + n, std::numeric_limits<T>::quiet_NaN());
+        std::fill(dx + n, dx + Tk, T(0));
         return;
     }
     // g: dy on visible entries, 0 on masked ones (their outputs are constants). Masked dx then

@@ -2,7 +2,9 @@
 // the bytes here), hostile files rejected with a qk::Error that names the problem, atomic writes,
 // model / training-state checkpoints that restore exactly, and the config's string form that
 // they carry in __metadata__.
+#include <sys/stat.h>
 #include <unistd.h>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
+#include "error_in_child.h"
 #include "helpers.h"
 #include "nn/checkpoint.h"
 
@@ -18,6 +21,7 @@ using namespace qk::nn;
 using qk::test::max_abs_diff;
 using qk::test::throws_with;
 namespace fs = std::filesystem;
+using qk::test::error_in_child;
 using qk::test::read_file;
 using qk::test::TempDir;
 using json = nlohmann::json;
@@ -276,6 +280,47 @@ TEST_CASE("every truncation and many byte corruptions of a real file fail cleanl
                       {"cannot open", "absent"}));
 }
 
+TEST_CASE("a deeply nested or oversized header is refused before the JSON parser sees it") {
+    // Under the 100 MB cap, 20 MB of '[' once took nlohmann::json 14 s and 1.5 GB to reject.
+    const auto start = std::chrono::steady_clock::now();
+    const std::string msg = parse_error(make_file(std::string(20'000'000, '['), ""));
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    CHECK(msg.find("hostile.safetensors: header nests JSON 20000000 levels deep; at most 8") !=
+          std::string::npos);
+    CHECK(took.count() < 10);  // sanity only: the scan is linear and takes milliseconds
+    CHECK(parse_error(make_file(R"({"a":[[[[[[[[1]]]]]]]]})", "")).find("9 levels deep") !=
+          std::string::npos);
+    // Elements: a million numbers in a shallow array cost nlohmann::json 16 bytes and more each.
+    std::string many = R"({"__metadata__":{"k":[0)";
+    for (int i = 0; i < 1'000'000; ++i) many += ",0";
+    CHECK(parse_error(make_file(many + "]}}", ""))
+              .find("header has 1000003 JSON elements (arrays, objects, commas); at most "
+                    "1000000") != std::string::npos);
+    // Brackets, braces and commas inside strings, escaped quotes included, are text, not depth.
+    const std::string text = R"(\"[[[[[[[[[[{{{{{{{{{{,,\\)";
+    const SafetensorsFile f =
+        parse_safetensors(make_file(R"({"__metadata__":{"k":")" + text + R"("}})", ""), "ok");
+    CHECK(f.metadata.at("k") == R"("[[[[[[[[[[{{{{{{{{{{,,\)");
+}
+
+TEST_CASE("only a regular file is read as a checkpoint: a FIFO, a device, a directory are not") {
+    TempDir dir("ckpt_special");
+    const std::string fifo = dir / "fifo.safetensors";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    // In a child with a deadline: the reader before the fix blocked on the FIFO's open, and read
+    // /dev/zero until memory ran out.
+    CHECK(error_in_child([&] { load_safetensors(fifo); }) ==
+          "safetensors: '" + fifo + "' is a FIFO, not a regular file");
+    CHECK(error_in_child([&] { load_safetensors("/dev/zero"); }) ==
+          "safetensors: '/dev/zero' is a character device, not a regular file");
+    CHECK(error_in_child([&] { load_safetensors(dir.path.string()); }) ==
+          "safetensors: '" + dir.path.string() + "' is a directory, not a regular file");
+    // The header length is still checked against the real size, before the rest is read.
+    write_bytes(dir / "long.safetensors", make_file("{}", "", 1000));
+    CHECK(throws_with([&] { load_safetensors(dir / "long.safetensors"); },
+                      {"long.safetensors", "header length 1000 runs past the end of the 10 byte"}));
+}
+
 TEST_CASE("writes are atomic: no temporary file remains, an existing file is replaced") {
     TempDir dir("ckpt_atomic");
     const std::string path = dir / "m.safetensors";
@@ -401,10 +446,14 @@ TEST_CASE("loading into another config, or a file missing a tensor, names the te
     CHECK(throws_with([&] { load_model(dir / "partial.safetensors"); },
                       {"'transformer.h.1.ln_2.bias'", "missing"}));
     auto huge = metadata;
-    huge["n_embd"] = "1000000000", huge["n_head"] = "1";
+    // The widest model the config accepts needs billions of values: refused before allocating.
+    huge["n_embd"] = "65536", huge["n_head"] = "1";
     save_safetensors(dir / "huge.safetensors", params, huge);
-    CHECK(
-        throws_with([&] { load_model(dir / "huge.safetensors"); }, {"C=1000000000", "file holds"}));
+    CHECK(throws_with([&] { load_model(dir / "huge.safetensors"); }, {"C=65536", "file holds"}));
+    huge["n_embd"] = "1000000000";  // and a width past the config's bound is named as such
+    save_safetensors(dir / "huger.safetensors", params, huge);
+    CHECK(throws_with([&] { load_model(dir / "huger.safetensors"); },
+                      {"n_embd", "1000000000", "[1, 65536]"}));
     auto no_tok = model.config().to_strings();
     save_safetensors(dir / "notok.safetensors", params, no_tok);
     CHECK(throws_with([&] { load_model(dir / "notok.safetensors"); }, {"tokenizer"}));

@@ -165,3 +165,56 @@ TEST_CASE("cuda softmax and log_softmax ops match the cpu through autograd") {
                           {xt});
     }
 }
+
+TEST_CASE_TEMPLATE("cuda softmax of a row with a NaN or +inf is NaN where visible, as on the cpu",
+                   T, float, double) {
+    if (!cuda_device_or_skip()) return;
+    // (1, 6, 40), with and without the causal mask: row 1 all NaN, row 3 one NaN at a visible
+    // key, row 4 one +inf; row 0 a NaN at key 37, which the causal row 0 (keys <= 34) never sees.
+    const int64_t rows = 6, Tk = 40;
+    auto x = random_values<T>(size_t(rows * Tk), 11);
+    for (int64_t j = 0; j < Tk; ++j) x[1 * Tk + j] = std::numeric_limits<T>::quiet_NaN();
+    x[3 * Tk + 17] = std::numeric_limits<T>::quiet_NaN();
+    x[4 * Tk + 2] = std::numeric_limits<T>::infinity();
+    x[0 * Tk + 37] = std::numeric_limits<T>::quiet_NaN();
+    const std::vector<T> dy = random_values<T>(size_t(rows * Tk), 12);
+    for (bool causal : {false, true})
+        for (bool is_log : {false, true}) {
+            CAPTURE(causal);
+            CAPTURE(is_log);
+            std::vector<T> y_ref(rows * Tk), lse_ref(rows), dx_ref(rows * Tk);
+            cpu_forward<T>(is_log, y_ref.data(), lse_ref.data(), x.data(), rows, rows, Tk, causal,
+                           T(0));
+            cpu_backward<T>(is_log, dx_ref.data(), dy.data(), y_ref.data(), lse_ref.data(), rows,
+                            rows, Tk, causal, T(0));
+            CHECK(std::isnan(lse_ref[1]));
+            CHECK(std::isnan(lse_ref[3]));
+            CHECK(std::isnan(lse_ref[4]));
+            CHECK(std::isnan(lse_ref[0]) == !causal);  // the masked NaN is not seen
+            CHECK(std::isfinite(lse_ref[2]));
+            const size_t n = static_cast<size_t>(rows * Tk);
+            DeviceBuffer<T> d_x(x), d_dy(dy), d_y(n), d_lse(static_cast<size_t>(rows)), d_dx(n),
+                d_y_ref(y_ref), d_lse_ref(lse_ref);
+            for (Order order : kOrders) {
+                CAPTURE(order_name(order));
+                RunOrderScope scope(order);
+                cuda::softmax_forward<T>(d_y.ptr, d_lse.ptr, d_x.ptr, rows, rows, Tk, causal, T(0),
+                                         is_log);
+                cuda::softmax_backward<T>(d_dx.ptr, d_dy.ptr, d_y_ref.ptr, d_lse_ref.ptr, rows,
+                                          rows, Tk, causal, T(0), is_log);
+                const auto y = d_y.download(), lse = d_lse.download(), dx = d_dx.download();
+                auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
+                    for (size_t i = 0; i < a.size(); ++i) {
+                        if (std::isnan(a[i]) != std::isnan(b[i])) return false;
+                        if (!std::isnan(a[i]) && a[i] != b[i] &&
+                            std::abs(a[i] - b[i]) > tolerance<T>() * (1 + std::abs(b[i])))
+                            return false;
+                    }
+                    return true;
+                };
+                CHECK(same(y, y_ref));
+                CHECK(same(lse, lse_ref));
+                CHECK(same(dx, dx_ref));
+            }
+        }
+}

@@ -1,0 +1,100 @@
+// Regular-file reading for user-named paths (see core/file_io.h).
+#include "core/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+#include "core/error.h"
+
+namespace qk {
+
+const char* file_kind(unsigned mode) {
+    switch (mode & S_IFMT) {
+        case S_IFREG:
+            return "a regular file";
+        case S_IFDIR:
+            return "a directory";
+        case S_IFIFO:
+            return "a FIFO";
+        case S_IFCHR:
+            return "a character device";
+        case S_IFBLK:
+            return "a block device";
+        case S_IFSOCK:
+            return "a socket";
+        case S_IFLNK:
+            return "a symbolic link";
+        default:
+            return "not a file";
+    }
+}
+
+namespace {
+
+void check_regular(const struct stat& st, const std::string& path, const std::string& what) {
+    QK_CHECK(S_ISREG(st.st_mode), "{}: '{}' is {}, not a regular file", what, path,
+             file_kind(st.st_mode));
+}
+
+}  // namespace
+
+RegularFile::RegularFile(const std::string& path, const std::string& what)
+    : path_(path), what_(what) {
+    // stat first: opening a device can have side effects (a tape rewinds, a tty becomes ours).
+    struct stat st {};
+    QK_CHECK(::stat(path.c_str(), &st) == 0, "{}: cannot open '{}': {}", what, path,
+             std::strerror(errno));
+    check_regular(st, path, what);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    QK_CHECK(fd_ >= 0, "{}: cannot open '{}': {}", what, path, std::strerror(errno));
+    // fstat again: the path may have been replaced between stat and open.
+    const bool stat_ok = ::fstat(fd_, &st) == 0;
+    const int err = errno;
+    if (!stat_ok || !S_ISREG(st.st_mode)) {
+        ::close(fd_);
+        QK_CHECK(stat_ok, "{}: cannot stat '{}': {}", what, path, std::strerror(err));
+        check_regular(st, path, what);
+    }
+    size_ = static_cast<uint64_t>(st.st_size);
+}
+
+RegularFile::~RegularFile() { ::close(fd_); }
+
+std::string RegularFile::read(uint64_t offset, uint64_t n) const {
+    QK_CHECK(offset <= size_ && n <= size_ - offset,
+             "{}: '{}': bytes [{}, {}) are past the end of the {} byte file", what_, path_, offset,
+             offset + n, size_);
+    std::string out;
+    try {
+        out.resize(n);
+    } catch (const std::bad_alloc&) {
+        throw Error(fmt::format("{}: '{}': out of memory reading {} bytes", what_, path_, n));
+    } catch (const std::length_error&) {
+        throw Error(fmt::format("{}: '{}': out of memory reading {} bytes", what_, path_, n));
+    }
+    for (uint64_t done = 0; done < n;) {
+        const ssize_t got = ::pread(fd_, out.data() + done, n - done, off_t(offset + done));
+        if (got < 0 && errno == EINTR) continue;
+        QK_CHECK(got >= 0, "{}: cannot read '{}': {}", what_, path_, std::strerror(errno));
+        QK_CHECK(got > 0, "{}: '{}' shrank to {} bytes while being read (expected {})", what_,
+                 path_, offset + done, size_);
+        done += static_cast<uint64_t>(got);
+    }
+    return out;
+}
+
+std::string read_regular_file(const std::string& path, const std::string& what,
+                              uint64_t max_bytes) {
+    RegularFile file(path, what);
+    QK_CHECK(file.size() <= max_bytes, "{}: '{}' is {} bytes, more than the {} byte limit", what,
+             path, file.size(), max_bytes);
+    return file.read(0, file.size());
+}
+
+}  // namespace qk

@@ -1,0 +1,210 @@
+// The flags of `qknorm train`, `qknorm sweep` and `qknorm sample`, and their defaults.
+//
+// Every value is checked where it enters: CLI11 refuses a word where a number belongs and
+// `whole_number` refuses "-1" for a seed or 1e30 for a step count (CLI11 alone would wrap or
+// saturate them); the meaning of each value (finite, in range, consistent with the others) is
+// checked by TrainConfig::validate, which the command runs before it starts.
+#include "examples/qknorm_flags.h"
+
+#include <charconv>
+#include <limits>
+#include <type_traits>
+
+namespace qk::cli {
+
+using namespace qk::nn;
+
+namespace {
+
+// Accepts the text of a whole number that fits T, and nothing else: no sign on an unsigned
+// value, no fraction, no exponent, no overflow.
+template <class T>
+CLI::Validator whole_number() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            T value{};
+            const char* end = text.data() + text.size();
+            const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+            if (ec == std::errc() && ptr == end) return {};
+            return fmt::format("'{}' is not a whole number in [{}, {}]", text,
+                               std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
+        },
+        "", "whole number");
+}
+
+template <class T>
+struct element_of {
+    using type = T;
+};
+template <class T>
+struct element_of<std::vector<T>> {
+    using type = T;
+};
+
+// add_option with the default shown in --help, and whole_number for integer flags (and for each
+// element of a list of integers).
+template <class T>
+CLI::Option* add_value(CLI::App* cmd, const std::string& name, T& value, const std::string& help) {
+    CLI::Option* option = cmd->add_option(name, value, help)->capture_default_str();
+    using E = typename element_of<T>::type;
+    if constexpr (std::is_integral_v<E> && !std::is_same_v<E, bool>)
+        option->check(whole_number<E>());
+    return option;
+}
+
+void add_attention_flags(CLI::App* cmd, GPTConfig& m, ModelFlags& flags) {
+    add_value(cmd, "--qk-norm", flags.qk_norm,
+              "normalisation of q and k: none (baseline), layernorm, rmsnorm, l2 (Henry et al., "
+              "learnable scale g), lp (q/|q|_p, learnable g)")
+        ->check(CLI::IsMember({"none", "layernorm", "rmsnorm", "l2", "lp"}));
+    add_value(cmd, "--qk-norm-scope", flags.qk_scope,
+              "layernorm/rmsnorm statistics per head over D (head) or over all C channels (full)")
+        ->check(CLI::IsMember({"head", "full"}));
+    add_value(cmd, "--attn-softcap", m.attn_softcap,
+              "soft-cap c of the attention logits, c*tanh(s/c); 0 = off");
+    add_value(cmd, "--qkv-norm", m.qkv_norm, "normalise v too and drop ln_1 (Rybakov et al.)");
+}
+
+void add_regularisation_flags(CLI::App* cmd, GPTConfig& m) {
+    add_value(cmd, "--logit-softcap", m.logit_softcap, "soft-cap of the output logits; 0 = off");
+    add_value(cmd, "--z-loss", m.z_loss, "weight of the z-loss mean(logsumexp(logits)^2); 0 = off");
+}
+
+}  // namespace
+
+void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool attention_flags) {
+    GPTConfig& m = cfg.model;
+    add_value(cmd, "--n-layer", m.n_layer, "transformer blocks (L)");
+    add_value(cmd, "--n-head", m.n_head, "attention heads per block (H)");
+    add_value(cmd, "--n-embd", m.n_embd, "model width C (head dim D = C / H)");
+    add_value(cmd, "--block-size", m.block_size, "context length T");
+    add_value(cmd, "--dropout", m.dropout, "dropout probability (attention, residual, embedding)");
+    add_value(cmd, "--bias", m.bias, "biases in every Linear and norm (true|false)");
+    add_value(cmd, "--tie-embeddings", m.tie_embeddings, "share wte with the LM head (true|false)");
+    add_value(cmd, "--norm", flags.norm, "block norms ln_1, ln_2, ln_f")
+        ->check(CLI::IsMember({"layernorm", "rmsnorm"}));
+    add_regularisation_flags(cmd, m);
+    if (attention_flags) add_attention_flags(cmd, m, flags);
+    add_value(cmd, "--lp-p", m.lp_p, "p of the lp variant (>= 1)");
+    add_value(cmd, "--qk-scale-init", m.qk_scale_init,
+              "initial g for l2/lp: henry (log2(T^2-T)), sqrt_d, or a number");
+    add_value(cmd, "--qk-scale-per-head", m.qk_scale_per_head,
+              "one g per head instead of one per layer");
+}
+
+void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
+    cmd->add_option("--data", cfg.data_path,
+                    "text file to train on (default: bundled Tiny Shakespeare)");
+    add_value(cmd, "--tokenizer", cfg.tokenizer, "char (sorted unique characters) or byte (256)")
+        ->check(CLI::IsMember({"char", "byte"}));
+    add_value(cmd, "--device", cfg.device,
+              "cpu, or cuda: the CUDA backend (a GPU, or in an emulation build the CUDA "
+              "kernels run on the cpu: correct but slow, for tests)")
+        ->check(CLI::IsMember({"cpu", "cuda"}));
+    add_value(cmd, "--batch-size", cfg.batch_size, "sequences per step (B)");
+    add_value(cmd, "--steps", cfg.steps, "optimisation steps");
+    add_value(cmd, "--warmup", cfg.warmup, "linear warmup steps before the cosine decay");
+    if (single_run) add_value(cmd, "--lr", cfg.lr, "peak learning rate");
+    if (single_run)
+        add_value(cmd, "--lr-min", cfg.lr_min, "learning rate at the end of the cosine decay");
+    add_value(cmd, "--beta1", cfg.beta1, "AdamW beta1");
+    add_value(cmd, "--beta2", cfg.beta2, "AdamW beta2");
+    add_value(cmd, "--weight-decay", cfg.weight_decay, "AdamW weight decay (2-D weights only)");
+    add_value(cmd, "--independent-wd", cfg.independent_weight_decay,
+              "decay by (lr/lr_max)*wd per step, independent of the peak lr (Wortsman et al.)");
+    add_value(cmd, "--diverge-factor", cfg.diverge_factor,
+              "stop as diverged when the loss exceeds this multiple of the run's lowest loss (or "
+              "is NaN/Inf); 0 = on NaN/Inf only");
+    add_value(cmd, "--grad-clip", cfg.grad_clip, "global gradient-norm clip; 0 = off");
+    add_value(cmd, "--eval-every", cfg.eval_every, "validate every N steps");
+    add_value(cmd, "--eval-batches", cfg.eval_batches,
+              "validation batches (the same ones each time)");
+    add_value(cmd, "--stats-every", cfg.stats_every,
+              "record the attention stability signals every N steps");
+    add_value(cmd, "--checkpoint-every", cfg.checkpoint_every, "write a checkpoint every N steps");
+    add_value(cmd, "--keep-checkpoints", cfg.keep_checkpoints,
+              "how many recent checkpoints to keep");
+    if (single_run)
+        add_value(cmd, "--seed", cfg.seed, "seed of the weights, the batches and dropout");
+    if (single_run)
+        cmd->add_option(
+            "--run-dir", cfg.run_dir,
+            "where the checkpoints, metrics.jsonl and plot.svg go (default: runs/<date-time>)");
+    if (single_run)
+        add_value(cmd, "--sample-tokens", cfg.sample_tokens,
+                  "characters to generate at the end; 0 = none");
+}
+
+std::string describe_attention(const GPTConfig& m) {
+    std::string s = "qk_norm=" + to_string(m.qk_norm);
+    if (m.qk_norm == QKNorm::layernorm || m.qk_norm == QKNorm::rmsnorm)
+        s += fmt::format(" ({})", to_string(m.qk_norm_scope));
+    if (m.qk_norm == QKNorm::l2 || m.qk_norm == QKNorm::lp)
+        s += m.qk_norm == QKNorm::lp ? fmt::format(" (p={}, g0={})", m.lp_p, m.qk_scale_init)
+                                     : fmt::format(" (g0={})", m.qk_scale_init);
+    if (m.attn_softcap > 0) s += fmt::format(", soft-cap {}", m.attn_softcap);
+    if (m.qkv_norm) s += ", qkv-norm";
+    return s;
+}
+
+void apply_model_flags(TrainConfig& cfg, const ModelFlags& flags) {
+    cfg.model.norm = parse_norm_kind(flags.norm);
+    cfg.model.qk_norm = parse_qk_norm(flags.qk_norm);
+    cfg.model.qk_norm_scope = parse_norm_scope(flags.qk_scope);
+}
+
+// Experiment 1 of the stability lab (README: Stability lab) is the default grid: a 2-layer model
+// that trains in about a minute, the QK-norm family, learning rates 1e-3 ... 3e-1.
+void set_sweep_defaults(SweepSpec& spec) {
+    TrainConfig& b = spec.base;
+    b.model.n_layer = 2, b.model.n_head = 4, b.model.n_embd = 128, b.model.block_size = 64;
+    b.model.bias = false;
+    b.batch_size = 32, b.steps = 600, b.warmup = 30;  // 5 % warmup, then cosine
+    b.weight_decay = 1e-4, b.independent_weight_decay = true;
+    b.eval_every = 100, b.stats_every = 10, b.checkpoint_every = 200, b.keep_checkpoints = 1;
+    b.sample_tokens = 0;
+    spec.variants = {"baseline", "qk_layernorm", "qk_rmsnorm", "l2",
+                     "softcap",  "qk_norm_cap",  "qkv_norm"};
+    spec.lrs = {1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1};
+    spec.seeds = {1};
+    spec.out_dir = "sweeps/default";
+}
+
+void add_sweep_flags(CLI::App* cmd, SweepSpec& spec) {
+    cmd->add_option("--variants", spec.variants,
+                    "comma-separated variants, each a preset with optional :key=value overrides; "
+                    "presets: baseline, qk_layernorm, qk_rmsnorm, l2, lp, softcap, qk_norm_cap, "
+                    "qkv_norm; keys: p, g0, cap, scope, L, H, C (e.g. lp:p=3:g0=1)")
+        ->delimiter(',')
+        ->capture_default_str();
+    add_value(cmd, "--lrs", spec.lrs, "comma-separated peak learning rates")->delimiter(',');
+    add_value(cmd, "--seeds", spec.seeds, "comma-separated seeds")->delimiter(',');
+    add_value(cmd, "--lr-min-ratio", spec.lr_min_ratio,
+              "each run's cosine decays to lr * this ratio");
+    add_value(cmd, "--jobs", spec.jobs, "runs trained at the same time, one process each");
+    cmd->add_option("--out", spec.out_dir,
+                    "sweep directory: runs/, results.csv, sensitivity.csv and the plots; a "
+                    "second call skips finished runs and resumes interrupted ones")
+        ->capture_default_str();
+    cmd->add_option("--plot-param", spec.plot_param,
+                    "also plot the final loss against this variant override (e.g. p), one curve "
+                    "per remaining variant string, one panel per LR (param_sweep.svg)");
+    add_value(cmd, "--plot-lr", spec.plot_lr,
+              "learning rate of the logit and entropy plots; 0 = the largest");
+}
+
+void add_sample_flags(CLI::App* cmd, std::string& run, std::string& ckpt, std::string& prompt,
+                      SampleOptions& options, uint64_t& seed) {
+    cmd->add_option(
+        "--run-dir,--run", run,
+        "run directory, its latest checkpoint is used (default: the newest under runs/)");
+    cmd->add_option("--ckpt", ckpt, "a model checkpoint file, instead of --run-dir");
+    cmd->add_option("--prompt", prompt, "text to continue (default: a newline)");
+    add_value(cmd, "--tokens", options.max_new_tokens,
+              fmt::format("tokens to generate, at most {}", kMaxSampleTokens));
+    add_value(cmd, "--temperature", options.temperature, "softmax temperature; 0 = greedy");
+    add_value(cmd, "--top-k", options.top_k, "sample among the k most likely; 0 = all");
+    add_value(cmd, "--seed", seed, "sampling seed");
+}
+
+}  // namespace qk::cli

@@ -1,0 +1,31 @@
+// The flags of the qknorm program (examples/qknorm.cpp), kept apart from its commands.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "nn/sample.h"
+#include "nn/sweep.h"
+#include "nn/trainer.h"
+
+namespace qk::cli {
+
+// The enum-valued model flags, parsed into GPTConfig after the command line is read.
+struct ModelFlags {
+    std::string norm = "layernorm", qk_norm = "layernorm", qk_scope = "head";
+};
+
+// With attention_flags false (the sweep), the variant strings choose the attention instead.
+void add_model_flags(CLI::App* cmd, nn::TrainConfig& cfg, ModelFlags& flags, bool attention_flags);
+// With single_run false (the sweep), the grid sets the learning rate, seed and run directory.
+void add_training_flags(CLI::App* cmd, nn::TrainConfig& cfg, bool single_run);
+void add_sweep_flags(CLI::App* cmd, nn::SweepSpec& spec);
+void set_sweep_defaults(nn::SweepSpec& spec);
+void add_sample_flags(CLI::App* cmd, std::string& run, std::string& ckpt, std::string& prompt,
+                      nn::SampleOptions& options, uint64_t& seed);
+void apply_model_flags(nn::TrainConfig& cfg, const ModelFlags& flags);
+
+// "qk_norm=layernorm (head), soft-cap 50", "qk_norm=lp (p=3, g0=henry)": the switches that are on.
+std::string describe_attention(const nn::GPTConfig& m);
+
+}  // namespace qk::cli

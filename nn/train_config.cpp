@@ -1,0 +1,148 @@
+#include "nn/train_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "nn/data.h"
+#include "nn/sample.h"
+
+namespace qk::nn {
+
+using json = nlohmann::json;
+
+namespace {
+
+// The largest step count and cadence a flag may ask for: far beyond any run (2^40 steps of a
+// microsecond each is twelve days), and small enough that step arithmetic cannot overflow.
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+
+// "train: --lr must be a finite number > 0, got -0.003". Flags are named as the command line
+// spells them, which is also how config.json and the sweep's TOML name them (with '_' for '-').
+void require(bool ok, const char* flag, double value, const char* expected) {
+    QK_CHECK(ok, "train: --{} must be {}, got {}", flag, expected, value);
+}
+
+void require_count(int64_t value, const char* flag, int64_t lo, int64_t hi) {
+    QK_CHECK(value >= lo && value <= hi, "train: --{} must be a whole number in [{}, {}], got {}",
+             flag, lo, hi, value);
+}
+
+bool finite_at_least(double v, double lo) { return std::isfinite(v) && v >= lo; }
+
+// A JSON integer that fits int64: nlohmann would cast 2.5 or 1e30 (undefined behaviour) silently.
+void get_integer(const json& j, const char* key, int64_t& out) {
+    const json& v = j.at(key);
+    QK_CHECK(v.is_number_integer() && (!v.is_number_unsigned() || v.get<uint64_t>() <= INT64_MAX),
+             "train config: {} must be a whole number, got {}", key, v.dump());
+    out = v.get<int64_t>();
+}
+
+}  // namespace
+
+void TrainConfig::validate() const {
+    model.validate();
+    require_count(batch_size, "batch-size", 1, 1 << 20);
+    require_count(steps, "steps", 1, kMaxSteps);
+    require_count(warmup, "warmup", 0, kMaxSteps);  // longer than steps: lr never peaks
+    require(std::isfinite(lr) && lr > 0, "lr", lr, "a finite number > 0");
+    require(finite_at_least(lr_min, 0) && lr_min <= lr, "lr-min", lr_min,
+            "a finite number in [0, --lr]");
+    require(finite_at_least(beta1, 0) && beta1 < 1, "beta1", beta1, "in [0, 1)");
+    require(finite_at_least(beta2, 0) && beta2 < 1, "beta2", beta2, "in [0, 1)");
+    require(finite_at_least(weight_decay, 0), "weight-decay", weight_decay, "a finite number >= 0");
+    require(finite_at_least(grad_clip, 0), "grad-clip", grad_clip,
+            "a finite number >= 0 (0 = no clipping)");
+    require(diverge_factor == 0 || (std::isfinite(diverge_factor) && diverge_factor > 1),
+            "diverge-factor", diverge_factor, "0 (off) or a finite number > 1");
+    require_count(eval_every, "eval-every", 1, kMaxSteps);
+    require_count(eval_batches, "eval-batches", 1, 1 << 20);
+    require_count(stats_every, "stats-every", 1, kMaxSteps);
+    require_count(checkpoint_every, "checkpoint-every", 1, kMaxSteps);
+    require_count(keep_checkpoints, "keep-checkpoints", 1, 1 << 20);
+    require_count(sample_tokens, "sample-tokens", 0, kMaxSampleTokens);
+    QK_CHECK(tokenizer == "char" || tokenizer == "byte",
+             "train: --tokenizer must be 'char' or 'byte', got '{}'", tokenizer);
+    QK_CHECK(device == "cpu" || device == "cuda",
+             "train: --device must be 'cpu' or 'cuda', got '{}'", device);
+}
+
+std::string TrainConfig::to_json() const {
+    json j;
+    j["model"] = model.to_strings();
+    j["data_path"] = data_path;
+    j["tokenizer"] = tokenizer;
+    j["device"] = device;
+    j["batch_size"] = batch_size;
+    j["steps"] = steps;
+    j["warmup"] = warmup;
+    j["lr"] = lr;
+    j["lr_min"] = lr_min;
+    j["beta1"] = beta1;
+    j["beta2"] = beta2;
+    j["weight_decay"] = weight_decay;
+    j["independent_weight_decay"] = independent_weight_decay;
+    j["grad_clip"] = grad_clip;
+    j["diverge_factor"] = diverge_factor;
+    j["eval_every"] = eval_every;
+    j["eval_batches"] = eval_batches;
+    j["stats_every"] = stats_every;
+    j["checkpoint_every"] = checkpoint_every;
+    j["keep_checkpoints"] = keep_checkpoints;
+    j["seed"] = seed;
+    j["run_dir"] = run_dir;
+    j["sample_tokens"] = sample_tokens;
+    return j.dump(2);
+}
+
+TrainConfig TrainConfig::from_json(const std::string& text) {
+    TrainConfig c;
+    try {
+        json j = json::parse(text);
+        QK_CHECK(j.is_object(), "train config: expected a JSON object, got {}", j.type_name());
+        c.model = GPTConfig::from_strings(j.at("model").get<std::map<std::string, std::string>>());
+        j.at("data_path").get_to(c.data_path);
+        j.at("tokenizer").get_to(c.tokenizer);
+        c.device = j.value("device", std::string("cpu"));  // runs saved before devices existed
+        get_integer(j, "batch_size", c.batch_size);
+        get_integer(j, "steps", c.steps);
+        get_integer(j, "warmup", c.warmup);
+        j.at("lr").get_to(c.lr);
+        j.at("lr_min").get_to(c.lr_min);
+        j.at("beta1").get_to(c.beta1);
+        j.at("beta2").get_to(c.beta2);
+        j.at("weight_decay").get_to(c.weight_decay);
+        j.at("independent_weight_decay").get_to(c.independent_weight_decay);
+        j.at("grad_clip").get_to(c.grad_clip);
+        c.diverge_factor = j.value("diverge_factor", c.diverge_factor);  // added later
+        get_integer(j, "eval_every", c.eval_every);
+        get_integer(j, "eval_batches", c.eval_batches);
+        get_integer(j, "stats_every", c.stats_every);
+        get_integer(j, "checkpoint_every", c.checkpoint_every);
+        get_integer(j, "keep_checkpoints", c.keep_checkpoints);
+        // A seed of -1 would convert silently to 2^64 − 1: JSON integers must fit their field.
+        QK_CHECK(j.at("seed").is_number_unsigned(),
+                 "train config: seed must be a whole number >= 0, got {}", j.at("seed").dump());
+        j.at("seed").get_to(c.seed);
+        j.at("run_dir").get_to(c.run_dir);
+        get_integer(j, "sample_tokens", c.sample_tokens);
+    } catch (const json::exception& e) {
+        throw Error(fmt::format("train config: {}", e.what()));
+    }
+    c.validate();
+    return c;
+}
+
+TrainConfig load_run_config(const std::string& run_dir) {
+    const std::string path = run_dir + "/config.json";
+    QK_CHECK(!std::filesystem::exists(run_dir) || std::filesystem::is_directory(run_dir),
+             "resume: '{}' is a file, not a run directory", run_dir);
+    QK_CHECK(std::filesystem::exists(path),
+             "resume: {} has no config.json (not a qknorm run directory?)", run_dir);
+    TrainConfig c = TrainConfig::from_json(read_text_file(path, "resume"));
+    c.run_dir = run_dir;  // the directory may have moved, or been named relative to another cwd
+    return c;
+}
+
+}  // namespace qk::nn

@@ -1,0 +1,48 @@
+// TrainConfig: every setting of a training run (the model's GPTConfig, the data, the optimizer,
+// the schedule, the cadence of evaluation and checkpoints), with its checks and its JSON form
+// (a run's config.json).
+#pragma once
+
+#include <string>
+
+#include "nn/config.h"
+
+namespace qk::nn {
+
+struct TrainConfig {
+    GPTConfig model;
+    std::string data_path;           // empty: the bundled Tiny Shakespeare
+    std::string tokenizer = "char";  // char | byte
+    std::string device = "cpu";      // cpu | cuda: where the weights, batches and steps live
+    int64_t batch_size = 32;
+    int64_t steps = 2000;
+    int64_t warmup = 100;
+    double lr = 1e-3, lr_min = 1e-4;
+    double beta1 = 0.9, beta2 = 0.95, weight_decay = 0.1;
+    bool independent_weight_decay = false;
+    double grad_clip = 1.0;
+    // A training loss above diverge_factor × the lowest loss of the run so far stops it as
+    // diverged, as a NaN or Inf does; 0 = stop on non-finite losses only.
+    double diverge_factor = 3.0;
+    int64_t eval_every = 250, eval_batches = 20;
+    int64_t stats_every = 10;  // stability signals every N steps (they cost an extra pass)
+    int64_t checkpoint_every = 500, keep_checkpoints = 2;
+    uint64_t seed = 1337;
+    std::string run_dir = "runs/default";
+    int64_t sample_tokens = 300;
+    bool progress = true;  // the progress bar on stderr
+    // Tests: stop after this many steps as if the process were killed (no plot, no sample), to
+    // check that resuming gives the same losses. 0 = off. Not saved in config.json.
+    int64_t stop_after = 0;
+
+    // Every field finite, in range and consistent with the others, else a qk::Error that names
+    // the flag, the value and what it accepts ("train: --lr must be > 0, got -0.003").
+    void validate() const;
+    std::string to_json() const;
+    static TrainConfig from_json(const std::string& json);  // validated
+};
+
+// The configuration of the run in run_dir (its config.json), with run_dir set to that directory.
+TrainConfig load_run_config(const std::string& run_dir);
+
+}  // namespace qk::nn

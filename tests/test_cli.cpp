@@ -1,0 +1,208 @@
+// The qknorm program as a user meets it: every bad flag, file and config gives one line
+// `qknorm: <what>: <why>` and exit status 1 (an error) or 2 (usage), never an abort, a hang or a
+// silent default. The program is run as a child process (its path comes from meson, QKNORM) with
+// a deadline, so that a regression that hangs fails the test instead of CI.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "helpers.h"
+#include "nn/checkpoint.h"
+#include "nn/trainer.h"
+
+using namespace qk;
+using namespace qk::test;
+
+namespace {
+
+struct Outcome {
+    int exit_code = -1;  // -1: killed by a signal (an abort) or by the deadline
+    bool timed_out = false;
+    std::string output;  // stdout and stderr together
+};
+
+// Runs qknorm with args (and extra environment entries "NAME=value"), stdin from /dev/null.
+Outcome run_qknorm(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                   int seconds = 60) {
+    const char* exe = std::getenv("QKNORM");
+    REQUIRE_MESSAGE(exe != nullptr, "QKNORM (the qknorm program's path) is set by meson test");
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::dup2(pipe_fds[1], 1), ::dup2(pipe_fds[1], 2), ::close(pipe_fds[0]);
+        const int null_fd = ::open("/dev/null", O_RDONLY);
+        ::dup2(null_fd, 0);
+        ::setenv("QK_NUM_THREADS", "1", 1);
+        for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
+        std::vector<char*> argv{const_cast<char*>(exe)};
+        for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        ::execv(exe, argv.data());
+        ::_exit(127);
+    }
+    ::close(pipe_fds[1]);
+    Outcome out;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    char buffer[4096];
+    for (;;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        pollfd p{pipe_fds[0], POLLIN, 0};
+        if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0) {
+            out.timed_out = true;
+            ::kill(pid, SIGKILL);
+            break;
+        }
+        const ssize_t n = ::read(pipe_fds[0], buffer, sizeof buffer);
+        if (n <= 0) break;
+        out.output.append(buffer, static_cast<size_t>(n));
+    }
+    ::close(pipe_fds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (WIFEXITED(status) && !out.timed_out) out.exit_code = WEXITSTATUS(status);
+    return out;
+}
+
+// The smallest model the program trains in a second or two; flags in `more` replace these.
+std::vector<std::string> tiny(const TempDir& dir, std::vector<std::string> more = {}) {
+    const std::vector<std::pair<std::string, std::string>> defaults{
+        {"--n-layer", "1"},       {"--n-embd", "16"},    {"--n-head", "2"},
+        {"--block-size", "16"},   {"--batch-size", "2"}, {"--eval-batches", "1"},
+        {"--sample-tokens", "0"}, {"--warmup", "1"},     {"--data", write_corpus(dir)}};
+    std::vector<std::string> args{"train", "--quiet"};
+    for (const auto& [flag, value] : defaults)
+        if (std::find(more.begin(), more.end(), flag) == more.end())
+            args.insert(args.end(), {flag, value});
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+}
+
+// The outcome is exit `code` with one line naming every fragment.
+void check_refused(const Outcome& out, int code, std::initializer_list<std::string> fragments) {
+    CAPTURE(out.output);
+    CHECK(!out.timed_out);
+    CHECK(out.exit_code == code);
+    for (const std::string& f : fragments) CHECK(out.output.find(f) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("every numeric flag is checked where it enters, naming the flag, value and range") {
+    TempDir dir("cli_flags");
+    struct Case {
+        std::vector<std::string> flags;
+        std::vector<std::string> fragments;
+    };
+    const std::vector<Case> cases{
+        {{"--lr", "-0.003"}, {"--lr", "-0.003", "> 0"}},
+        {{"--lr", "nan"}, {"--lr", "nan", "finite"}},
+        {{"--beta1", "2"}, {"--beta1", "2", "[0, 1)"}},
+        {{"--weight-decay", "-1"}, {"--weight-decay", "-1", ">= 0"}},
+        {{"--warmup", "-10"}, {"--warmup", "-10"}},
+        {{"--grad-clip", "-1"}, {"--grad-clip", "-1"}},
+        {{"--lr", "0.001", "--lr-min", "0.01"}, {"--lr-min", "0.01", "[0, --lr]"}},
+        {{"--seed", "-1"}, {"--seed", "'-1'", "whole number"}},
+        {{"--steps", "99999999999999999999"}, {"--steps", "99999999999999999999"}},
+        {{"--steps", "2.5"}, {"--steps", "2.5", "whole number"}},
+        {{"--logit-softcap", "inf"}, {"--logit-softcap", "inf", "finite"}},
+        {{"--z-loss", "inf"}, {"--z-loss", "inf", "finite"}},
+        {{"--attn-softcap", "nan"}, {"--attn-softcap", "nan"}},
+        {{"--n-layer", "1000000000"}, {"--n-layer", "1000000000", "[1, 1024]"}},
+        {{"--dropout", "1"}, {"--dropout", "[0, 1)"}},
+        {{"--diverge-factor", "0.5"}, {"--diverge-factor", "0.5"}},
+        {{"--eval-every", "0"}, {"--eval-every", "0"}},
+        {{"--qk-norm", "l2", "--qk-scale-init", "-3"}, {"--qk-scale-init", "-3"}},
+        {{"--sample-tokens", "1000000000"}, {"--sample-tokens", "1000000000"}},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.flags[0]);
+        const Outcome out = run_qknorm(tiny(dir, c.flags), {}, 20);
+        CAPTURE(out.output);
+        CHECK(out.exit_code == 2);
+        for (const std::string& f : c.fragments) CHECK(out.output.find(f) != std::string::npos);
+    }
+}
+
+TEST_CASE("thread counts past the bound are refused, from the flag and from the environment") {
+    TempDir dir("cli_threads");
+    check_refused(run_qknorm({"--threads", "100000", "train"}, {}, 20), 2, {"--threads", "100000"});
+    check_refused(run_qknorm(tiny(dir), {"QK_NUM_THREADS=100000"}, 20), 2,
+                  {"QK_NUM_THREADS", "100000", "[1, 1024]"});
+    check_refused(run_qknorm(tiny(dir), {"QK_NUM_THREADS=two"}, 20), 2, {"QK_NUM_THREADS", "two"});
+}
+
+TEST_CASE("paths of the wrong kind are named: a file as a directory, a directory as data") {
+    TempDir dir("cli_paths");
+    const std::string file = dir / "a_file";
+    std::ofstream(file) << "x";
+    check_refused(run_qknorm(tiny(dir, {"--steps", "1", "--run-dir", file})), 1,
+                  {"qknorm: train: --run-dir", file, "is a file"});
+    check_refused(run_qknorm({"sample", "--run", file}), 1, {"qknorm: sample:", file});
+    check_refused(run_qknorm({"sweep", "--out", file, "--steps", "1", "--lrs", "0.01", "--variants",
+                              "baseline"}),
+                  1, {"qknorm: sweep: --out", file, "is a file"});
+    check_refused(run_qknorm({"train", "--data", dir.path.string(), "--run-dir", dir / "r1"}), 1,
+                  {"--data", dir.path.string(), "is a directory"});
+    const std::string empty = dir / "empty.txt";
+    std::ofstream(empty).flush();
+    check_refused(run_qknorm({"train", "--data", empty, "--run-dir", dir / "r2"}), 1,
+                  {"--data", empty, "is empty"});
+    check_refused(run_qknorm({"train", "--resume", file}), 1, {"resume", file});
+}
+
+TEST_CASE("a config file must be a regular file in the TOML our configs use") {
+    TempDir dir("cli_config");
+    const std::string unclosed = dir / "unclosed.toml";
+    std::ofstream(unclosed) << "[sweep]\nlrs = [1e-3, 3e-3\nsteps = 5\n";
+    check_refused(run_qknorm({"sweep", "--config", unclosed}), 2, {unclosed, "line"});
+    const std::string fifo = dir / "fifo.toml";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    check_refused(run_qknorm({"sweep", "--config", fifo}, {}, 20), 2, {fifo});
+}
+
+TEST_CASE("sample: options checked, tokens streamed, non-finite logits refused") {
+    TempDir dir("cli_sample");
+    const std::string run = dir / "run";
+    REQUIRE(run_qknorm(tiny(dir, {"--steps", "2", "--run-dir", run})).exit_code == 0);
+    check_refused(run_qknorm({"sample", "--run-dir", run, "--temperature", "nan"}), 2,
+                  {"--temperature", "nan"});
+    check_refused(run_qknorm({"sample", "--run-dir", run, "--tokens", "1000000000"}), 2,
+                  {"--tokens", "1000000000"});
+    const Outcome ok = run_qknorm({"sample", "--run", run, "--prompt", "All:", "--tokens", "12"});
+    CAPTURE(ok.output);
+    CHECK(ok.exit_code == 0);
+    CHECK(ok.output.size() == 4 + 12 + 1);  // the prompt, 12 characters, a final newline
+    CHECK(ok.output.rfind("All:", 0) == 0);
+
+    // A NaN in one weight: sampling must stop with an error, not print a plausible text.
+    const std::string ckpt = nn::latest_model_checkpoint(run);
+    SafetensorsFile file = load_safetensors(ckpt);
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (auto& [name, t] : file.tensors) {
+        Tensor copy = t.contiguous().clone();
+        if (name == "transformer.h.0.attn.c_attn.weight") copy.data<float>()[5] = NAN;
+        tensors.emplace_back(name, copy);
+    }
+    const std::string broken = dir / "broken.safetensors";
+    save_safetensors(broken, tensors, file.metadata);
+    check_refused(run_qknorm({"sample", "--ckpt", broken, "--tokens", "5"}), 1, {"not finite"});
+}
+
+TEST_CASE("a diverging run exits with status 3 and says why") {
+    TempDir dir("cli_diverge");
+    check_refused(run_qknorm(tiny(dir, {"--steps", "20", "--lr", "1e6", "--run-dir", dir / "r"})),
+                  3, {"diverged", "--diverge-factor"});
+}

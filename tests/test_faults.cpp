@@ -1,0 +1,242 @@
+// Faults and hostile values below the command line: configuration checks, NaN propagation
+// through the ops and the sampler, divergence by a loss spike, restarts after a kill, leftovers,
+// corrupt metrics and state files, and plots of runs with nothing finite to draw.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "helpers.h"
+#include "nn/checkpoint.h"
+#include "nn/plot.h"
+#include "nn/sample.h"
+#include "nn/trainer.h"
+
+using namespace qk;
+using namespace qk::nn;
+using namespace qk::test;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+TrainConfig tiny_run(const TempDir& dir, const std::string& name) {
+    TrainConfig c;
+    c.model.block_size = 16, c.model.n_layer = 1, c.model.n_head = 2, c.model.n_embd = 16;
+    c.model.qk_norm = QKNorm::layernorm;
+    c.data_path = write_corpus(dir);
+    c.batch_size = 4, c.steps = 12, c.warmup = 2, c.lr = 1e-2, c.lr_min = 1e-3;
+    c.eval_every = 4, c.eval_batches = 1, c.stats_every = 2;
+    c.checkpoint_every = 1, c.keep_checkpoints = 100;
+    c.run_dir = dir / name;
+    c.sample_tokens = 0;
+    c.progress = false;
+    return c;
+}
+
+bool all_nan(const std::vector<double>& v) {
+    for (double x : v)
+        if (!std::isnan(x)) return false;
+    return true;
+}
+
+}  // namespace
+
+TEST_CASE("TrainConfig::validate names the flag, the value and the range") {
+    struct Case {
+        std::function<void(TrainConfig&)> set;
+        std::vector<std::string> fragments;
+    };
+    const std::vector<Case> cases{
+        {[](TrainConfig& c) { c.lr = -0.003; }, {"--lr", "-0.003"}},
+        {[](TrainConfig& c) { c.lr = NAN; }, {"--lr", "nan"}},
+        {[](TrainConfig& c) { c.beta1 = 2; }, {"--beta1", "2", "[0, 1)"}},
+        {[](TrainConfig& c) { c.beta2 = 1; }, {"--beta2", "1"}},
+        {[](TrainConfig& c) { c.weight_decay = -1; }, {"--weight-decay", "-1"}},
+        {[](TrainConfig& c) { c.warmup = -10; }, {"--warmup", "-10"}},
+        {[](TrainConfig& c) { c.grad_clip = -1; }, {"--grad-clip", "-1"}},
+        {[](TrainConfig& c) { c.lr_min = 2 * c.lr; }, {"--lr-min", "[0, --lr]"}},
+        {[](TrainConfig& c) { c.steps = 0; }, {"--steps", "0"}},
+        {[](TrainConfig& c) { c.diverge_factor = 1; }, {"--diverge-factor", "1"}},
+        {[](TrainConfig& c) { c.sample_tokens = kMaxSampleTokens + 1; }, {"--sample-tokens"}},
+        {[](TrainConfig& c) { c.model.logit_softcap = INFINITY; }, {"--logit-softcap", "inf"}},
+        {[](TrainConfig& c) { c.model.z_loss = INFINITY; }, {"--z-loss", "inf"}},
+        {[](TrainConfig& c) { c.model.lp_p = INFINITY; }, {"--lp-p", "inf"}},
+        {[](TrainConfig& c) { c.model.n_layer = 1 << 30; }, {"--n-layer", "[1, 1024]"}},
+        {[](TrainConfig& c) { c.model.qk_norm = QKNorm::l2, c.model.qk_scale_init = "inf"; },
+         {"--qk-scale-init", "inf"}},
+    };
+    for (const Case& c : cases) {
+        TrainConfig cfg;
+        cfg.validate();  // the defaults are valid
+        c.set(cfg);
+        CAPTURE(c.fragments[0]);
+        CHECK_THROWS_AS(cfg.validate(), Error);
+        std::string what;
+        try {
+            cfg.validate();
+        } catch (const Error& e) {
+            what = e.what();
+        }
+        for (const std::string& f : c.fragments)
+            CHECK_MESSAGE(what.find(f) != std::string::npos, what);
+    }
+}
+
+TEST_CASE("a config.json with out-of-range or mistyped integers is refused") {
+    const json good = json::parse(TrainConfig().to_json());
+    TrainConfig::from_json(good.dump());
+    auto with = [&](const char* key, json value) {
+        json j = good;
+        j[key] = value;
+        return j.dump();
+    };
+    CHECK(throws_with([&] { TrainConfig::from_json(with("seed", -1)); }, {"seed", "-1"}));
+    CHECK(throws_with([&] { TrainConfig::from_json(with("steps", 2.5)); }, {"steps", "2.5"}));
+    CHECK(throws_with([&] { TrainConfig::from_json(with("steps", 1e30)); }, {"steps"}));
+    CHECK(throws_with([&] { TrainConfig::from_json(with("lr", -1)); }, {"--lr", "-1"}));
+    CHECK(throws_with([&] { TrainConfig::from_json("[1, 2]"); }, {"JSON object"}));
+}
+
+TEST_CASE("thread counts are bounded") {
+    CHECK(throws_with([] { set_num_threads(100000); }, {"100000", "[1, 1024]"}));
+    CHECK(parse_thread_count("2", "t") == 2);
+    for (const char* bad : {"0", "-1", "two", "2x", "", "100000"})
+        CHECK(throws_with([&] { parse_thread_count(bad, "QK_NUM_THREADS"); }, {"QK_NUM_THREADS"}));
+}
+
+TEST_CASE("softmax: a NaN or +inf among the visible logits makes the row NaN, never finite") {
+    for (bool is_log : {false, true})
+        for (DType dtype : {kF32, kF64}) {
+            CAPTURE(is_log);
+            // Row 0 all NaN (it used to come out as zeros), row 1 one NaN, row 2 one +inf,
+            // row 3 clean.
+            std::vector<double> x{NAN, NAN, NAN, 1, NAN, 2, 1, INFINITY, 2, 1, 2, 3};
+            Tensor t = from_vector(x, {4, 3}, dtype).requires_grad_();
+            Tensor y = is_log ? log_softmax(t) : softmax(t);
+            const std::vector<double> out = y.to_vector<double>();
+            for (int r = 0; r < 3; ++r)
+                CHECK(all_nan(std::vector<double>(out.begin() + 3 * r, out.begin() + 3 * r + 3)));
+            for (int j = 9; j < 12; ++j) CHECK(std::isfinite(out[j]));
+            sum(y * from_vector(std::vector<double>(12, 0.5), {4, 3}, dtype)).backward();
+            const std::vector<double> dx = t.grad().to_vector<double>();
+            CHECK(all_nan(std::vector<double>(dx.begin(), dx.begin() + 9)));
+            for (int j = 9; j < 12; ++j) CHECK(std::isfinite(dx[j]));
+        }
+}
+
+TEST_CASE("softmax: a NaN under the causal mask is not seen, a visible one is") {
+    // (1, 3, 3) causal: row 0 sees key 0 only; a NaN at key 2 of row 0 is masked out.
+    std::vector<double> x{1, 5, NAN, 1, 2, 3, 1, NAN, 3};
+    Tensor y = softmax(from_vector(x, {1, 3, 3}, kF64), {.causal = true});
+    const std::vector<double> out = y.to_vector<double>();
+    CHECK(out[0] == 1.0);
+    CHECK(out[1] == 0.0);
+    CHECK(out[2] == 0.0);
+    CHECK(all_nan({out[6], out[7], out[8]}));  // row 2 sees its NaN
+}
+
+TEST_CASE("norms and cross-entropy carry a NaN through to the loss") {
+    Tensor x = from_vector(std::vector<double>{1, 2, 3, NAN, 1, 2, 3, 4}, {2, 4}, kF64);
+    Tensor w = ones({4}, kF64), b = zeros({4}, kF64);
+    const std::vector<double> ln = layer_norm(x, w, b, 1e-5).to_vector<double>();
+    const std::vector<double> rms = rms_norm(x, w, 1e-5).to_vector<double>();
+    CHECK(all_nan(std::vector<double>(ln.begin(), ln.begin() + 4)));
+    CHECK(all_nan(std::vector<double>(rms.begin(), rms.begin() + 4)));
+    for (int j = 4; j < 8; ++j) CHECK((std::isfinite(ln[j]) && std::isfinite(rms[j])));
+    Tensor targets = from_ids({0, 1}, {2});
+    CHECK(std::isnan(cross_entropy(x, targets).item()));
+}
+
+TEST_CASE("generate refuses non-finite logits and bad options, and streams every token") {
+    GPTConfig c;
+    c.vocab_size = 9, c.block_size = 4, c.n_layer = 1, c.n_head = 2, c.n_embd = 8;
+    GPT model(c, 3);
+    Generator gen(1);
+    std::vector<int32_t> streamed;
+    const auto ids = generate(model, {1, 2}, {.max_new_tokens = 6, .temperature = 1.0}, gen,
+                              [&](int32_t id) { streamed.push_back(id); });
+    CHECK(streamed == std::vector<int32_t>(ids.begin() + 2, ids.end()));
+    CHECK(throws_with([&] { generate(model, {1}, {.temperature = NAN}, gen); },
+                      {"--temperature", "nan"}));
+    CHECK(throws_with([&] { generate(model, {1}, {.max_new_tokens = kMaxSampleTokens + 1}, gen); },
+                      {"--tokens"}));
+    CHECK(throws_with([&] { generate(model, {1}, {.top_k = -1}, gen); }, {"--top-k"}));
+    {
+        NoGradGuard no_grad;
+        model.parameters()[0].data<float>()[0] = NAN;  // a NaN in the token embedding of id 0
+    }
+    CHECK(throws_with([&] { generate(model, {0}, {.max_new_tokens = 3}, gen); }, {"not finite"}));
+}
+
+TEST_CASE("a loss spike stops the run, and no checkpoint of the blown-up weights is kept") {
+    TempDir dir("faults_spike");
+    TrainConfig cfg = tiny_run(dir, "run");
+    cfg.stop_after = 5;  // killed after step 5: checkpoints 1-4 are vouched for
+    train(cfg);
+    TrainConfig hot = load_run_config(cfg.run_dir);
+    hot.lr = hot.lr_min = 1e6, hot.progress = false;
+    const TrainResult r = train(hot, /*resume=*/true);
+    REQUIRE(r.diverged);
+    CAPTURE(r.message);
+    CHECK(r.message.find("above 3 x the lowest loss") != std::string::npos);
+    // Resumed from checkpoint 4: step 5's loss (on those weights) passed, its update at lr 1e6
+    // blew the weights up, and step 6's loss said so: checkpoint 5 was never written.
+    CHECK(r.steps_done == 5);
+    CHECK(latest_model_checkpoint(cfg.run_dir) == cfg.run_dir + "/step-000004.model.safetensors");
+    const std::string last = read_file(cfg.run_dir + "/metrics.jsonl");
+    CHECK(last.find("\"reason\"") != std::string::npos);
+}
+
+TEST_CASE("a run killed before its first checkpoint starts again in place; leftovers are removed") {
+    TempDir dir("faults_restart");
+    TrainConfig cfg = tiny_run(dir, "run");
+    cfg.checkpoint_every = 100;
+    cfg.stop_after = 3;  // killed at step 3, no checkpoint yet
+    train(cfg);
+    REQUIRE(latest_model_checkpoint(cfg.run_dir).empty());
+    // What kills leave behind: a temporary of a process that is gone, a state file whose model
+    // was never written.
+    std::ofstream(cfg.run_dir + "/step-000002.model.safetensors.tmp.99999999") << "partial";
+    std::ofstream(cfg.run_dir + "/step-000002.state.safetensors") << "orphan";
+    cfg.stop_after = 0;
+    const TrainResult fresh = train(cfg);  // no --resume: allowed, nothing would be lost
+    CHECK(fresh.steps_done == cfg.steps);
+    CHECK(!fs::exists(cfg.run_dir + "/step-000002.model.safetensors.tmp.99999999"));
+    CHECK(!fs::exists(cfg.run_dir + "/step-000002.state.safetensors"));
+    CHECK(throws_with([&] { train(cfg); }, {"already holds a run", "--resume"}));
+}
+
+TEST_CASE("resume drops malformed metrics lines and refuses a corrupt step") {
+    TempDir dir("faults_resume");
+    TrainConfig cfg = tiny_run(dir, "run");
+    cfg.stop_after = 4;
+    train(cfg);
+    {
+        std::ofstream metrics(cfg.run_dir + "/metrics.jsonl", std::ios::app);
+        metrics << "{\"step\": \"x\"}\n42\n{\"step\": 5, \"loss\": 1.0\n";  // last: cut by a kill
+    }
+    TrainConfig again = load_run_config(cfg.run_dir);
+    again.progress = false;
+    CHECK(train(again, true).steps_done == cfg.steps);
+    for (const std::string bad : {"-1", "12abc", "99999999999999999999"}) {
+        CAPTURE(bad);
+        const std::string state = cfg.run_dir + "/step-000012.state.safetensors";
+        SafetensorsFile file = load_safetensors(state);
+        file.metadata["step"] = bad;
+        save_safetensors(state + ".edited", file.tensors, file.metadata);
+        fs::rename(state + ".edited", state);
+        CHECK(throws_with([&] { train(again, true); }, {"step", bad}));
+    }
+}
+
+TEST_CASE("plots of runs with nothing finite to draw finish and stay small") {
+    plot::Panel empty_log{"max logit", "step", "|s|",
+                          false,       true,   {{"layer 0", {1, 2}, {NAN, INFINITY}}}};
+    plot::Panel empty{"loss", "step", "loss", false, false, {}};
+    plot::Panel huge{"wide", "step", "x", true, true, {{"a", {1e-300, 1e300}, {1e-300, 1e300}}}};
+    const std::string svg = plot::render_svg({empty_log, empty, huge});
+    CHECK(svg.rfind("<svg", 0) == 0);
+    CHECK(svg.size() < 200'000);
+    CHECK(svg.find("nan") == std::string::npos);
+}
