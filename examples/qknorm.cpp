@@ -92,6 +92,7 @@ int run_sweep_command(SweepSpec spec, const ModelFlags& flags, int threads) {
     spec.qknorm_exe = fs::read_symlink("/proc/self/exe").string();
     // Each run is a child process: it inherits the thread count through the environment. Runs
     // side by side get a share of the cores each, so that N runs do not fight over them.
+    as_usage([&] { check_sweep(spec); });
     if (threads == 0) threads = std::max(1, available_cores() / std::max(spec.jobs, 1));
     setenv("QK_NUM_THREADS", std::to_string(threads).c_str(), 1);
     const size_t total = spec.variants.size() * spec.lrs.size() * spec.seeds.size();

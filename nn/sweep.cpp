@@ -315,11 +315,22 @@ void train_cells(const SweepSpec& spec, const std::vector<Cell>& cells) {
     while (!running.empty()) reap_one();
 }
 
+// The grid's cells, in the order they train: variants, then learning rates, then seeds.
+std::vector<Cell> grid_cells(const SweepSpec& spec) {
+    std::vector<Cell> cells;
+    for (const std::string& variant : spec.variants)
+        for (double lr : spec.lrs)
+            for (uint64_t seed : spec.seeds)
+                cells.push_back(
+                    {variant, spec.out_dir + "/runs/" + run_dir_name(variant, lr, seed), lr, seed});
+    return cells;
+}
+
 }  // namespace
 
 void write_sweep_outputs(const SweepSpec& spec, const SweepResult& result);  // sweep_report.cpp
 
-SweepResult run_sweep(const SweepSpec& spec) {
+void check_sweep(const SweepSpec& spec) {
     QK_CHECK(!spec.variants.empty() && !spec.lrs.empty() && !spec.seeds.empty(),
              "sweep: the grid is empty ({} variants, {} learning rates, {} seeds)",
              spec.variants.size(), spec.lrs.size(), spec.seeds.size());
@@ -337,23 +348,19 @@ SweepResult run_sweep(const SweepSpec& spec) {
                  std::find(spec.lrs.begin(), spec.lrs.end(), spec.plot_lr) != spec.lrs.end(),
              "sweep: plot_lr {:g} is not in the grid's learning rates ({})", spec.plot_lr,
              fmt::join(spec.lrs, ", "));
-    std::vector<Cell> cells;
     bool param_found = spec.plot_param.empty();
     for (const std::string& variant : spec.variants)
         for (const auto& [key, value] : parse_variant(variant).overrides)
             param_found = param_found || key == spec.plot_param;
     QK_CHECK(param_found, "sweep: plot_param '{}' is not overridden by any variant ({})",
              spec.plot_param, fmt::join(spec.variants, ", "));
-    for (const std::string& variant : spec.variants) {
-        GPTConfig check = spec.base.model;
-        apply_variant(parse_variant(variant), check);  // every variant is valid before any run
-        for (double lr : spec.lrs)
-            for (uint64_t seed : spec.seeds) {
-                cells.push_back(
-                    {variant, spec.out_dir + "/runs/" + run_dir_name(variant, lr, seed), lr, seed});
-                cell_config(spec, cells.back()).validate();  // every run is valid before any starts
-            }
-    }
+    // Every run's whole configuration is valid before any of them starts.
+    for (const Cell& cell : grid_cells(spec)) cell_config(spec, cell).validate();
+}
+
+SweepResult run_sweep(const SweepSpec& spec) {
+    check_sweep(spec);
+    const std::vector<Cell> cells = grid_cells(spec);
     fs::create_directories(spec.out_dir + "/runs");
     train_cells(spec, cells);
 

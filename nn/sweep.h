@@ -76,6 +76,9 @@ std::vector<VariantSummary> summarize_variants(const std::vector<RunSummary>& ru
 // Trains every run of the grid that has not finished yet, then writes into spec.out_dir:
 // results.csv, results.jsonl, sensitivity.csv, lr_sweep.svg, max_logit.svg, entropy.svg, and
 // param_sweep.svg when plot_param is set.
+// Refuses a grid that cannot run, before anything trains: an empty grid, --jobs or
+// --lr-min-ratio out of range, --out a file, a variant or any run's configuration invalid.
+void check_sweep(const SweepSpec& spec);
 SweepResult run_sweep(const SweepSpec& spec);
 
 }  // namespace qk::nn

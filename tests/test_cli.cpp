@@ -153,7 +153,7 @@ TEST_CASE("paths of the wrong kind are named: a file as a directory, a directory
     check_refused(run_qknorm({"sample", "--run", file}), 1, {"qknorm: sample:", file});
     check_refused(run_qknorm({"sweep", "--out", file, "--steps", "1", "--lrs", "0.01", "--variants",
                               "baseline"}),
-                  1, {"qknorm: sweep: --out", file, "is a file"});
+                  2, {"qknorm: sweep: --out", file, "is a file"});
     check_refused(run_qknorm({"train", "--data", dir.path.string(), "--run-dir", dir / "r1"}), 1,
                   {"--data", dir.path.string(), "is a directory"});
     const std::string empty = dir / "empty.txt";
@@ -161,6 +161,9 @@ TEST_CASE("paths of the wrong kind are named: a file as a directory, a directory
     check_refused(run_qknorm({"train", "--data", empty, "--run-dir", dir / "r2"}), 1,
                   {"--data", empty, "is empty"});
     check_refused(run_qknorm({"train", "--resume", file}), 1, {"resume", file});
+    check_refused(run_qknorm({"sweep", "--jobs", "0"}), 2, {"--jobs", "0"});
+    check_refused(run_qknorm({"sweep", "--variants", "lp:p=inf", "--lrs", "0.01"}), 2,
+                  {"lp:p=inf", "inf"});
 }
 
 TEST_CASE("a config file must be a regular file in the TOML our configs use") {
