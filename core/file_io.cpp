@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -87,6 +88,29 @@ std::string RegularFile::read(uint64_t offset, uint64_t n) const {
         done += static_cast<uint64_t>(got);
     }
     return out;
+}
+
+JsonExtent measure_json(std::string_view json) {
+    JsonExtent extent;
+    int64_t depth = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < json.size(); ++i) {
+        const char c = json[i];
+        if (in_string) {
+            if (c == '\\') ++i;
+            in_string = c != '"';
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            extent.max_depth = std::max(extent.max_depth, ++depth);
+            ++extent.elements;
+        } else if (c == ']' || c == '}') {
+            --depth;
+        } else if (c == ',') {
+            ++extent.elements;
+        }
+    }
+    return extent;
 }
 
 std::string read_regular_file(const std::string& path, const std::string& what,

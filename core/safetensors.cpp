@@ -78,36 +78,6 @@ void check_header_length(uint64_t header_len, uint64_t file_size, const std::str
              origin, header_len, file_size);
 }
 
-struct JsonExtent {
-    int64_t max_depth = 0;
-    uint64_t elements = 0;  // arrays, objects and commas: a bound on the values they hold
-};
-
-// One linear pass that skips strings (and the escapes in them); brackets that do not match are
-// left for the JSON parser to report.
-JsonExtent measure_json(std::string_view json) {
-    JsonExtent extent;
-    int64_t depth = 0;
-    bool in_string = false;
-    for (size_t i = 0; i < json.size(); ++i) {
-        const char c = json[i];
-        if (in_string) {
-            if (c == '\\') ++i;
-            in_string = c != '"';
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '[' || c == '{') {
-            extent.max_depth = std::max(extent.max_depth, ++depth);
-            ++extent.elements;
-        } else if (c == ']' || c == '}') {
-            --depth;
-        } else if (c == ',') {
-            ++extent.elements;
-        }
-    }
-    return extent;
-}
-
 void check_header_extent(std::string_view json, const std::string& origin) {
     const JsonExtent extent = measure_json(json);
     QK_CHECK(extent.max_depth <= kMaxHeaderDepth,

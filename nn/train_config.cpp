@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "nn/data.h"
 #include "nn/sample.h"
 
@@ -98,6 +99,13 @@ std::string TrainConfig::to_json() const {
 
 TrainConfig TrainConfig::from_json(const std::string& text) {
     TrainConfig c;
+    // A run's config.json is about 40 values two levels deep: refuse a hostile one before the
+    // parser builds a node per bracket.
+    const JsonExtent extent = measure_json(text);
+    QK_CHECK(extent.max_depth <= 4 && extent.elements <= 10'000,
+             "train config: JSON nests {} levels deep with {} elements; a config nests at most 4 "
+             "with at most 10000",
+             extent.max_depth, extent.elements);
     try {
         json j = json::parse(text);
         QK_CHECK(j.is_object(), "train config: expected a JSON object, got {}", j.type_name());

@@ -96,6 +96,8 @@ TEST_CASE("a config.json with out-of-range or mistyped integers is refused") {
     CHECK(throws_with([&] { TrainConfig::from_json(with("steps", 1e30)); }, {"steps"}));
     CHECK(throws_with([&] { TrainConfig::from_json(with("lr", -1)); }, {"--lr", "-1"}));
     CHECK(throws_with([&] { TrainConfig::from_json("[1, 2]"); }, {"JSON object"}));
+    CHECK(throws_with([&] { TrainConfig::from_json(std::string(1'000'000, '[')); },
+                      {"1000000 levels deep"}));
 }
 
 TEST_CASE("thread counts are bounded") {
