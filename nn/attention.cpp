@@ -50,14 +50,17 @@ void measure_scores(const Tensor& s, const Tensor& attn, AttentionStats& stats) 
     const double* ap = a_c.data<double>();
     const int64_t rows = s_c.numel() / T;
     double max_abs = 0, entropy = 0;
+    bool nan_seen = false;  // std::max and `a > 0` would skip a NaN: report it instead
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = r % T;
         for (int64_t j = 0; j <= i; ++j) {
-            max_abs = std::max(max_abs, std::abs(sp[r * T + j]));
-            const double a = ap[r * T + j];
+            const double s_abs = std::abs(sp[r * T + j]), a = ap[r * T + j];
+            nan_seen = nan_seen || std::isnan(s_abs) || std::isnan(a);
+            max_abs = std::max(max_abs, s_abs);
             if (a > 0) entropy -= a * std::log(a);
         }
     }
+    if (nan_seen) max_abs = entropy = NAN;
     stats.max_logit = max_abs;
     stats.entropy = entropy / static_cast<double>(rows);
 }

@@ -150,6 +150,22 @@ TEST_CASE("norms and cross-entropy carry a NaN through to the loss") {
     CHECK(std::isnan(cross_entropy(x, targets).item()));
 }
 
+TEST_CASE("the stability signals report a NaN in the attention instead of skipping it") {
+    GPTConfig c;
+    c.vocab_size = 9, c.block_size = 4, c.n_layer = 1, c.n_head = 2, c.n_embd = 8;
+    GPT model(c, 3);
+    Tensor ids = from_ids({1, 2, 3, 4}, {1, 4});
+    CHECK(std::isfinite(model.forward(ids, ids, /*with_stats=*/true).stats.at(0).max_logit));
+    {
+        NoGradGuard no_grad;
+        model.parameters()[0].data<float>()[2 * 8] = NAN;  // token 2's embedding
+    }
+    const GPTOutput out = model.forward(ids, ids, true);
+    CHECK(std::isnan(out.stats.at(0).max_logit));
+    CHECK(std::isnan(out.stats.at(0).entropy));
+    CHECK(std::isnan(out.loss.item()));
+}
+
 TEST_CASE("generate refuses non-finite logits and bad options, and streams every token") {
     GPTConfig c;
     c.vocab_size = 9, c.block_size = 4, c.n_layer = 1, c.n_head = 2, c.n_embd = 8;
