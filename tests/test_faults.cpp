@@ -11,6 +11,7 @@
 #include "nn/plot.h"
 #include "nn/sample.h"
 #include "nn/trainer.h"
+#include "train_helpers.h"
 
 using namespace qk;
 using namespace qk::nn;
@@ -20,17 +21,11 @@ using json = nlohmann::json;
 
 namespace {
 
-TrainConfig tiny_run(const TempDir& dir, const std::string& name) {
-    TrainConfig c;
-    c.model.block_size = 16, c.model.n_layer = 1, c.model.n_head = 2, c.model.n_embd = 16;
-    c.model.qk_norm = QKNorm::layernorm;
-    c.data_path = write_corpus(dir);
-    c.batch_size = 4, c.steps = 12, c.warmup = 2, c.lr = 1e-2, c.lr_min = 1e-3;
-    c.eval_every = 4, c.eval_batches = 1, c.stats_every = 2;
-    c.checkpoint_every = 1, c.keep_checkpoints = 100;
-    c.run_dir = dir / name;
-    c.sample_tokens = 0;
-    c.progress = false;
+// The suites' tiny run, with a checkpoint at every step and fewer, cheaper evaluations.
+TrainConfig faults_run(const TempDir& dir, const std::string& name) {
+    TrainConfig c = tiny_run(dir, name);
+    c.steps = 12, c.warmup = 2, c.eval_every = 4, c.eval_batches = 1;
+    c.checkpoint_every = 1, c.keep_checkpoints = 100, c.sample_tokens = 0;
     return c;
 }
 
@@ -189,7 +184,7 @@ TEST_CASE("generate refuses non-finite logits and bad options, and streams every
 
 TEST_CASE("a loss spike stops the run, and no checkpoint of the blown-up weights is kept") {
     TempDir dir("faults_spike");
-    TrainConfig cfg = tiny_run(dir, "run");
+    TrainConfig cfg = faults_run(dir, "run");
     cfg.stop_after = 5;  // killed after step 5: checkpoints 1-4 are vouched for
     train(cfg);
     TrainConfig hot = load_run_config(cfg.run_dir);
@@ -208,7 +203,7 @@ TEST_CASE("a loss spike stops the run, and no checkpoint of the blown-up weights
 
 TEST_CASE("a run killed before its first checkpoint starts again in place; leftovers are removed") {
     TempDir dir("faults_restart");
-    TrainConfig cfg = tiny_run(dir, "run");
+    TrainConfig cfg = faults_run(dir, "run");
     cfg.checkpoint_every = 100;
     cfg.stop_after = 3;  // killed at step 3, no checkpoint yet
     train(cfg);
@@ -227,7 +222,7 @@ TEST_CASE("a run killed before its first checkpoint starts again in place; lefto
 
 TEST_CASE("resume drops malformed metrics lines and refuses a corrupt step") {
     TempDir dir("faults_resume");
-    TrainConfig cfg = tiny_run(dir, "run");
+    TrainConfig cfg = faults_run(dir, "run");
     cfg.stop_after = 4;
     train(cfg);
     {

@@ -13,6 +13,7 @@
 #include "nn/checkpoint.h"
 #include "nn/sample.h"
 #include "nn/trainer.h"
+#include "train_helpers.h"
 
 using namespace qk;
 using namespace qk::nn;
@@ -22,22 +23,9 @@ using qk::test::read_file;
 using qk::test::TempDir;
 using qk::test::write_corpus;
 using json = nlohmann::json;
+using qk::test::tiny_run;
 
 namespace {
-
-TrainConfig tiny_run(const TempDir& dir, const std::string& name) {
-    TrainConfig c;
-    c.model.block_size = 16, c.model.n_layer = 1, c.model.n_head = 2, c.model.n_embd = 16;
-    c.model.qk_norm = QKNorm::layernorm;
-    c.data_path = write_corpus(dir);
-    c.batch_size = 4, c.steps = 20, c.warmup = 4, c.lr = 1e-2, c.lr_min = 1e-3;
-    c.eval_every = 5, c.eval_batches = 2, c.stats_every = 2;
-    c.checkpoint_every = 5, c.keep_checkpoints = 2;
-    c.run_dir = dir / name;
-    c.sample_tokens = 20;
-    c.progress = false;
-    return c;
-}
 
 // The per-step lines of metrics.jsonl; the first line, step 0, holds the loss at initialisation.
 std::vector<json> read_metrics(const std::string& run_dir, json* step0 = nullptr) {
