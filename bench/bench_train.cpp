@@ -86,10 +86,20 @@ class RawSgemm {
 // time, so the minimum is the steadiest estimate, and both calls see the same neighbours.
 // Each call is timed twice: wall clock, and CPU time of the process (with one thread, the time
 // the step actually ran, which excludes the time a neighbour held the core).
+// Per step, also the means of what waiting costs the process: context switches (voluntary:
+// a thread went to sleep; involuntary: it was preempted), and CPU-seconds, which count every
+// thread, spinning or working.
 struct Timing {
     double raw_s = 1e30, step_s = 1e30;          // wall clock
     double raw_cpu_s = 1e30, step_cpu_s = 1e30;  // process CPU time
+    double step_switches = 0, step_cpu_total = 0;
+    int steps = 0;
 };
+long context_switches() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);  // every thread of the process
+    return usage.ru_nvcsw + usage.ru_nivcsw;
+}
 double cpu_seconds() {
     timespec ts{};
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -104,6 +114,15 @@ void time_one(Fn& fn, double& best_wall, double& best_cpu) {
     best_wall = std::min(best_wall, std::chrono::duration<double>(clock::now() - t0).count());
     best_cpu = std::min(best_cpu, cpu_seconds() - c0);
 }
+template <class Step>
+void time_step(Step& step, Timing& t) {
+    const long switches = context_switches();
+    const double cpu = cpu_seconds();
+    time_one(step, t.step_s, t.step_cpu_s);
+    t.step_cpu_total += cpu_seconds() - cpu;
+    t.step_switches += double(context_switches() - switches);
+    ++t.steps;
+}
 template <class Raw, class Step>
 Timing time_pairs(Raw& raw, Step& step, double min_seconds, int min_pairs) {
     using clock = std::chrono::steady_clock;
@@ -116,9 +135,9 @@ Timing time_pairs(Raw& raw, Step& step, double min_seconds, int min_pairs) {
          ++pairs) {
         if (pairs % 2 == 0) {
             time_one(raw, t.raw_s, t.raw_cpu_s);
-            time_one(step, t.step_s, t.step_cpu_s);
+            time_step(step, t);
         } else {
-            time_one(step, t.step_s, t.step_cpu_s);
+            time_step(step, t);
             time_one(raw, t.raw_s, t.raw_cpu_s);
         }
         if (pairs >= 200) break;
@@ -129,6 +148,7 @@ Timing time_pairs(Raw& raw, Step& step, double min_seconds, int min_pairs) {
 struct Result {
     std::string config, variant;
     double ms, tokens_per_s, gflops, raw_gflops, cpu_fraction;
+    double switches_per_step, cpu_s_per_step;
     double param_mb, adam_mb, saved_mb, peak_mb, rss_mb;
     double first_loss;  // of the first step: ~ln V at initialisation, a sanity check
 };
@@ -198,6 +218,8 @@ Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
             flops / seconds / 1e9,
             raw.flops() / t.raw_s / 1e9,
             (flops / t.step_cpu_s) / (raw.flops() / t.raw_cpu_s),
+            t.step_switches / t.steps,
+            t.step_cpu_total / t.steps,
             mb(param_bytes),
             mb(adam_bytes),
             mb(after_forward - start_bytes),
@@ -209,16 +231,16 @@ Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
 void print_table(const std::vector<Result>& rows) {
     fmt::print(
         "\n| config | qk_norm | ms/step | tokens/s | model GFLOP/s | raw sgemm GFLOP/s | fraction "
-        "| fraction by CPU time | params MB | AdamW MB | saved activations MB | peak live MB | RSS "
-        "high-water MB |\n");
-    fmt::print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "| fraction by CPU time | context switches per step | CPU s per step | params MB | AdamW "
+        "MB | saved activations MB | peak live MB | RSS high-water MB |\n");
+    fmt::print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const Result& r : rows)
         fmt::print(
-            "| {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.1f} | {:.1f} | "
-            "{:.1f} | {:.1f} | {:.0f} |\n",
+            "| {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.0f} | {:.3f} | "
+            "{:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} |\n",
             r.config, r.variant, r.ms, r.tokens_per_s, r.gflops, r.raw_gflops,
-            r.gflops / r.raw_gflops, r.cpu_fraction, r.param_mb, r.adam_mb, r.saved_mb, r.peak_mb,
-            r.rss_mb);
+            r.gflops / r.raw_gflops, r.cpu_fraction, r.switches_per_step, r.cpu_s_per_step,
+            r.param_mb, r.adam_mb, r.saved_mb, r.peak_mb, r.rss_mb);
 }
 
 }  // namespace
@@ -252,7 +274,9 @@ int main(int argc, char** argv) {
     fmt::print(
         "\nfraction: model GFLOP/s / raw sgemm GFLOP/s, both wall clock (best of alternated "
         "calls); by CPU time: the same with process CPU time (one thread: the time the step "
-        "really ran; two threads: CPU-seconds, which also counts waiting threads).\n"
+        "really ran; two threads: CPU-seconds, which also counts waiting threads). Context "
+        "switches and CPU s per step: means over the timed steps, from getrusage and the "
+        "process CPU clock (every thread).\n"
         "params: weights (float32); AdamW: m and v; saved activations: live bytes after the "
         "forward minus at the step's start (what the graph keeps for backward); peak live: "
         "all live Storage bytes at the step's peak (params + AdamW + activations + gradients + "

@@ -134,10 +134,14 @@ void batched_gemm(T* y, const T* a, const Shape& a_batch_strides, GemmLayout la,
     const int64_t sy = batch.empty() ? 0 : y_batch_strides.back();
     const int64_t sa = batch.empty() ? 0 : a_batch_strides.back();
     const int64_t sb = batch.empty() ? 0 : b_batch_strides.back();
-    // Small matrices go to the threads whole, one GEMM each; large ones split themselves.
-    const bool whole = M * N * K < kParallelGemmWork;
+    // The GEMMs of a run go to the threads whole, one parallel region for the run, when there are
+    // at least as many as threads (attention's B·H products: 48 at config B) or they are small;
+    // only a few large ones split themselves. Splitting each of 48 (256 x 256 x 64) products
+    // instead cost 48 regions, ~100 sleeps and wake-ups of the pool, per batched matmul.
+    const int threads = num_threads();
     for_each_run<3>(batch, {&y_batch_strides, &a_batch_strides, &b_batch_strides},
                     [&](const auto& off, int64_t n) {
+                        const bool whole = n >= threads || M * N * K < kParallelGemmWork;
 #pragma omp parallel for schedule(static) if (whole && n > 1 && n * M * N * K >= kParallelGemmWork)
                         for (int64_t i = 0; i < n; ++i)
                             gemm(y + off[0] + i * sy, N, a + off[1] + i * sa, la,

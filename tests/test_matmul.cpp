@@ -284,13 +284,17 @@ TEST_CASE("GEMMs split over threads match the naive loop") {
         {{130, 301}, {97, 130}, true, true},             // both transposed, rows
         {{130, 97}, {301, 130}, true, true},             // both transposed, columns
         {{7, 6, 37, 33}, {7, 6, 33, 29}, false, false},  // 42 small GEMMs
+        // 3 GEMMs each large enough to split: whole per thread at 2 and 3 threads (n >= threads),
+        // like attention's B·H products, and split at 4 (fewer than threads)
+        {{3, 131, 90}, {3, 90, 101}, false, false},
+        {{3, 90, 131}, {3, 101, 90}, true, true},
     };
     const int saved = num_threads();
     for (const Case& c : cases) {
         Tensor a = randn_seeded(c.a, 61), b = randn_seeded(c.b, 62);
         if (c.ta) a = a.transpose(-2, -1);
         if (c.tb) b = b.transpose(-2, -1);
-        for (int threads : {1, 2, 3}) {
+        for (int threads : {1, 2, 3, 4}) {
             set_num_threads(threads);
             INFO("a ", a.shape(), ", b ", b.shape(), ", ", threads, " threads");
             check_forward(a, b);
