@@ -130,23 +130,27 @@ void batched_gemm(T* y, const T* a, const Shape& a_batch_strides, GemmLayout la,
                   int64_t N, int64_t K) {
     Shape y_batch_strides = contiguous_strides(batch);
     for (int64_t& s : y_batch_strides) s *= M * N;
-    // for_each_run walks the batch as runs along its last dim; an empty batch is one run of 1.
-    const int64_t sy = batch.empty() ? 0 : y_batch_strides.back();
-    const int64_t sa = batch.empty() ? 0 : a_batch_strides.back();
-    const int64_t sb = batch.empty() ? 0 : b_batch_strides.back();
-    // The GEMMs of a run go to the threads whole, one parallel region for the run, when there are
-    // at least as many as threads (attention's B·H products: 48 at config B) or they are small;
-    // only a few large ones split themselves. Splitting each of 48 (256 x 256 x 64) products
-    // instead cost 48 regions, ~100 sleeps and wake-ups of the pool, per batched matmul.
-    const int threads = num_threads();
-    for_each_run<3>(batch, {&y_batch_strides, &a_batch_strides, &b_batch_strides},
-                    [&](const auto& off, int64_t n) {
-                        const bool whole = n >= threads || M * N * K < kParallelGemmWork;
-#pragma omp parallel for schedule(static) if (whole && n > 1 && n * M * N * K >= kParallelGemmWork)
-                        for (int64_t i = 0; i < n; ++i)
-                            gemm(y + off[0] + i * sy, N, a + off[1] + i * sa, la,
-                                 b + off[2] + i * sb, lb, M, N, K);
-                    });
+    const int64_t count = numel_of(batch);  // 1 for an empty batch
+    // The products go to the threads whole, in one parallel region over the whole batch, when
+    // there are at least as many as threads (attention's B·H: 48 at config B, 64 at config A) or
+    // they are small; only a few large ones split themselves. Both alternatives cost more:
+    // splitting each of 48 (256 x 256 x 64) products was one region apiece (~100 sleeps and
+    // wake-ups of the pool per batched matmul), and one region per run of the batch's last dim
+    // (q·kᵀ's batch (B, H) is not one run: heads are a view into (B, T, H, D)) left config A's
+    // runs of 4 small products on one thread.
+    const bool whole = count >= num_threads() || M * N * K < kParallelGemmWork;
+#pragma omp parallel for schedule(static) if (whole && count > 1 && \
+                                              count * M * N * K >= kParallelGemmWork)
+    for (int64_t i = 0; i < count; ++i) {
+        int64_t oy = 0, oa = 0, ob = 0;
+        for (int64_t d = static_cast<int64_t>(batch.size()) - 1, rest = i; d >= 0; --d) {
+            const int64_t index = rest % batch[d];
+            rest /= batch[d];
+            oy += index * y_batch_strides[d], oa += index * a_batch_strides[d],
+                ob += index * b_batch_strides[d];
+        }
+        gemm(y + oy, N, a + oa, la, b + ob, lb, M, N, K);
+    }
 }
 
 }  // namespace cpu

@@ -303,4 +303,15 @@ TEST_CASE("GEMMs split over threads match the naive loop") {
         }
         set_num_threads(saved);
     }
+    // Heads as views into (B, T, H, D), as attention's q·kᵀ and A·v: a batch (B, H) whose
+    // offsets are not one run of strides, given out item by item over the whole batch.
+    const Tensor q = randn_seeded({5, 37, 6, 33}, 63).transpose(1, 2);
+    const Tensor k = randn_seeded({5, 29, 6, 33}, 64).transpose(1, 2);
+    for (int threads : {1, 2, 3, 4}) {
+        set_num_threads(threads);
+        INFO(threads, " threads");
+        check_forward(q, k.transpose(-2, -1));             // (5, 6, 37, 29)
+        check_forward(matmul(q, k.transpose(-2, -1)), k);  // (5, 6, 37, 33)
+    }
+    set_num_threads(saved);
 }
