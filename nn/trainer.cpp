@@ -37,28 +37,27 @@ std::string checkpoint_prefix(const std::string& run_dir, int64_t step) {
     return fmt::format("{}/step-{:06d}", run_dir, step);
 }
 
+// The step of a checkpoint file named exactly "step-NNNNNN.<kind>.safetensors", or none.
+std::optional<int64_t> step_of(const std::string& name, const char* kind) {
+    int64_t step = 0;
+    const std::string pattern = fmt::format("step-%ld.{}.safetensors", kind);
+    if (std::sscanf(name.c_str(), pattern.c_str(), &step) == 1 &&
+        name == fmt::format("step-{:06d}.{}.safetensors", step, kind))
+        return step;
+    return std::nullopt;
+}
+
 // Steps that have both files; the model file is written last, so it marks a complete checkpoint.
 std::vector<int64_t> checkpoint_steps(const std::string& run_dir) {
     std::vector<int64_t> steps;
     if (!fs::exists(run_dir)) return steps;
     for (const auto& entry : fs::directory_iterator(run_dir)) {
-        const std::string name = entry.path().filename().string();
-        int64_t step = 0;
-        if (std::sscanf(name.c_str(), "step-%ld.model.safetensors", &step) == 1 &&
-            name == fmt::format("step-{:06d}.model.safetensors", step) &&
-            fs::exists(checkpoint_prefix(run_dir, step) + ".state.safetensors"))
-            steps.push_back(step);
+        const std::optional<int64_t> step = step_of(entry.path().filename().string(), "model");
+        if (step && fs::exists(checkpoint_prefix(run_dir, *step) + ".state.safetensors"))
+            steps.push_back(*step);
     }
     std::sort(steps.begin(), steps.end());
     return steps;
-}
-
-// The step in a checkpoint's name: ".../step-000400.model.safetensors" -> 400.
-int64_t checkpoint_step(const std::string& path) {
-    const std::string name = fs::path(path).filename().string();
-    int64_t step = -1;
-    std::sscanf(name.c_str(), "step-%ld.", &step);
-    return step;
 }
 
 void write_checkpoint(const TrainConfig& cfg, const GPT& model, const AdamW& opt,
@@ -126,12 +125,11 @@ void remove_leftovers(const std::string& run_dir) {
     for (const auto& entry : fs::directory_iterator(run_dir)) {
         const std::string name = entry.path().filename().string();
         const size_t tmp = name.rfind(".tmp.");
-        int64_t step = 0;
+        const std::optional<int64_t> state_step = step_of(name, "state");
         if (tmp != std::string::npos && process_gone(name.substr(tmp + 5)))
             leftovers.push_back(entry.path());
-        else if (std::sscanf(name.c_str(), "step-%ld.state.safetensors", &step) == 1 &&
-                 name == fmt::format("step-{:06d}.state.safetensors", step) &&
-                 !fs::exists(checkpoint_prefix(run_dir, step) + ".model.safetensors"))
+        else if (state_step &&
+                 !fs::exists(checkpoint_prefix(run_dir, *state_step) + ".model.safetensors"))
             leftovers.push_back(entry.path());
     }
     for (const fs::path& p : leftovers) fs::remove(p);
@@ -269,16 +267,14 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     int64_t start_step = 0;
     MetricsSoFar so_far;
     if (resume) {
-        const std::string latest = latest_model_checkpoint(cfg.run_dir);
-        QK_CHECK(!latest.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
-        load_weights_into(model, latest);
-        const std::string state_path =
-            latest.substr(0, latest.size() - std::string(".model.safetensors").size()) +
-            ".state.safetensors";
+        const std::vector<int64_t> steps = checkpoint_steps(cfg.run_dir);
+        QK_CHECK(!steps.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
+        const std::string prefix = checkpoint_prefix(cfg.run_dir, steps.back());
+        load_weights_into(model, prefix + ".model.safetensors");
+        const std::string state_path = prefix + ".state.safetensors";
         TrainingState state = load_training_state(state_path, model, optimizer);
-        QK_CHECK(state.step == checkpoint_step(latest),
-                 "resume: {} says step {}, but its name says step {}", state_path, state.step,
-                 checkpoint_step(latest));
+        QK_CHECK(state.step == steps.back(), "resume: {} says step {}, but its name says step {}",
+                 state_path, state.step, steps.back());
         data_gen.set_state(state.data_seed, state.data_counter);
         model.dropout_generator().set_state(state.dropout_seed, state.dropout_counter);
         start_step = state.step;
