@@ -1,6 +1,6 @@
 // bench_matmul: the matmul op against raw cblas_sgemm with the same transpose flags, in GFLOP/s.
 //
-//   QK_NUM_THREADS=1 OMP_WAIT_POLICY=passive ./build/bench/bench_matmul     (then QK_NUM_THREADS=2)
+//   QK_NUM_THREADS=1 ./build/bench/bench_matmul     (then QK_NUM_THREADS=2)
 //
 // The op's overhead is everything around the GEMM: argument checks, choosing the layout, and
 // allocating its output (raw sgemm writes into a buffer allocated once). The target is op/raw
@@ -140,7 +140,8 @@ double fixed_overhead_us() {
 
 }  // namespace
 
-int main() {
+int main(int, char** argv) {
+    bench::quiet_openblas_threads(argv);
     NoGradGuard no_grad;
     fmt::print("# matmul vs raw cblas_sgemm, float32, {} thread(s) (QK_NUM_THREADS)\n",
                num_threads());

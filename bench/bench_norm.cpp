@@ -1,6 +1,6 @@
 // Normalisation kernels in GB/s, against a memcpy moving the same bytes in the same run.
 //
-//   ninja -C build && OMP_WAIT_POLICY=passive QK_NUM_THREADS=1 ./build/bench/bench_norm
+//   ninja -C build && QK_NUM_THREADS=1 ./build/bench/bench_norm
 //
 // Bytes are counted once per tensor read or written (x, dy, y, dx, mean/rstd/norm, weight,
 // bias, dweight, dbias): the least traffic any kernel could make. memcpy_gbps(B / 2) moves the

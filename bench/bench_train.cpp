@@ -1,6 +1,6 @@
 // bench_train: one GPT training step (forward, backward, clip, AdamW), against raw sgemm.
 //
-//   QK_NUM_THREADS=1 OMP_WAIT_POLICY=passive ./build/bench/bench_train     (then QK_NUM_THREADS=2)
+//   QK_NUM_THREADS=1 ./build/bench/bench_train     (then QK_NUM_THREADS=2)
 //   ./build/bench/bench_train A        only config A (quick);  B: only config B
 //   perf record -g ./build/bench/bench_train B profile [layernorm]   steps only, for a profiler
 //
@@ -92,13 +92,16 @@ class RawSgemm {
 struct Timing {
     double raw_s = 1e30, step_s = 1e30;          // wall clock
     double raw_cpu_s = 1e30, step_cpu_s = 1e30;  // process CPU time
-    double step_switches = 0, step_cpu_total = 0;
+    double step_switches = 0, step_voluntary = 0, step_cpu_total = 0;
     int steps = 0;
 };
-long context_switches() {
+struct Switches {
+    long voluntary, involuntary;  // went to sleep / was preempted
+};
+Switches context_switches() {
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);  // every thread of the process
-    return usage.ru_nvcsw + usage.ru_nivcsw;
+    return {usage.ru_nvcsw, usage.ru_nivcsw};
 }
 double cpu_seconds() {
     timespec ts{};
@@ -116,11 +119,14 @@ void time_one(Fn& fn, double& best_wall, double& best_cpu) {
 }
 template <class Step>
 void time_step(Step& step, Timing& t) {
-    const long switches = context_switches();
+    const Switches before = context_switches();
     const double cpu = cpu_seconds();
     time_one(step, t.step_s, t.step_cpu_s);
     t.step_cpu_total += cpu_seconds() - cpu;
-    t.step_switches += double(context_switches() - switches);
+    const Switches after = context_switches();
+    t.step_voluntary += double(after.voluntary - before.voluntary);
+    t.step_switches +=
+        double(after.voluntary - before.voluntary) + double(after.involuntary - before.involuntary);
     ++t.steps;
 }
 template <class Raw, class Step>
@@ -148,7 +154,7 @@ Timing time_pairs(Raw& raw, Step& step, double min_seconds, int min_pairs) {
 struct Result {
     std::string config, variant;
     double ms, tokens_per_s, gflops, raw_gflops, cpu_fraction;
-    double switches_per_step, cpu_s_per_step;
+    double switches_per_step, voluntary_per_step, cpu_s_per_step;
     double param_mb, adam_mb, saved_mb, peak_mb, rss_mb;
     double first_loss;  // of the first step: ~ln V at initialisation, a sanity check
 };
@@ -219,6 +225,7 @@ Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
             raw.flops() / t.raw_s / 1e9,
             (flops / t.step_cpu_s) / (raw.flops() / t.raw_cpu_s),
             t.step_switches / t.steps,
+            t.step_voluntary / t.steps,
             t.step_cpu_total / t.steps,
             mb(param_bytes),
             mb(adam_bytes),
@@ -231,21 +238,23 @@ Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
 void print_table(const std::vector<Result>& rows) {
     fmt::print(
         "\n| config | qk_norm | ms/step | tokens/s | model GFLOP/s | raw sgemm GFLOP/s | fraction "
-        "| fraction by CPU time | context switches per step | CPU s per step | params MB | AdamW "
+        "| fraction by CPU time | context switches per step (voluntary) | CPU s per step | params "
+        "MB | AdamW "
         "MB | saved activations MB | peak live MB | RSS high-water MB |\n");
     fmt::print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const Result& r : rows)
         fmt::print(
-            "| {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.0f} | {:.3f} | "
-            "{:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} |\n",
+            "| {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.0f} ({:.0f}) | "
+            "{:.3f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} |\n",
             r.config, r.variant, r.ms, r.tokens_per_s, r.gflops, r.raw_gflops,
-            r.gflops / r.raw_gflops, r.cpu_fraction, r.switches_per_step, r.cpu_s_per_step,
-            r.param_mb, r.adam_mb, r.saved_mb, r.peak_mb, r.rss_mb);
+            r.gflops / r.raw_gflops, r.cpu_fraction, r.switches_per_step, r.voluntary_per_step,
+            r.cpu_s_per_step, r.param_mb, r.adam_mb, r.saved_mb, r.peak_mb, r.rss_mb);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+    bench::quiet_openblas_threads(argv);
     const std::string only = argc > 1 ? argv[1] : "";
     const bool profile = argc > 2 && std::string(argv[2]) == "profile";
     const std::string profile_variant = argc > 3 ? argv[3] : "none";

@@ -6,12 +6,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <vector>
 
 #include <cblas.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "core/storage.h"
 #include "core/threading.h"
@@ -21,10 +24,27 @@ namespace qk::bench {
 // The raw-sgemm reference runs OpenBLAS with its own threads, as many as ours, while it lives:
 // the library keeps OpenBLAS on one thread and splits GEMMs itself (ops/matmul.cpp), so the
 // reference is what OpenBLAS does alone with the same number of threads.
+// The pool's idle workers are put to sleep first (park_threads), so that they do not spin on the
+// cores OpenBLAS's threads are about to use.
 struct RawBlasThreads {
-    RawBlasThreads() { openblas_set_num_threads(num_threads()); }
+    RawBlasThreads() {
+        park_threads();
+        openblas_set_num_threads(num_threads());
+    }
     ~RawBlasThreads() { openblas_set_num_threads(1); }
 };
+
+// OpenBLAS's idle threads spin, calling sched_yield, for 2^28 cycles (~0.1 s) after each call
+// before they sleep, and a benchmark that alternates raw sgemm with our own threaded code would
+// measure that code next to a busy neighbour. OPENBLAS_THREAD_TIMEOUT=4 (2^4 cycles: sleep at
+// once) fixes it, but OpenBLAS reads it when it loads: the benchmark sets it and starts itself
+// again. Call first thing in main.
+inline void quiet_openblas_threads(char** argv) {
+    if (std::getenv("OPENBLAS_THREAD_TIMEOUT")) return;
+    setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
+    execv("/proc/self/exe", argv);
+    std::perror("execv /proc/self/exe");  // only on failure: go on with the busy neighbour
+}
 
 // Median seconds per call of fn over repeats of at least `min_seconds` in total (after one
 // warm-up call). The median resists the other tenant of the physical core.

@@ -5,19 +5,18 @@
 // caller steps through the run with the operands' last-dim strides (often 1 or 0, which the
 // compiler vectorises when the caller branches on them).
 //
-// parallel_for_each_run: the same walk on OpenMP threads, for kernels where every output element
-// belongs to exactly one run (elementwise maps and copies; not reductions, whose runs share
-// outputs). Each thread takes a contiguous slice of the outermost dim (for a rank-1 tensor, a
-// slice of its one run), so the threads write disjoint memory and each element is computed
-// exactly as on one thread: the result does not depend on the thread count.
+// parallel_for_each_run: the same walk on the pool's threads (core/threading.h), for kernels where
+// every output element belongs to exactly one run (elementwise maps and copies; not reductions,
+// whose runs share outputs). Each thread takes a contiguous slice of the outermost dim (for a
+// rank-1 tensor, a slice of its one run), so the threads write disjoint memory and each element is
+// computed exactly as on one thread: the result does not depend on the thread count.
 #pragma once
-
-#include <omp.h>
 
 #include <array>
 #include <cstdint>
 
 #include "core/shape.h"
+#include "core/threading.h"
 
 namespace qk {
 
@@ -55,23 +54,19 @@ constexpr int64_t kParallelElementwise = 1 << 17;
 template <std::size_t N, typename Body>
 void parallel_for_each_run(const Shape& shape, const std::array<const Shape*, N>& strides,
                            Body&& body) {
-    if (shape.empty() || numel_of(shape) < kParallelElementwise || omp_get_max_threads() == 1) {
+    if (shape.empty() || numel_of(shape) < kParallelElementwise || num_threads() == 1) {
         for_each_run<N>(shape, strides, body);
         return;
     }
-#pragma omp parallel
-    {
-        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t lo = shape[0] * t / threads, hi = shape[0] * (t + 1) / threads;
-        if (lo < hi) {
-            Shape slice = shape;
-            slice[0] = hi - lo;
-            for_each_run<N>(slice, strides, [&](std::array<int64_t, N> off, int64_t length) {
-                for (std::size_t k = 0; k < N; ++k) off[k] += lo * (*strides[k])[0];
-                body(off, length);
-            });
-        }
-    }
+    auto slab = [&](int64_t lo, int64_t hi) {  // dims 1.. whole, dim 0 from lo to hi
+        Shape slice = shape;
+        slice[0] = hi - lo;
+        for_each_run<N>(slice, strides, [&](std::array<int64_t, N> off, int64_t length) {
+            for (std::size_t k = 0; k < N; ++k) off[k] += lo * (*strides[k])[0];
+            body(off, length);
+        });
+    };
+    parallel_for(shape[0], slab);
 }
 
 }  // namespace qk

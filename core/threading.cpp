@@ -1,41 +1,216 @@
+// The thread pool behind parallel_run (the design and its reasons are in core/threading.h).
+//
+// One job at a time: the caller publishes the task, bumps `generation` and runs its own share;
+// each worker sees the bump, runs its share (or nothing, when the job uses fewer threads), and
+// counts `pending` down; the caller returns when `pending` reaches 0. Waiting on either counter
+// is spin_then_sleep(): poll with `pause` for the spin budget, then sleep in the kernel
+// (std::atomic::wait, a futex on Linux), woken by notify only when somebody sleeps.
+//
+// The spin budget, measured with bench_train at 2 threads on the 2-core machine (QK_SPIN_US sets
+// it for such a measurement; means over the timed steps, from getrusage):
+//    budget       config A (L4 C128 T64 B16)               config B (L6 C384 T256 B8)
+//                 ms/step  switches/step (voluntary)       ms/step  switches/step (voluntary)
+//    0 (sleep)    47-53    370-410 (365-405)               890-910  540-580 (510-545)
+//    200 µs       37-38    5-6 (1-4)                       850-870  56-80 (27-50)
+//    1 ms         38-40    2 (0)                           890-910  35 (4-5)
+//    2 ms         -        -                               865-880  32-41 (3)
+// A step's gaps between parallel jobs are shorter than ~100 µs once the serial stretches are gone
+// (a bias fill, a bias-gradient sum and the gradient-norm sum each were 0.2-1 ms on one thread:
+// ops/matmul.cpp, ops/reduce.cpp and nn/optim.cpp now split them too); the voluntary switches left
+// at 200 µs are waits for a worker that the kernel preempted. The ~30 involuntary switches per
+// config-B step are those preemptions: with both cores busy, every other runnable task (kernel
+// threads included) must take one of ours for a while; with one thread, a B step sees ~4. 1 ms
+// it is: an idle pool gives its cores back 1 ms after the last job.
 #include "core/threading.h"
 
 #include <cblas.h>
-#include <omp.h>
 #include <pmmintrin.h>
+#include <sched.h>
 #include <xmmintrin.h>
 
 #include <malloc.h>
+#include <pthread.h>
 
-#include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "core/error.h"
 
 namespace qk {
 
 namespace {
-int current_threads = 1;
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::microseconds kSpinBudget{1000};
+
+thread_local bool inside_task = false;  // on the pool's workers always, on a caller during a job
+
+// Polls ready() with the pause instruction (which tells the core, and a hyperthread sibling, that
+// this is a wait loop) until it is true or the budget has passed; the clock is read every 64 polls.
+template <class Ready>
+bool spin_until(Ready ready, std::chrono::nanoseconds budget) {
+    if (ready()) return true;
+    if (budget.count() <= 0) return false;
+    const auto deadline = Clock::now() + budget;
+    for (;;) {
+        for (int i = 0; i < 64; ++i) {
+            _mm_pause();
+            if (ready()) return true;
+        }
+        if (Clock::now() >= deadline) return false;
+    }
 }
+
+// Returns once `counter` differs from `old` (a worker waiting for the next job's generation);
+// stops spinning early when `park` is set.
+void wait_for_change(std::atomic<uint32_t>& counter, uint32_t old, const std::atomic<bool>& park,
+                     std::chrono::nanoseconds spin) {
+    auto changed = [&] { return counter.load(std::memory_order_acquire) != old; };
+    if (spin_until([&] { return changed() || park.load(std::memory_order_relaxed); }, spin) &&
+        changed())
+        return;
+    while (!changed()) counter.wait(old, std::memory_order_acquire);
+}
+// Returns once `counter` is 0 (the caller waiting for the workers to finish a job).
+
+void wait_for_zero(std::atomic<uint32_t>& counter, std::chrono::nanoseconds spin) {
+    if (spin_until([&] { return counter.load(std::memory_order_acquire) == 0; }, spin)) return;
+    for (uint32_t left; (left = counter.load(std::memory_order_acquire)) != 0;)
+        counter.wait(left, std::memory_order_acquire);
+}
+
+class Pool {
+  public:
+    Pool(int threads, std::chrono::nanoseconds spin) : threads_(threads), spin_(spin) {
+        for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { work(w); });
+    }
+    ~Pool() {
+        stopping_ = true;
+        publish();
+        for (std::thread& w : workers_) w.join();
+    }
+    int threads() const { return threads_; }
+
+    void park() { park_.store(true, std::memory_order_relaxed); }
+
+    void run(int threads, const ThreadTask& task) {
+        park_.store(false, std::memory_order_relaxed);
+        task_ = &task;
+        job_threads_ = threads;
+        pending_.store(static_cast<uint32_t>(workers_.size()), std::memory_order_relaxed);
+        publish();
+        run_share(0);
+        wait_for_zero(pending_, spin_);
+        task_ = nullptr;
+        if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    }
+
+  private:
+    // The job's fields are written before this release and read after the workers' acquire.
+    void publish() {
+        generation_.fetch_add(1, std::memory_order_release);
+        generation_.notify_all();  // a system call only when a worker sleeps
+    }
+    void run_share(int t) {
+        if (t >= job_threads_) return;
+        try {
+            (*task_)(t);
+        } catch (...) {
+            const std::lock_guard<std::mutex> lock(error_mutex_);
+            if (!error_) error_ = std::current_exception();
+        }
+    }
+    void work(int w) {
+        enable_flush_to_zero();
+        inside_task = true;  // a worker's own parallel_run calls run serially
+        uint32_t seen = 0;
+        for (;;) {
+            wait_for_change(generation_, seen, park_, spin_);
+            seen = generation_.load(std::memory_order_acquire);
+            if (stopping_) return;
+            run_share(w);
+            if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+        }
+    }
+
+    const int threads_;
+    const std::chrono::nanoseconds spin_;
+    std::vector<std::thread> workers_;
+    std::atomic<uint32_t> generation_{0};  // one increment per job
+    std::atomic<uint32_t> pending_{0};     // workers yet to finish the current job
+    std::atomic<bool> park_{false};        // idle workers: sleep now, do not spin
+    const ThreadTask* task_ = nullptr;
+    int job_threads_ = 0;
+    bool stopping_ = false;
+    std::mutex error_mutex_;
+    std::exception_ptr error_;
+};
+
+int current_threads = 1;
+// Held by the thread running a job, and by set_num_threads. A second program thread that finds it
+// taken runs its task serially instead of waiting.
+std::mutex pool_mutex;
+// Built on the first parallel job and rebuilt when the count changes. Never destroyed at exit:
+// its workers sleep in the kernel and end with the process.
+Pool* pool = nullptr;
+
+// Spinning on more threads than cores keeps threads that have work off the cores: no spinning
+// then. QK_SPIN_US overrides the budget, for measuring it (threading.cpp's header).
+std::chrono::nanoseconds spin_budget(int threads) {
+    if (threads > available_cores()) return {};
+    if (const char* env = std::getenv("QK_SPIN_US"))
+        return std::chrono::microseconds(std::atoll(env));
+    return kSpinBudget;
+}
+
+}  // namespace
 
 void enable_flush_to_zero() {
     _MM_SET_FLUSH_ZERO_MODE(_MM_FLUSH_ZERO_ON);
     _MM_SET_DENORMALS_ZERO_MODE(_MM_DENORMALS_ZERO_ON);
 }
 
+bool in_parallel_region() { return inside_task; }
+
+void park_threads() {
+    const std::lock_guard<std::mutex> lock(pool_mutex);
+    if (pool) pool->park();
+}
+
+void parallel_run(int threads, ThreadTask task) {
+    threads = std::clamp(threads, 1, current_threads);
+    std::unique_lock<std::mutex> lock(pool_mutex, std::defer_lock);
+    if (threads == 1 || inside_task || !lock.try_lock()) {
+        for (int t = 0; t < threads; ++t) task(t);
+        return;
+    }
+    if (!pool || pool->threads() != current_threads) {
+        delete pool;
+        pool = new Pool(current_threads, spin_budget(current_threads));
+    }
+    inside_task = true;
+    struct Leave {
+        ~Leave() { inside_task = false; }
+    } leave;
+    pool->run(threads, task);
+}
+
 void set_num_threads(int n) {
     QK_CHECK(n >= 1 && n <= kMaxThreads,
              "set_num_threads: the thread count must be in [1, {}], got {}", kMaxThreads, n);
-    current_threads = n;
-    omp_set_num_threads(n);
-    // OpenBLAS stays on the calling thread: ops/matmul.cpp splits large GEMMs over our OpenMP
-    // threads itself, so there is one pool of threads, and they sleep when idle.
+    QK_CHECK(!inside_task, "set_num_threads({}): called from inside a parallel task", n);
+    const std::lock_guard<std::mutex> lock(pool_mutex);
+    current_threads = n;  // the pool follows at the next parallel job
+    // OpenBLAS stays on the calling thread: ops/matmul.cpp splits large GEMMs over our pool.
     openblas_set_num_threads(1);
-#pragma omp parallel num_threads(n)
-    enable_flush_to_zero();  // each pool thread sets its own MXCSR
 }
 
 int num_threads() { return current_threads; }
@@ -50,7 +225,11 @@ int parse_thread_count(const std::string& text, const std::string& origin) {
     return n;
 }
 
-int available_cores() { return std::max(omp_get_num_procs(), 1); }
+int available_cores() {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+    return std::max(CPU_COUNT(&set), 1);
+}
 
 void init_threads() {
     static bool done = false;
@@ -68,6 +247,9 @@ void init_threads() {
         }
     }
     set_num_threads(n);
+    // A forked child has only the thread that forked: the parent's workers are not there. The
+    // child forgets the pool (leaking it: its threads cannot be joined) and builds its own.
+    pthread_atfork(nullptr, nullptr, [] { pool = nullptr; });
 }
 
 namespace {

@@ -1,26 +1,40 @@
-// CPU threading policy, in one place.
+// CPU threading: one thread count, one pool of threads, one way to split work.
 //
-// One thread count, set_num_threads(n), serves every op. The default is the QK_NUM_THREADS
-// environment variable, else every core the process may use: the default model trains 1.5x
-// faster with 2 threads than with 1 on this 2-core machine when nothing else runs. OpenBLAS stays
-// single-threaded and ops/matmul.cpp splits large GEMMs over our OpenMP threads, so that one pool
-// of sleeping threads serves everything (OpenBLAS's own workers yield in a loop while they wait).
-// Programs that run several processes at once (qknorm sweep --jobs N) give each a share.
-//   * OpenMP threads should sleep when idle: the ./qk script exports OMP_WAIT_POLICY=passive
-//     (libgomp reads it when it loads, before any code of ours could set it). Threads that spin
-//     while waiting steal the core from the thread doing the work when the cores are shared.
-//   * every thread computing runs with flush-to-zero and denormals-are-zero, because denormal
-//     values (in Adam's second moment, for one) made a cpu training run ~10x slower.
-// The thread count changes how row sums are split, so results are bit-identical only between
-// runs with the same count.
+// Every op that uses more than one core goes through parallel_run / parallel_for below, which run
+// on the library's own pool (core/threading.cpp). OpenBLAS stays on the calling thread:
+// ops/matmul.cpp splits large GEMMs over the pool itself, so one set of threads serves everything.
+//
+// Why an own pool and not OpenMP. A training step enters ~190 parallel regions (a GEMM, a norm,
+// a softmax, an add each), separated by gaps of a few µs of serial work (the autograd bookkeeping,
+// allocations, small ops). libgomp's idle threads either sleep (OMP_WAIT_POLICY=passive: every
+// region then pays a futex wake-up and the scheduler's latency, ~400-700 context switches per
+// step measured at config A) or spin without a time limit (the default: a spinning thread took the
+// core from the one doing the work whenever a third thread wanted it, and a step ran 1.5-2x slower
+// than passive). The pool here spins for a measured budget, then sleeps:
+//   * a worker that finds no work polls for kSpinBudget (1 ms, see threading.cpp for the
+//     measurement) with the pause instruction, which covers the gaps inside a step, and then
+//     sleeps on a futex, so an idle pool costs nothing and never holds a core for long;
+//   * with more threads than cores the budget is 0: spinning threads on oversubscribed cores is
+//     the catastrophic case (each spinner keeps a worker that has work off its core);
+//   * the caller is thread 0 and does its share; it waits for the others the same way.
+// Maps (parallel_for) hand out chunks to whichever thread is free; sums (parallel_run with a fixed
+// split) add per-thread partials in thread order. Results are identical run to run at a given
+// thread count; a different count may split a sum differently.
+//
+// Every thread computing runs with flush-to-zero and denormals-are-zero: denormal values (in
+// Adam's second moment, for one) made a cpu training run ~10x slower.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <string>
+#include <utility>
 
 namespace qk {
 
-// More threads than this is a typo, not a request: each OpenMP thread takes a stack, and 100,000
-// of them overflowed the process's memory inside libgomp.
+// More threads than this is a typo, not a request: each thread takes a stack, and 100,000 of them
+// once overflowed the process's memory.
 constexpr int kMaxThreads = 1024;
 
 void init_threads();          // idempotent; called by the library's static initialiser
@@ -31,5 +45,55 @@ int parse_thread_count(const std::string& text, const std::string& origin);
 int num_threads();
 int available_cores();        // the cores this process may run on (its affinity mask)
 void enable_flush_to_zero();  // for the calling thread
+
+// A borrowed callable `void(int thread)`: what the pool runs, without a std::function allocation.
+class ThreadTask {
+  public:
+    template <class F>
+    ThreadTask(F& f)  // NOLINT: implicit, so that callers pass a lambda
+        : object_(&f), call_([](void* o, int t) { (*static_cast<F*>(o))(t); }) {}
+    void operator()(int t) const { call_(object_, t); }
+
+  private:
+    void* object_;
+    void (*call_)(void*, int);
+};
+
+// Runs task(t) for t = 0 … threads-1 at once, the calling thread being t = 0, and returns when
+// every one has returned (the first exception thrown by any of them is rethrown here). threads is
+// clamped to num_threads(). Called from inside a task, or while another thread of the program
+// holds the pool, the tasks run one after another on the calling thread: same results, no waiting.
+void parallel_run(int threads, ThreadTask task);
+
+// Puts the pool's idle workers to sleep now rather than at the end of their spin budget: for a
+// program about to hand the cores to other threads (another library's, a child process's).
+void park_threads();
+
+// True inside a task of parallel_run (where a nested parallel_run would run serially).
+bool in_parallel_region();
+
+// body(begin, end) on contiguous ranges that together cover [0, n), each once: [0, n) is cut into
+// kChunksPerThread equal chunks per thread, which the threads take in turn, so a thread that the
+// kernel preempted (or, with more threads than cores, one still waiting for a core) leaves its
+// chunks to the others instead of holding every thread up. Which thread computes a chunk changes
+// from run to run: use it for maps, where each element's result depends on nothing else, and
+// parallel_run with a fixed split for sums. With parallel == false, or one thread, body(0, n)
+// runs on the caller. Callers pass `parallel` as "the work is worth a wake-up" (a size threshold).
+constexpr int kChunksPerThread = 4;
+template <class Body>
+void parallel_for(int64_t n, Body&& body, bool parallel = true) {
+    const int threads = parallel ? static_cast<int>(std::min<int64_t>(num_threads(), n)) : 1;
+    if (threads <= 1 || in_parallel_region()) {
+        if (n > 0) body(int64_t{0}, n);
+        return;
+    }
+    const int64_t chunks = std::min<int64_t>(n, int64_t{threads} * kChunksPerThread);
+    std::atomic<int64_t> next{0};
+    auto take_chunks = [&](int) {
+        for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;)
+            body(n * c / chunks, n * (c + 1) / chunks);
+    };
+    parallel_run(threads, take_chunks);
+}
 
 }  // namespace qk

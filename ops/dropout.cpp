@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "core/threading.h"
 #ifdef QK_WITH_CUDA
 #include "cuda/runtime.h"
 #endif
@@ -49,11 +50,13 @@ inline void draw_keep_mask(uint8_t* keep, int64_t n, uint64_t threshold, Generat
 
 // out, in: (n), contiguous; keep: (n).   out[i] = keep[i] ? in[i] * s : 0
 // Forward: in = x, out = y. Backward: in = dy, out = dx.
-// (`parallel :` so that a small n still vectorises; see ops/elementwise.cpp.)
 template <class T>
 void apply_mask(T* out, const T* in, const uint8_t* keep, int64_t n, T s) {
-#pragma omp parallel for simd if (parallel : n >= kParallelWork)
-    for (int64_t i = 0; i < n; ++i) out[i] = keep[i] ? in[i] * s : T(0);
+    auto range = [&](int64_t begin, int64_t end) {
+#pragma omp simd
+        for (int64_t i = begin; i < end; ++i) out[i] = keep[i] ? in[i] * s : T(0);
+    };
+    parallel_for(n, range, n >= kParallelWork);
 }
 
 }  // namespace cpu

@@ -15,6 +15,7 @@
 
 #include "autograd/node.h"
 #include "core/strided.h"
+#include "core/threading.h"
 #include "ops/elementwise_math.h"
 #include "ops/reduce.h"
 
@@ -22,22 +23,24 @@ namespace qk {
 
 namespace cpu {
 
-// `if (parallel : ...)`, not a bare `if`: on a combined `parallel for simd` a bare if clause also
-// binds to the simd construct (OpenMP 5.0), and when false it turns vectorisation off, so every
-// tensor below the threading threshold (most of a small model's) ran one element at a time.
-
 // y: (n), x: (n), both contiguous.   y = f(x, s)
 template <class T, class F>
 void unary_forward(T* y, const T* x, int64_t n, T s, F f) {
-#pragma omp parallel for simd if (parallel : n >= (1 << 17))
-    for (int64_t i = 0; i < n; ++i) y[i] = f(x[i], s);
+    auto range = [&](int64_t begin, int64_t end) {
+#pragma omp simd
+        for (int64_t i = begin; i < end; ++i) y[i] = f(x[i], s);
+    };
+    parallel_for(n, range, n >= kParallelElementwise);
 }
 
 // dx, dy, saved: (n), contiguous.   dx = f(dy, saved, s)
 template <class T, class F>
 void unary_backward(T* dx, const T* dy, const T* saved, int64_t n, T s, F f) {
-#pragma omp parallel for simd if (parallel : n >= (1 << 17))
-    for (int64_t i = 0; i < n; ++i) dx[i] = f(dy[i], saved[i], s);
+    auto range = [&](int64_t begin, int64_t end) {
+#pragma omp simd
+        for (int64_t i = begin; i < end; ++i) dx[i] = f(dy[i], saved[i], s);
+    };
+    parallel_for(n, range, n >= kParallelElementwise);
 }
 
 // out: shape, contiguous. a, b: read with the given strides (0 on broadcast dims).

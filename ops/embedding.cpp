@@ -18,12 +18,11 @@
 // twin, cuda/embedding.cu, scatters with atomicAdd instead: see there for what that costs.)
 #include "ops/embedding.h"
 
-#include <omp.h>
-
 #include <algorithm>
 
 #include "autograd/node.h"
 #include "core/factory.h"
+#include "core/threading.h"
 
 namespace qk {
 
@@ -35,8 +34,11 @@ constexpr int64_t kParallelWork = 1 << 15;
 // y: (N, C); weight: (V, C); ids: (N), every id already checked to be in [0, V).
 template <class T>
 void embedding_forward(T* y, const T* weight, const int32_t* ids, int64_t N, int64_t C) {
-#pragma omp parallel for if (N * C >= kParallelWork)
-    for (int64_t n = 0; n < N; ++n) std::copy_n(weight + int64_t{ids[n]} * C, C, y + n * C);
+    auto rows = [&](int64_t begin, int64_t end) {
+        for (int64_t n = begin; n < end; ++n)
+            std::copy_n(weight + int64_t{ids[n]} * C, C, y + n * C);
+    };
+    parallel_for(N, rows, N * C >= kParallelWork);
 }
 
 // dweight: (V, C), zero-initialised; dy: (N, C); ids: (N).   dweight[ids[n], :] += dy[n, :]
@@ -45,19 +47,18 @@ void embedding_forward(T* y, const T* weight, const int32_t* ids, int64_t N, int
 // no two threads write to one line. With one thread this is the plain serial loop.
 template <class T>
 void embedding_backward(T* dweight, const T* dy, const int32_t* ids, int64_t N, int64_t C) {
-#pragma omp parallel if (N * C >= kParallelWork)
-    {
+    const int threads = N * C >= kParallelWork ? num_threads() : 1;
+    auto band = [&](int t) {
         constexpr int64_t kLine = 64 / sizeof(T);
-        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t band = (C + threads - 1) / threads;
-        const int64_t width = (band + kLine - 1) / kLine * kLine;
+        const int64_t width = ((C + threads - 1) / threads + kLine - 1) / kLine * kLine;
         const int64_t c0 = std::min(C, t * width), c1 = std::min(C, c0 + width);
         for (int64_t n = 0; n < N; ++n) {
             T* dst = dweight + int64_t{ids[n]} * C;
             const T* src = dy + n * C;
             for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
         }
-    }
+    };
+    parallel_run(threads, band);
 }
 
 }  // namespace cpu

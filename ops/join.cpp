@@ -20,6 +20,7 @@
 #include <algorithm>
 
 #include "autograd/node.h"
+#include "core/threading.h"
 
 namespace qk {
 
@@ -31,8 +32,11 @@ constexpr int64_t kParallelWork = 1 << 15;
 // y: (outer, y_row); x: (outer, x_row), contiguous. Copies x into y's columns [col, col + x_row).
 template <class T>
 void cat_copy(T* y, int64_t y_row, const T* x, int64_t x_row, int64_t col, int64_t outer) {
-#pragma omp parallel for if (outer * x_row >= kParallelWork)
-    for (int64_t o = 0; o < outer; ++o) std::copy_n(x + o * x_row, x_row, y + o * y_row + col);
+    auto rows = [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; ++o)
+            std::copy_n(x + o * x_row, x_row, y + o * y_row + col);
+    };
+    parallel_for(outer, rows, outer * x_row >= kParallelWork);
 }
 
 }  // namespace cpu

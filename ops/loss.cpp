@@ -34,6 +34,7 @@
 
 #include "autograd/node.h"
 #include "core/factory.h"
+#include "core/threading.h"
 #include "ops/elementwise_math.h"  // math::exp_fast
 #include "ops/lane_sum.h"
 
@@ -45,7 +46,7 @@ namespace cpu {
 constexpr int64_t kParallelWork = 1 << 15;
 
 // x: (V), one row of logits. Returns m + log Σ exp(x − m), m = max x.
-// (A function of its own: inlined into the omp-parallel loop body, GCC left the max scalar.)
+// (A function of its own: inlined into the parallel loop body, GCC left the max scalar.)
 template <class T>
 T row_logsumexp(const T* x, int64_t V) {
     T m = -std::numeric_limits<T>::infinity();
@@ -63,15 +64,17 @@ template <class T>
 double cross_entropy_forward(T* lse, const T* x, const int32_t* t, int64_t N, int64_t V,
                              int32_t ignore_index) {
     std::vector<double> loss(N, 0.0);  // loss_i, 0 on ignored rows
-#pragma omp parallel for if (N * V >= kParallelWork)
-    for (int64_t i = 0; i < N; ++i) {
-        if (t[i] == ignore_index) {
-            lse[i] = 0;
-            continue;
+    auto rows = [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            if (t[i] == ignore_index) {
+                lse[i] = 0;
+                continue;
+            }
+            lse[i] = row_logsumexp(x + i * V, V);
+            loss[i] = double(lse[i]) - double(x[i * V + t[i]]);
         }
-        lse[i] = row_logsumexp(x + i * V, V);
-        loss[i] = double(lse[i]) - double(x[i * V + t[i]]);
-    }
+    };
+    parallel_for(N, rows, N * V >= kParallelWork);
     double total = 0;
     for (double l : loss) total += l;
     return total;
@@ -81,19 +84,21 @@ double cross_entropy_forward(T* lse, const T* x, const int32_t* t, int64_t N, in
 template <class T>
 void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, int64_t N, int64_t V,
                             int32_t ignore_index, T scale) {
-#pragma omp parallel for if (N * V >= kParallelWork)
-    for (int64_t i = 0; i < N; ++i) {
-        T* dxr = dx + i * V;
-        if (t[i] == ignore_index) {
-            std::fill(dxr, dxr + V, T(0));
-            continue;
-        }
-        const T* xr = x + i * V;
-        const T l = lse[i];
+    auto rows = [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            T* dxr = dx + i * V;
+            if (t[i] == ignore_index) {
+                std::fill(dxr, dxr + V, T(0));
+                continue;
+            }
+            const T* xr = x + i * V;
+            const T l = lse[i];
 #pragma omp simd
-        for (int64_t j = 0; j < V; ++j) dxr[j] = math::exp_fast(xr[j] - l) * scale;  // p · scale
-        dxr[t[i]] -= scale;  // − onehot · scale
-    }
+            for (int64_t j = 0; j < V; ++j) dxr[j] = math::exp_fast(xr[j] - l) * scale;  // p·scale
+            dxr[t[i]] -= scale;  // − onehot · scale
+        }
+    };
+    parallel_for(N, rows, N * V >= kParallelWork);
 }
 
 template double cross_entropy_forward<float>(float*, const float*, const int32_t*, int64_t, int64_t,

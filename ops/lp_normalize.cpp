@@ -14,14 +14,13 @@
 // row by 1/max|x| before raising it to p, so that |x|^p can neither overflow nor underflow.
 #include "ops/norm.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "autograd/node.h"
+#include "core/threading.h"
 #include "ops/lane_sum.h"
 #include "ops/norm_common.h"
 
@@ -111,16 +110,18 @@ T lp_norm_of_row(const T* xr, int64_t C, T p) {
 
 template <class T>
 void lp_normalize_forward(T* y, T* norm, const T* x, int64_t rows, int64_t C, T p, T eps) {
-#pragma omp parallel for schedule(static) if (rows * C >= kNormParallelWork)
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * C;
-        T* yr = y + r * C;
-        const T n = lp_norm_of_row(xr, C, p);
-        const T inv = T(1) / std::max(n, eps);
+    auto range = [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            const T* xr = x + r * C;
+            T* yr = y + r * C;
+            const T n = lp_norm_of_row(xr, C, p);
+            const T inv = T(1) / std::max(n, eps);
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * inv;
-        norm[r] = n;
-    }
+            for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * inv;
+            norm[r] = n;
+        }
+    };
+    parallel_for(rows, range, rows * C >= kNormParallelWork);
 }
 
 // dx = (dy - s · g(y)) · inv for one row, y = x · inv, g(y) = ∂n/∂x written through y.
@@ -134,30 +135,33 @@ void lp_backward_row(T* dxr, const T* dyr, const T* xr, int64_t C, T inv, G g) {
 template <class T>
 void lp_normalize_backward(T* dx, const T* dy, const T* x, const T* norm, int64_t rows, int64_t C,
                            T p, T eps) {
-#pragma omp parallel for schedule(static) if (rows * C >= kNormParallelWork)
-    for (int64_t r = 0; r < rows; ++r) {
-        const T *xr = x + r * C, *dyr = dy + r * C;
-        T* dxr = dx + r * C;
-        const T n = norm[r], inv = T(1) / std::max(n, eps);
-        if (!(n > eps)) {  // clamped: y = x / eps, a constant denominator
+    auto range = [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            const T *xr = x + r * C, *dyr = dy + r * C;
+            T* dxr = dx + r * C;
+            const T n = norm[r], inv = T(1) / std::max(n, eps);
+            if (!(n > eps)) {  // clamped: y = x / eps, a constant denominator
 #pragma omp simd
-            for (int64_t c = 0; c < C; ++c) dxr[c] = dyr[c] * inv;
-        } else if (p == T(1)) {  // g = sign(y), sign(0) = 0: the subgradient at the kink
-            lp_backward_row(dxr, dyr, xr, C, inv, [](T v) { return T((v > 0) - (v < 0)); });
-        } else if (p == T(2)) {  // g = y
-            lp_backward_row(dxr, dyr, xr, C, inv, [](T v) { return v; });
-        } else {  // g = sign(y)|y|^(p-1): by products for integer p, else std::pow
-            const bool integer_p = with_small_int_power(p, [&](auto K) {
-                constexpr int k = decltype(K)::value;
-                lp_backward_row(dxr, dyr, xr, C, inv,
-                                [](T v) { return std::copysign(int_pow<k - 1>(std::abs(v)), v); });
-            });
-            if (!integer_p)  // g is 0 at y = 0 since p > 1
-                lp_backward_row(dxr, dyr, xr, C, inv, [p](T v) {
-                    return std::copysign(std::pow(std::abs(v), p - 1), v);
+                for (int64_t c = 0; c < C; ++c) dxr[c] = dyr[c] * inv;
+            } else if (p == T(1)) {  // g = sign(y), sign(0) = 0: the subgradient at the kink
+                lp_backward_row(dxr, dyr, xr, C, inv, [](T v) { return T((v > 0) - (v < 0)); });
+            } else if (p == T(2)) {  // g = y
+                lp_backward_row(dxr, dyr, xr, C, inv, [](T v) { return v; });
+            } else {  // g = sign(y)|y|^(p-1): by products for integer p, else std::pow
+                const bool integer_p = with_small_int_power(p, [&](auto K) {
+                    constexpr int k = decltype(K)::value;
+                    lp_backward_row(dxr, dyr, xr, C, inv, [](T v) {
+                        return std::copysign(int_pow<k - 1>(std::abs(v)), v);
+                    });
                 });
+                if (!integer_p)  // g is 0 at y = 0 since p > 1
+                    lp_backward_row(dxr, dyr, xr, C, inv, [p](T v) {
+                        return std::copysign(std::pow(std::abs(v), p - 1), v);
+                    });
+            }
         }
-    }
+    };
+    parallel_for(rows, range, rows * C >= kNormParallelWork);
 }
 
 QK_NORM_INSTANTIATE(lp_normalize_forward_v1)

@@ -40,16 +40,15 @@
 // (packed panels, an AVX-512 micro-kernel) so each loaded element is reused many times.
 //
 // Threads: OpenBLAS runs single-threaded, and a large GEMM is split here into one slab of rows
-// (or of columns, when the output is wider than tall) per OpenMP thread; many small GEMMs (the
-// attention products, one per batch and head) go to the threads whole. One pool of threads that
-// sleep when idle then serves every op: OpenBLAS's own workers yield in a loop while they wait
-// (sched_yield), and next to our OpenMP threads that cost 19 % of a 2-thread training step here.
+// (or of columns, when the output is wider than tall) per thread of the pool (core/threading.h);
+// many small GEMMs (the attention products, one per batch and head) go to the threads whole. One
+// pool then serves every op: OpenBLAS's own workers yield in a loop while they wait (sched_yield),
+// and next to a second pool of threads that cost 19 % of a 2-thread training step here.
 // OpenBLAS picks its kernels by matrix size, so a slab's rows can round differently (in the last
 // bits) from the same rows of the whole product: results depend on the thread count.
 #include "ops/matmul.h"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -89,37 +88,52 @@ void gemm_one_thread(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, G
 // costs about as much.
 constexpr int64_t kParallelGemmWork = int64_t{1} << 20;
 
-// The same product, split over the OpenMP threads in slabs of whole rows of y (or of whole
+// y: (M, N) with leading dim ldy; bias: (N).    y[r, :] = bias, the starting value of linear's GEMM
+template <class T>
+void fill_rows(T* y, int64_t ldy, const T* bias, int64_t M, int64_t N) {
+    for (int64_t r = 0; r < M; ++r) std::copy_n(bias, N, y + r * ldy);
+}
+
+// gemm_one_thread, and with a bias (N) first y = bias in every row, then y += op(a) · op(b).
+template <class T>
+void gemm_block(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLayout lb,
+                const T* bias, int64_t M, int64_t N, int64_t K, T beta) {
+    if (bias) {
+        fill_rows(y, ldy, bias, M, N);
+        beta = T(1);
+    }
+    if (K > 0) gemm_one_thread(y, ldy, a, la, b, lb, M, N, K, beta);
+}
+
+// The same product, split over the pool's threads in slabs of whole rows of y (or of whole
 // columns when N > M). Row i of op(a) starts at a + i·ld when a is stored as is, at a + i when
-// transposed; column j of op(b) at b + j, or b + j·ld when transposed.
+// transposed; column j of op(b) at b + j, or b + j·ld when transposed. With a bias (N), each
+// thread writes it into its own slab first (where the GEMM then finds it in cache; a separate
+// fill of linear's output was ~1 ms of one thread per MLP layer at config B): y = bias +
+// op(a)·op(b).
 template <class T>
 void gemm(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLayout lb, int64_t M,
-          int64_t N, int64_t K, T beta = T(0)) {
+          int64_t N, int64_t K, T beta = T(0), const T* bias = nullptr) {
     const int threads = num_threads();
-    if (threads == 1 || omp_in_parallel() || M * N * K < kParallelGemmWork) {
-        gemm_one_thread(y, ldy, a, la, b, lb, M, N, K, beta);
+    if (threads == 1 || in_parallel_region() ||
+        M * std::max<int64_t>(N * K, N) < kParallelGemmWork) {
+        gemm_block(y, ldy, a, la, b, lb, bias, M, N, K, beta);
         return;
     }
     const bool by_rows = M >= N;
     const int64_t extent = by_rows ? M : N;
     const int64_t slab = (extent + threads - 1) / threads;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int t = 0; t < threads; ++t) {
+    auto slab_of = [&](int t) {
         const int64_t first = t * slab, count = std::min(slab, extent - first);
-        if (count <= 0) continue;
+        if (count <= 0) return;
         if (by_rows)
-            gemm_one_thread(y + first * ldy, ldy, a + first * (la.trans ? 1 : la.ld), la, b, lb,
-                            count, N, K, beta);
+            gemm_block(y + first * ldy, ldy, a + first * (la.trans ? 1 : la.ld), la, b, lb, bias,
+                       count, N, K, beta);
         else
-            gemm_one_thread(y + first, ldy, a, la, b + first * (lb.trans ? lb.ld : 1), lb, M, count,
-                            K, beta);
-    }
-}
-
-// y: (rows, N) contiguous; bias: (N).    y[r, :] = bias, the starting value of linear's GEMM
-template <class T>
-void fill_rows(T* y, const T* bias, int64_t rows, int64_t N) {
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(bias, N, y + r * N);
+            gemm_block(y + first, ldy, a, la, b + first * (lb.trans ? lb.ld : 1), lb,
+                       bias ? bias + first : nullptr, M, count, K, beta);
+    };
+    parallel_run(threads, slab_of);
 }
 
 // y: (batch..., M, N) contiguous; a, b: one matrix per batch index at the given batch strides
@@ -139,18 +153,19 @@ void batched_gemm(T* y, const T* a, const Shape& a_batch_strides, GemmLayout la,
     // (q·kᵀ's batch (B, H) is not one run: heads are a view into (B, T, H, D)) left config A's
     // runs of 4 small products on one thread.
     const bool whole = count >= num_threads() || M * N * K < kParallelGemmWork;
-#pragma omp parallel for schedule(static) if (whole && count > 1 && \
-                                              count * M * N * K >= kParallelGemmWork)
-    for (int64_t i = 0; i < count; ++i) {
-        int64_t oy = 0, oa = 0, ob = 0;
-        for (int64_t d = static_cast<int64_t>(batch.size()) - 1, rest = i; d >= 0; --d) {
-            const int64_t index = rest % batch[d];
-            rest /= batch[d];
-            oy += index * y_batch_strides[d], oa += index * a_batch_strides[d],
-                ob += index * b_batch_strides[d];
+    auto products = [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            int64_t oy = 0, oa = 0, ob = 0;
+            for (int64_t d = static_cast<int64_t>(batch.size()) - 1, rest = i; d >= 0; --d) {
+                const int64_t index = rest % batch[d];
+                rest /= batch[d];
+                oy += index * y_batch_strides[d], oa += index * a_batch_strides[d],
+                    ob += index * b_batch_strides[d];
+            }
+            gemm(y + oy, N, a + oa, la, b + ob, lb, M, N, K);
         }
-        gemm(y + oy, N, a + oa, la, b + ob, lb, M, N, K);
-    }
+    };
+    parallel_for(count, products, whole && count * M * N * K >= kParallelGemmWork);
 }
 
 }  // namespace cpu
@@ -389,16 +404,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
             dispatch_float(y.dtype(), [&](auto tag) {
                 using T = decltype(tag);
                 T* yp = y.data<T>();
-                if (b.defined()) cpu::fill_rows(yp, b.data<T>(), R, N);  // y = b, then += x · Wᵀ
                 if (R * N == 0) return;
-                if (K == 0) {  // an empty sum: y is the bias, or 0
-                    if (!b.defined()) std::fill_n(yp, R * N, T(0));
+                if (K == 0 && !b.defined()) {  // an empty sum and no bias: 0
+                    std::fill_n(yp, R * N, T(0));
                     return;
                 }
                 auto [a, la] = gemm_operand(rows_of(x.detach()));  // (R, K): a view if rows merge
                 auto [w, lw] = gemm_operand(weight.detach().t());  // (K, N): W read transposed
-                cpu::gemm(yp, N, a.template data<T>(), la, w.template data<T>(), lw, R, N, K,
-                          b.defined() ? T(1) : T(0));
+                // y = b in every row, then += x · Wᵀ (each thread on its own slab)
+                cpu::gemm(yp, N, a.template data<T>(), la, w.template data<T>(), lw, R, N, K, T(0),
+                          b.defined() ? b.template data<T>() : nullptr);
             });
             break;
         case Device::cuda:

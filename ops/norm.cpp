@@ -39,14 +39,13 @@
 // stays within 1e-6 of float64 (relative to the output's scale) at C = 4096 in the tests.
 #include "ops/norm.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "autograd/node.h"
+#include "core/threading.h"
 #include "ops/lane_sum.h"
 #include "ops/norm_common.h"
 
@@ -136,14 +135,13 @@ void rms_norm_backward_v1(T* dx, T* dweight, const T* dy, const T* x, const T* r
 // thread finished first (atomics or a critical section would, and a run would not replay exactly).
 template <class T, class RowFn>
 void for_rows_accumulating(T* dweight, T* dbias, int64_t rows, int64_t C, RowFn row) {
-    const int threads = rows * C >= kNormParallelWork ? omp_get_max_threads() : 1;
+    const int threads = rows * C >= kNormParallelWork ? num_threads() : 1;
     std::vector<T> partial(size_t(threads) * 2 * C, T(0));  // per thread: dw (C), db (C)
-#pragma omp parallel num_threads(threads)
-    {
-        T* dw = partial.data() + size_t(omp_get_thread_num()) * 2 * C;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; ++r) row(r, dw, dw + C);
-    }
+    auto share = [&](int t) {
+        T* dw = partial.data() + size_t(t) * 2 * C;
+        for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; ++r) row(r, dw, dw + C);
+    };
+    parallel_run(threads, share);
     for (int64_t c = 0; c < C; ++c) {
         T dw = 0, db = 0;
         for (int t = 0; t < threads; ++t) {
@@ -158,25 +156,27 @@ void for_rows_accumulating(T* dweight, T* dbias, int64_t rows, int64_t C, RowFn 
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
                         int64_t rows, int64_t C, T eps) {
-#pragma omp parallel for schedule(static) if (rows * C >= kNormParallelWork)
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * C;
-        T* yr = y + r * C;
-        const T m = math::lane_sum<T>(C, [=](int64_t c) { return xr[c]; }) / T(C);
-        // Second pass over the row, now in L1: Σ(x - mean)², no cancellation against mean².
-        const T var =
-            math::lane_sum<T>(C, [=](int64_t c) { return (xr[c] - m) * (xr[c] - m); }) / T(C);
-        const T s = T(1) / std::sqrt(var + eps);
-        if (bias) {
+    auto range = [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            const T* xr = x + r * C;
+            T* yr = y + r * C;
+            const T m = math::lane_sum<T>(C, [=](int64_t c) { return xr[c]; }) / T(C);
+            // Second pass over the row, now in L1: Σ(x - mean)², no cancellation against mean².
+            const T var =
+                math::lane_sum<T>(C, [=](int64_t c) { return (xr[c] - m) * (xr[c] - m); }) / T(C);
+            const T s = T(1) / std::sqrt(var + eps);
+            if (bias) {
 #pragma omp simd
-            for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * weight[c] + bias[c];
-        } else {
+                for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * weight[c] + bias[c];
+            } else {
 #pragma omp simd
-            for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * weight[c];
+                for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * weight[c];
+            }
+            mean[r] = m;
+            rstd[r] = s;
         }
-        mean[r] = m;
-        rstd[r] = s;
-    }
+    };
+    parallel_for(rows, range, rows * C >= kNormParallelWork);
 }
 
 // One row: dxr (C) written; dw, db (C) accumulated; dyr, xr, weight (C); m, s its mean and rstd.
@@ -215,21 +215,23 @@ void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x, c
 
 template <class T>
 void rms_norm_forward(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C, T eps) {
-#pragma omp parallel for schedule(static) if (rows * C >= kNormParallelWork)
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * C;
-        T* yr = y + r * C;
-        const T ms = math::lane_sum<T>(C, [=](int64_t c) { return xr[c] * xr[c]; }) / T(C);
-        const T s = T(1) / std::sqrt(ms + eps);
-        if (weight) {
+    auto range = [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            const T* xr = x + r * C;
+            T* yr = y + r * C;
+            const T ms = math::lane_sum<T>(C, [=](int64_t c) { return xr[c] * xr[c]; }) / T(C);
+            const T s = T(1) / std::sqrt(ms + eps);
+            if (weight) {
 #pragma omp simd
-            for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * s * weight[c];
-        } else {
+                for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * s * weight[c];
+            } else {
 #pragma omp simd
-            for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * s;
+                for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * s;
+            }
+            rstd[r] = s;
         }
-        rstd[r] = s;
-    }
+    };
+    parallel_for(rows, range, rows * C >= kNormParallelWork);
 }
 
 // One row: dxr (C) written; dw (C) accumulated; dyr, xr (C); weight (C) or nullptr; s its rstd.

@@ -9,8 +9,8 @@
 namespace qk {
 
 namespace cpu {
-// Rows go to OpenMP threads above 2^15 elements (~10 µs of work, the order of a sleeping thread's
-// wake-up under OMP_WAIT_POLICY=passive).
+// Rows go to the pool's threads above 2^15 elements (~10 µs of work, the order of a sleeping
+// worker's wake-up).
 constexpr int64_t kNormParallelWork = 1 << 15;
 }  // namespace cpu
 

@@ -35,6 +35,7 @@
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "core/strided.h"
+#include "core/threading.h"
 #include "ops/elementwise.h"
 
 namespace qk {
@@ -215,8 +216,23 @@ Tensor sum_into_shape(const Tensor& x, const Shape& target) {
         case Device::cpu:
             dispatch_float(x.dtype(), [&](auto tag) {
                 using T = decltype(tag);
-                cpu::sum_accumulate(out.data<T>(), out_strides, x.data<T>(), x.strides(),
-                                    x.shape());
+                T* o = out.data<T>();
+                const T* p = x.data<T>();
+                const int64_t last = x.dim() > 0 ? x.shape().back() : 0;
+                if (last == 0 || out_strides.back() == 0) {  // the last dim is reduced too
+                    cpu::sum_accumulate(o, out_strides, p, x.strides(), x.shape());
+                    return;
+                }
+                // The last dim is kept (a bias gradient Σ_r dY[r, :], a broadcast add's backward):
+                // threads take bands of it. Every output element is still summed in the same
+                // order, so the result does not depend on the thread count.
+                auto band = [&](int64_t begin, int64_t end) {
+                    Shape part = x.shape();
+                    part.back() = end - begin;
+                    cpu::sum_accumulate(o + begin * out_strides.back(), out_strides,
+                                        p + begin * x.strides().back(), x.strides(), part);
+                };
+                parallel_for(last, band, x.numel() >= kParallelElementwise);
             });
             break;
         case Device::cuda:

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "core/threading.h"
 #include "ops/elementwise_math.h"  // math::exp_fast, math::tanh_fast
 #include "ops/lane_sum.h"
 
@@ -139,15 +140,17 @@ template <class T, bool kLog>
 void softmax_forward(T* y, T* lse, const T* x, int64_t rows, int64_t Tq, int64_t Tk, bool causal,
                      T cap) {
     const std::vector<T> keep = causal ? causal_keep<T>(Tk) : std::vector<T>{};
-#pragma omp parallel for if (rows * Tk >= kParallelWork)
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t n = visible_keys(r, Tq, Tk, causal);
-        T* yr = y + r * Tk;
-        const T* xr = x + r * Tk;
-        lse[r] =
-            causal ? softmax_row_forward<T, kLog, true>(yr, xr, keep.data() + (Tk - n), n, Tk, cap)
-                   : softmax_row_forward<T, kLog, false>(yr, xr, nullptr, n, Tk, cap);
-    }
+    auto range = [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            const int64_t n = visible_keys(r, Tq, Tk, causal);
+            T* yr = y + r * Tk;
+            const T* xr = x + r * Tk;
+            lse[r] = causal ? softmax_row_forward<T, kLog, true>(yr, xr, keep.data() + (Tk - n), n,
+                                                                 Tk, cap)
+                            : softmax_row_forward<T, kLog, false>(yr, xr, nullptr, n, Tk, cap);
+        }
+    };
+    parallel_for(rows, range, rows * Tk >= kParallelWork);
 }
 
 // One row. dx: (Tk) out; dy, y: (Tk); keep: as in the forward; lse: the row's lse.
@@ -190,16 +193,18 @@ template <class T, bool kLog>
 void softmax_backward(T* dx, const T* dy, const T* y, const T* lse, int64_t rows, int64_t Tq,
                       int64_t Tk, bool causal, T cap) {
     const std::vector<T> keep = causal ? causal_keep<T>(Tk) : std::vector<T>{};
-#pragma omp parallel for if (rows * Tk >= kParallelWork)
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t n = visible_keys(r, Tq, Tk, causal), o = r * Tk;
-        if (causal)
-            softmax_row_backward<T, kLog, true>(dx + o, dy + o, y + o, keep.data() + (Tk - n),
-                                                lse[r], n, Tk, cap);
-        else
-            softmax_row_backward<T, kLog, false>(dx + o, dy + o, y + o, nullptr, lse[r], n, Tk,
-                                                 cap);
-    }
+    auto range = [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            const int64_t n = visible_keys(r, Tq, Tk, causal), o = r * Tk;
+            if (causal)
+                softmax_row_backward<T, kLog, true>(dx + o, dy + o, y + o, keep.data() + (Tk - n),
+                                                    lse[r], n, Tk, cap);
+            else
+                softmax_row_backward<T, kLog, false>(dx + o, dy + o, y + o, nullptr, lse[r], n, Tk,
+                                                     cap);
+        }
+    };
+    parallel_for(rows, range, rows * Tk >= kParallelWork);
 }
 
 // Declared in ops/softmax.h for the kernel-level tests of the CUDA twins.
