@@ -212,9 +212,10 @@ int main(int argc, char** argv) {
     bool quiet = false;
     int threads = num_threads();
     CLI::Option* threads_option =
-        app.add_option("--threads", threads,
-                       "cpu threads for OpenBLAS and the kernels (env QK_NUM_THREADS; default: "
-                       "every core, shared out between the runs of a sweep)")
+        app.add_option(
+               "--threads", threads,
+               "cpu threads of the library's pool, which also splits the GEMMs (env "
+               "QK_NUM_THREADS; default: every core, shared out between the runs of a sweep)")
             ->check(CLI::Range(1, kMaxThreads))
             ->capture_default_str();
 

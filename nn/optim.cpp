@@ -101,9 +101,10 @@ double sum_of_squares(const std::vector<const T*>& grads, const std::vector<int6
     auto share = [&](int t) {
         const int64_t begin = all.total() * t / threads, end = all.total() * (t + 1) / threads;
         all.for_each_piece(begin, end, [&](size_t k, int64_t lo, int64_t hi) {
+            const T* g = grads[k];
             double sum = 0;
 #pragma omp simd reduction(+ : sum)
-            for (int64_t i = lo; i < hi; ++i) sum += double(grads[k][i]) * double(grads[k][i]);
+            for (int64_t i = lo; i < hi; ++i) sum += double(g[i]) * double(g[i]);
             partial[t] += sum;
         });
     };
@@ -119,8 +120,9 @@ void scale_all(const std::vector<T*>& grads, const std::vector<int64_t>& sizes, 
     const EndToEnd all(sizes);
     auto range = [&](int64_t begin, int64_t end) {
         all.for_each_piece(begin, end, [&](size_t k, int64_t lo, int64_t hi) {
+            T* g = grads[k];
 #pragma omp simd
-            for (int64_t i = lo; i < hi; ++i) grads[k][i] *= scale;
+            for (int64_t i = lo; i < hi; ++i) g[i] *= scale;
         });
     };
     parallel_for(all.total(), range, all.total() >= kParallelUpdate);

@@ -1,6 +1,6 @@
 // lp_normalize: x / ‖x‖_p along any dim, the normalisation of the Lp QK-norm (Lopez-Rubio et
 // al.). Part of the normalisation family of ops/norm.cpp, whose header explains the kernel ladder
-// (v1 the formulas, v2 vectorised with 16-lane row sums and OpenMP over rows).
+// (v1 the formulas, v2 vectorised with 16-lane row sums and the thread pool over rows).
 //
 // lp_normalize n = ‖x‖_p = (Σ|x|^p)^(1/p)    d = max(n, eps)    y = x / d        (p >= 1)
 //   saves      x, n (rows)

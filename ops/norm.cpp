@@ -25,8 +25,8 @@
 // the reference the tests hold v2 against; v2 (no suffix) is what the ops call, 4-30x faster:
 // (a) row sums keep 16 SIMD-lane partial sums (a plain float `acc += x[c]` is one serial chain of
 // dependent adds, which the compiler may not reassociate), (b) it multiplies by rstd instead of
-// dividing per element and recomputes xhat instead of staging rows in buffers, (c) OpenMP over
-// rows.
+// dividing per element and recomputes xhat instead of staging rows in buffers, (c) the thread
+// pool over rows.
 //
 // Statistics: two passes over a row (mean, then Σ(x - mean)²) rather than Welford or Σx, Σx².
 // The row (C = 384 floats = 1.5 KB) is in L1 after the first pass, so memory traffic is still one

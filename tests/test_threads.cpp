@@ -194,7 +194,7 @@ TEST_CASE("stress: the training step at 1 to 8 threads, oversubscribed past the 
     const int cores = std::min(available_cores(), 8);
     train_steps(cores, 2);  // warm-up: the allocator's free lists, first-touch page faults
     const StepResult reference = train_steps(1, 5);
-    std::vector<double> best(9);
+    std::vector<double> best(9);  // best step time per thread count
     for (int n = 1; n <= 8; ++n) {
         CAPTURE(n);
         const StepResult first = train_steps(n, 5), again = train_steps(n, 5);
@@ -207,12 +207,17 @@ TEST_CASE("stress: the training step at 1 to 8 threads, oversubscribed past the 
         best[n] = std::min(first.seconds, again.seconds);
     }
     // More threads than cores must not fall off a cliff (spinning threads on oversubscribed
-    // cores did): each count within 2x of the step at the core count, best of 10 steps each, the
-    // core count measured again at the end so that a slow start does not flatter the others.
-    const double ideal = std::min(best[cores], train_steps(cores, 5).seconds);
+    // cores did, 3-20x): each count within 2x of the step at the core count, timed back to back
+    // (best of 5 steps each). The cores are shared with other machines' work, which can slow any
+    // one measurement: a slowdown counts only when it shows in each of 3 tries.
     for (int n = cores; n <= 8; ++n) {
-        MESSAGE(n << " threads: " << best[n] * 1e3 << " ms/step (" << cores
-                  << " threads, the core count: " << ideal * 1e3 << " ms)");
-        CHECK(best[n] < 2 * ideal);
+        double ratio = 1e30;
+        for (int attempt = 0; attempt < 3 && ratio >= 2; ++attempt) {
+            const double at_cores = train_steps(cores, 5).seconds;
+            const double at_n = std::min(best[n], train_steps(n, 5).seconds);
+            ratio = std::min(ratio, at_n / at_cores);
+        }
+        MESSAGE(n << " threads: " << ratio << "x the step time at " << cores << " threads");
+        CHECK(ratio < 2);
     }
 }
