@@ -1,4 +1,4 @@
-// Causal self-attention with the whole QK-norm family (DESIGN §7).
+// Causal self-attention with the whole QK-norm family (README: The layers).
 #pragma once
 
 #include <memory>

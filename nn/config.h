@@ -1,4 +1,5 @@
-// GPTConfig: every switch of the model (DESIGN §7), with checks and a string form for checkpoints.
+// GPTConfig: every switch of the model (README: The layers), with checks and a string form for
+// checkpoints.
 #pragma once
 
 #include <map>

@@ -1,4 +1,4 @@
-// The GPT: embeddings, L blocks, final norm, LM head (DESIGN §7; nanoGPT names and layouts).
+// The GPT: embeddings, L blocks, final norm, LM head (nanoGPT names and layouts).
 #pragma once
 
 #include <memory>

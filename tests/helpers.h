@@ -23,6 +23,13 @@ inline Tensor leaf(const Shape& shape, uint64_t seed, double scale = 1.0) {
     return t;
 }
 
+// Sets the thread count for one scope, and restores it even when a CHECK fails.
+struct ThreadCount {
+    int saved = num_threads();
+    explicit ThreadCount(int n) { set_num_threads(n); }
+    ~ThreadCount() { set_num_threads(saved); }
+};
+
 // max |a - b| over all elements (shapes must match).
 inline double max_abs_diff(const Tensor& a, const Tensor& b) {
     REQUIRE(a.shape() == b.shape());

@@ -6,17 +6,7 @@
 using namespace qk;
 using qk::test::leaf;
 using qk::test::max_abs_diff;
-
-namespace {
-
-// Sets the thread count for one scope, and restores it even when a CHECK fails.
-struct ThreadCount {
-    int saved = num_threads();
-    explicit ThreadCount(int n) { set_num_threads(n); }
-    ~ThreadCount() { set_num_threads(saved); }
-};
-
-}  // namespace
+using qk::test::ThreadCount;
 
 TEST_CASE("dropout zeroes a fraction p and preserves the mean") {
     const int64_t n = 100000;

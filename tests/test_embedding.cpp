@@ -5,6 +5,7 @@
 using namespace qk;
 using qk::test::leaf;
 using qk::test::max_abs_diff;
+using qk::test::ThreadCount;
 
 namespace {
 
@@ -25,13 +26,6 @@ Tensor random_ids(int64_t N, int64_t V, uint64_t seed) {
     for (auto& id : ids) id = static_cast<int32_t>(gen.uniform() * V);
     return from_ids(ids);
 }
-
-// Sets the thread count for one scope, and restores it even when a CHECK fails.
-struct ThreadCount {
-    int saved = num_threads();
-    explicit ThreadCount(int n) { set_num_threads(n); }
-    ~ThreadCount() { set_num_threads(saved); }
-};
 
 }  // namespace
 

@@ -1,6 +1,6 @@
-// The model (nn/): parameter names, shapes and initialisation as DESIGN §7 says, every attention
-// variant gradchecked end to end in float64 and checked against naive loops (with its stability
-// signals), causality, and every variant overfitting a fixed batch that needs attention.
+// The model (nn/): parameter names, shapes and initialisation as the model spec says, every
+// attention variant gradchecked end to end in float64 and checked against naive loops (with its
+// stability signals), causality, and every variant overfitting a fixed batch that needs attention.
 // The optimisers and data are in test_train.cpp, the config's string form in test_checkpoint.cpp.
 #include <cmath>
 #include <functional>
@@ -29,7 +29,7 @@ GPTConfig tiny_config() {
     return c;
 }
 
-// Every attention variant of DESIGN §7, and the output-side options, as edits of a config.
+// Every attention variant of the model, and the output-side options, as edits of a config.
 struct Variant {
     std::string name;
     std::function<void(GPTConfig&)> apply;
@@ -72,7 +72,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
     return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// Parameter name -> shape, as DESIGN §7's table says, written out independently of nn/.
+// Parameter name -> shape, as the model spec's table says, written out independently of nn/.
 std::map<std::string, Shape> expected_shapes(const GPTConfig& c) {
     const int64_t C = c.n_embd, V = c.vocab_size, D = c.head_dim();
     std::map<std::string, Shape> m{{"transformer.wte.weight", {V, C}},
@@ -163,7 +163,7 @@ void fixed_batch(int64_t B, int64_t T, int64_t V, uint64_t seed, Tensor& ids, Te
 
 // ---- parameter names, shapes, initialisation ----------------------------------------------
 
-TEST_CASE("parameter names and shapes follow DESIGN §7 for every switch and variant") {
+TEST_CASE("parameter names and shapes follow the model spec for every switch and variant") {
     GPTConfig base;
     base.vocab_size = 11, base.block_size = 8, base.n_layer = 2, base.n_embd = 16, base.n_head = 2;
     std::vector<std::function<void(GPTConfig&)>> switches{

@@ -16,17 +16,6 @@
 using namespace qk;
 using namespace qk::test;
 
-namespace {
-
-// Sets the thread count for a scope, and restores it.
-struct ThreadCount {
-    int saved = num_threads();
-    explicit ThreadCount(int n) { set_num_threads(n); }
-    ~ThreadCount() { set_num_threads(saved); }
-};
-
-}  // namespace
-
 TEST_CASE("parallel_run runs every task once, the caller as task 0") {
     for (int n : {1, 2, 3, 8}) {
         ThreadCount threads(n);
