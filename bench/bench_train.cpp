@@ -238,9 +238,8 @@ Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
 void print_table(const std::vector<Result>& rows) {
     fmt::print(
         "\n| config | qk_norm | ms/step | tokens/s | model GFLOP/s | raw sgemm GFLOP/s | fraction "
-        "| fraction by CPU time | context switches per step (voluntary) | CPU s per step | params "
-        "MB | AdamW "
-        "MB | saved activations MB | peak live MB | RSS high-water MB |\n");
+        "| fraction by CPU time | context switches per step (voluntary) | CPU s per step "
+        "| params MB | AdamW MB | saved activations MB | peak live MB | RSS high-water MB |\n");
     fmt::print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const Result& r : rows)
         fmt::print(

@@ -8,8 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <new>
-#include <stdexcept>
+#include <exception>
 
 #include "core/error.h"
 
@@ -74,9 +73,7 @@ std::string RegularFile::read(uint64_t offset, uint64_t n) const {
     std::string out;
     try {
         out.resize(n);
-    } catch (const std::bad_alloc&) {
-        throw Error(fmt::format("{}: '{}': out of memory reading {} bytes", what_, path_, n));
-    } catch (const std::length_error&) {
+    } catch (const std::exception&) {  // bad_alloc, or length_error past max_size()
         throw Error(fmt::format("{}: '{}': out of memory reading {} bytes", what_, path_, n));
     }
     for (uint64_t done = 0; done < n;) {

@@ -7,8 +7,8 @@
 //
 // parallel_for_each_run: the same walk on the pool's threads (core/threading.h), for kernels where
 // every output element belongs to exactly one run (elementwise maps and copies; not reductions,
-// whose runs share outputs). Each thread takes a contiguous slice of the outermost dim (for a
-// rank-1 tensor, a slice of its one run), so the threads write disjoint memory and each element is
+// whose runs share outputs). The threads take contiguous slices of the outermost dim (for a
+// rank-1 tensor, slices of its one run), so they write disjoint memory and each element is
 // computed exactly as on one thread: the result does not depend on the thread count.
 #pragma once
 
@@ -54,7 +54,7 @@ constexpr int64_t kParallelElementwise = 1 << 17;
 template <std::size_t N, typename Body>
 void parallel_for_each_run(const Shape& shape, const std::array<const Shape*, N>& strides,
                            Body&& body) {
-    if (shape.empty() || numel_of(shape) < kParallelElementwise || num_threads() == 1) {
+    if (shape.empty()) {  // a scalar: one run of one element
         for_each_run<N>(shape, strides, body);
         return;
     }
@@ -66,7 +66,7 @@ void parallel_for_each_run(const Shape& shape, const std::array<const Shape*, N>
             body(off, length);
         });
     };
-    parallel_for(shape[0], slab);
+    parallel_for(shape[0], slab, numel_of(shape) >= kParallelElementwise);
 }
 
 }  // namespace qk

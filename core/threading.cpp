@@ -56,35 +56,28 @@ thread_local bool inside_task = false;  // on the pool's workers always, on a ca
 // Polls ready() with the pause instruction (which tells the core, and a hyperthread sibling, that
 // this is a wait loop) until it is true or the budget has passed; the clock is read every 64 polls.
 template <class Ready>
-bool spin_until(Ready ready, std::chrono::nanoseconds budget) {
-    if (ready()) return true;
-    if (budget.count() <= 0) return false;
+void spin_until(Ready ready, std::chrono::nanoseconds budget) {
+    if (ready() || budget.count() <= 0) return;
     const auto deadline = Clock::now() + budget;
     for (;;) {
         for (int i = 0; i < 64; ++i) {
             _mm_pause();
-            if (ready()) return true;
+            if (ready()) return;
         }
-        if (Clock::now() >= deadline) return false;
+        if (Clock::now() >= deadline) return;
     }
 }
 
-// Returns once `counter` differs from `old` (a worker waiting for the next job's generation);
-// stops spinning early when `park` is set.
-void wait_for_change(std::atomic<uint32_t>& counter, uint32_t old, const std::atomic<bool>& park,
-                     std::chrono::nanoseconds spin) {
-    auto changed = [&] { return counter.load(std::memory_order_acquire) != old; };
-    if (spin_until([&] { return changed() || park.load(std::memory_order_relaxed); }, spin) &&
-        changed())
-        return;
-    while (!changed()) counter.wait(old, std::memory_order_acquire);
-}
-// Returns once `counter` is 0 (the caller waiting for the workers to finish a job).
-
-void wait_for_zero(std::atomic<uint32_t>& counter, std::chrono::nanoseconds spin) {
-    if (spin_until([&] { return counter.load(std::memory_order_acquire) == 0; }, spin)) return;
-    for (uint32_t left; (left = counter.load(std::memory_order_acquire)) != 0;)
-        counter.wait(left, std::memory_order_acquire);
+// Returns once done(word) holds: polls with spin_until for the spin budget (cut short when `park`
+// is set), then sleeps in word.wait(), woken by the writer's notify. Workers wait for the
+// generation to move on; the caller waits for `pending` to reach 0.
+template <class Done>
+void spin_then_sleep(const std::atomic<uint32_t>& word, Done done, std::chrono::nanoseconds spin,
+                     const std::atomic<bool>* park = nullptr) {
+    auto value = [&] { return word.load(std::memory_order_acquire); };
+    spin_until([&] { return done(value()) || (park && park->load(std::memory_order_relaxed)); },
+               spin);
+    for (uint32_t v; !done(v = value());) word.wait(v, std::memory_order_acquire);
 }
 
 class Pool {
@@ -108,7 +101,8 @@ class Pool {
         pending_.store(static_cast<uint32_t>(workers_.size()), std::memory_order_relaxed);
         publish();
         run_share(0);
-        wait_for_zero(pending_, spin_);
+        spin_then_sleep(
+            pending_, [](uint32_t left) { return left == 0; }, spin_);
         task_ = nullptr;
         if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
     }
@@ -133,7 +127,8 @@ class Pool {
         inside_task = true;  // a worker's own parallel_run calls run serially
         uint32_t seen = 0;
         for (;;) {
-            wait_for_change(generation_, seen, park_, spin_);
+            spin_then_sleep(
+                generation_, [seen](uint32_t g) { return g != seen; }, spin_, &park_);
             seen = generation_.load(std::memory_order_acquire);
             if (stopping_) return;
             run_share(w);

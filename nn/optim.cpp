@@ -94,7 +94,7 @@ void adamw_update_all(const std::vector<AdamWSlot<T>>& slots, T lr, T beta1, T b
 // Σ g² over the float tensors `grads` (contiguous, cpu), in double: millions of terms. Each thread
 // sums its share, and the shares are added in thread order, so a run replays exactly.
 template <class T>
-double sum_of_squares(const std::vector<const T*>& grads, const std::vector<int64_t>& sizes) {
+double sum_of_squares(const std::vector<T*>& grads, const std::vector<int64_t>& sizes) {
     const EndToEnd all(sizes);
     const int threads = all.total() >= kParallelUpdate ? num_threads() : 1;
     std::vector<double> partial(threads, 0.0);
@@ -280,8 +280,8 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, bool t
         else
             f64.add(g);
     }
-    double total = cpu::sum_of_squares<float>({f32.data.begin(), f32.data.end()}, f32.sizes) +
-                   cpu::sum_of_squares<double>({f64.data.begin(), f64.data.end()}, f64.sizes);
+    double total = cpu::sum_of_squares<float>(f32.data, f32.sizes) +
+                   cpu::sum_of_squares<double>(f64.data, f64.sizes);
     for (const Tensor& g : others) {  // summed where it lives, in double; one number comes back
         const Tensor g64 = g.to(kF64);
         total += sum(g64 * g64).item();

@@ -84,8 +84,8 @@ void gemm_one_thread(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, G
         cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a, la.ld, b, lb.ld, beta, y, ldy);
 }
 
-// Below this many multiply-adds (~40 µs) a GEMM stays on one thread: waking a sleeping thread
-// costs about as much.
+// Below this many multiply-adds (~40 µs) a GEMM stays on one thread: split in slabs, each
+// thread's smaller product runs further from OpenBLAS's peak, which costs more than it saves.
 constexpr int64_t kParallelGemmWork = int64_t{1} << 20;
 
 // y: (M, N) with leading dim ldy; bias: (N).    y[r, :] = bias, the starting value of linear's GEMM
@@ -115,8 +115,9 @@ template <class T>
 void gemm(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLayout lb, int64_t M,
           int64_t N, int64_t K, T beta = T(0), const T* bias = nullptr) {
     const int threads = num_threads();
+    // (With K = 0 there is only the bias to write: M·N elements, counted as K = 1.)
     if (threads == 1 || in_parallel_region() ||
-        M * std::max<int64_t>(N * K, N) < kParallelGemmWork) {
+        M * N * std::max<int64_t>(K, 1) < kParallelGemmWork) {
         gemm_block(y, ldy, a, la, b, lb, bias, M, N, K, beta);
         return;
     }

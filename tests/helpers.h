@@ -39,6 +39,17 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
     return worst;
 }
 
+// The message of the qk::Error that f throws, or "(no error)".
+template <typename F>
+std::string error_message(F&& f) {
+    try {
+        f();
+    } catch (const qk::Error& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
 // True when f throws qk::Error whose message contains every one of the fragments.
 template <typename F>
 bool throws_with(F&& f, std::initializer_list<std::string> fragments) {

@@ -65,12 +65,7 @@ bool bit_identical(const Tensor& a, const Tensor& b) {
 }
 
 std::string parse_error(const std::string& bytes) {
-    try {
-        parse_safetensors(bytes, "hostile.safetensors");
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
+    return qk::test::error_message([&] { parse_safetensors(bytes, "hostile.safetensors"); });
 }
 
 // One F32 tensor "a" of shape [1] (4 bytes) in a header, with the given overrides.

@@ -21,12 +21,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string toml_error(const std::string& text) {
-    try {
-        check_toml_syntax(text, "sweep.toml");
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
+    return qk::test::error_message([&] { check_toml_syntax(text, "sweep.toml"); });
 }
 
 }  // namespace

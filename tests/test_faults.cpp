@@ -67,12 +67,7 @@ TEST_CASE("TrainConfig::validate names the flag, the value and the range") {
         c.set(cfg);
         CAPTURE(c.fragments[0]);
         CHECK_THROWS_AS(cfg.validate(), Error);
-        std::string what;
-        try {
-            cfg.validate();
-        } catch (const Error& e) {
-            what = e.what();
-        }
+        const std::string what = qk::test::error_message([&] { cfg.validate(); });
         for (const std::string& f : c.fragments)
             CHECK_MESSAGE(what.find(f) != std::string::npos, what);
     }
