@@ -41,7 +41,8 @@
 //
 // Threads: OpenBLAS runs single-threaded, and a large GEMM is split here into one slab of rows
 // (or of columns, when the output is wider than tall) per thread of the pool (core/threading.h);
-// many small GEMMs (the attention products, one per batch and head) go to the threads whole. One
+// many small GEMMs (the attention products, one per batch and head) go to the threads whole, and
+// linear's dx and dW, independent products of equal size, run side by side (gemm_pair). One
 // pool then serves every op: OpenBLAS's own workers yield in a loop while they wait (sched_yield),
 // and next to a second pool of threads that cost 19 % of a 2-thread training step here.
 // OpenBLAS picks its kernels by matrix size, so a slab's rows can round differently (in the last
@@ -105,34 +106,85 @@ void gemm_block(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLa
     if (K > 0) gemm_one_thread(y, ldy, a, la, b, lb, M, N, K, beta);
 }
 
-// The same product, split over the pool's threads in slabs of whole rows of y (or of whole
-// columns when N > M). Row i of op(a) starts at a + i·ld when a is stored as is, at a + i when
-// transposed; column j of op(b) at b + j, or b + j·ld when transposed. With a bias (N), each
-// thread writes it into its own slab first (where the GEMM then finds it in cache; a separate
-// fill of linear's output was ~1 ms of one thread per MLP layer at config B): y = bias +
-// op(a)·op(b).
+// One GEMM's arguments, so that independent GEMMs can share one parallel region.
+//     y = op(a) · op(b) + beta · y, or bias + op(a) · op(b) with a bias (N)
+template <class T>
+struct GemmJob {
+    T* y;
+    int64_t ldy;
+    const T* a;
+    GemmLayout la;
+    const T* b;
+    GemmLayout lb;
+    int64_t M, N, K;
+    T beta = T(0);
+    const T* bias = nullptr;
+};
+
+// Slab s of `slabs` of a job: whole rows of y (or whole columns when N > M). Row i of op(a) starts
+// at a + i·ld when a is stored as is, at a + i when transposed; column j of op(b) at b + j, or
+// b + j·ld when transposed. With a bias each slab writes it first (where the GEMM then finds it in
+// cache; a separate fill of linear's output was ~1 ms of one thread per MLP layer at config B).
+template <class T>
+void gemm_slab(const GemmJob<T>& job, int s, int slabs) {
+    const auto& [y, ldy, a, la, b, lb, M, N, K, beta, bias] = job;
+    const bool by_rows = M >= N;
+    const int64_t extent = by_rows ? M : N;
+    const int64_t slab = (extent + slabs - 1) / slabs;
+    const int64_t first = s * slab, count = std::min(slab, extent - first);
+    if (count <= 0) return;
+    if (by_rows)
+        gemm_block(y + first * ldy, ldy, a + first * (la.trans ? 1 : la.ld), la, b, lb, bias, count,
+                   N, K, beta);
+    else
+        gemm_block(y + first, ldy, a, la, b + first * (lb.trans ? lb.ld : 1), lb,
+                   bias ? bias + first : nullptr, M, count, K, beta);
+}
+
+// (With K = 0 there is only the bias to write: M·N elements, counted as K = 1.)
+template <class T>
+int64_t gemm_work(const GemmJob<T>& job) {
+    return job.M * job.N * std::max<int64_t>(job.K, 1);
+}
+
+// One product, split over the pool's threads in one slab per thread.
+template <class T>
+void gemm(const GemmJob<T>& job) {
+    const int threads = num_threads();
+    if (threads == 1 || in_parallel_region() || gemm_work(job) < kParallelGemmWork) {
+        gemm_slab(job, 0, 1);
+        return;
+    }
+    auto slab_of = [&](int t) { gemm_slab(job, t, threads); };
+    parallel_run(threads, slab_of);
+}
+
 template <class T>
 void gemm(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLayout lb, int64_t M,
           int64_t N, int64_t K, T beta = T(0), const T* bias = nullptr) {
+    gemm(GemmJob<T>{y, ldy, a, la, b, lb, M, N, K, beta, bias});
+}
+
+// Two independent products of equal work (linear's dx and dW: R·N·K multiply-adds each) at once,
+// each on half of the threads. At 2 threads each runs whole on its own core, where splitting each
+// in turn had both threads pack the same shared operand (W for dx, x for dW): OpenBLAS's packing
+// was ~11 % of a config-A step. With an odd thread count, or when both are small, one after the
+// other as gemm() does them.
+template <class T>
+void gemm_pair(const GemmJob<T>& first, const GemmJob<T>& second) {
     const int threads = num_threads();
-    // (With K = 0 there is only the bias to write: M·N elements, counted as K = 1.)
-    if (threads == 1 || in_parallel_region() ||
-        M * N * std::max<int64_t>(K, 1) < kParallelGemmWork) {
-        gemm_block(y, ldy, a, la, b, lb, bias, M, N, K, beta);
+    if (threads % 2 != 0 || in_parallel_region() ||
+        gemm_work(first) + gemm_work(second) < kParallelGemmWork) {
+        gemm(first);
+        gemm(second);
         return;
     }
-    const bool by_rows = M >= N;
-    const int64_t extent = by_rows ? M : N;
-    const int64_t slab = (extent + threads - 1) / threads;
+    const int half = threads / 2;
     auto slab_of = [&](int t) {
-        const int64_t first = t * slab, count = std::min(slab, extent - first);
-        if (count <= 0) return;
-        if (by_rows)
-            gemm_block(y + first * ldy, ldy, a + first * (la.trans ? 1 : la.ld), la, b, lb, bias,
-                       count, N, K, beta);
+        if (t < half)
+            gemm_slab(first, t, half);
         else
-            gemm_block(y + first, ldy, a, la, b + first * (lb.trans ? lb.ld : 1), lb,
-                       bias ? bias + first : nullptr, M, count, K, beta);
+            gemm_slab(second, t - half, half);
     };
     parallel_run(threads, slab_of);
 }
@@ -369,6 +421,29 @@ Tensor rows_of(const Tensor& t) {
     return t.reshape({numel_of(Shape(t.shape().begin(), t.shape().end() - 1)), K});
 }
 
+// Linear's dx = dY · W and dW = dYᵀ · x as one cpu::gemm_pair.
+// dy_rows: (R, N); x_rows: (R, K); w: (N, K).    Returns dx: (R, K), dW: (N, K).
+std::pair<Tensor, Tensor> cpu_linear_grads(const Tensor& dy_rows, const Tensor& x_rows,
+                                           const Tensor& w) {
+    const int64_t R = dy_rows.size(0), N = w.size(0), K = w.size(1);
+    if (R == 0 || N == 0 || K == 0)  // an empty product: matmul writes its zeros
+        return {matmul(dy_rows, w), matmul(dy_rows.t(), x_rows)};
+    Tensor dx = Tensor::empty({R, K}, w.dtype(), w.device());
+    Tensor dw = Tensor::empty({N, K}, w.dtype(), w.device());
+    auto [dy_n, l_dy] = gemm_operand(dy_rows);       // dY as stored: (R, N)
+    auto [dy_t, l_dyt] = gemm_operand(dy_rows.t());  // dYᵀ: the same memory, read transposed
+    auto [x, lx] = gemm_operand(x_rows);
+    auto [wm, lw] = gemm_operand(w);
+    dispatch_float(w.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        cpu::gemm_pair(cpu::GemmJob<T>{dx.data<T>(), K, dy_n.template data<T>(), l_dy,
+                                       wm.template data<T>(), lw, R, K, N},
+                       cpu::GemmJob<T>{dw.data<T>(), K, dy_t.template data<T>(), l_dyt,
+                                       x.template data<T>(), lx, N, K, R});
+    });
+    return {dx, dw};
+}
+
 void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     QK_CHECK(x.defined() && weight.defined(), "linear: got an undefined x or weight");
     QK_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
@@ -446,9 +521,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                      w_saved = need_x ? weight.detach() : Tensor()](const Tensor& dy) {
         const Tensor dy_rows = rows_of(dy);  // (R, N)
         Tensor dx, dw, db;
-        if (need_x) dx = matmul(dy_rows, w_saved).reshape(x_shape);  // dY · W
-        if (need_w) dw = matmul(dy_rows.t(), rows_of(x_saved));      // dYᵀ · x
-        if (need_b) db = sum_to(dy_rows, {N});                       // Σ_r dY
+        if (need_x && need_w && dy.device() == Device::cpu) {
+            std::tie(dx, dw) = cpu_linear_grads(dy_rows, rows_of(x_saved), w_saved);
+            dx = dx.reshape(x_shape);
+        } else {
+            if (need_x) dx = matmul(dy_rows, w_saved).reshape(x_shape);  // dY · W
+            if (need_w) dw = matmul(dy_rows.t(), rows_of(x_saved));      // dYᵀ · x
+        }
+        if (need_b) db = sum_to(dy_rows, {N});  // Σ_r dY
         return std::vector<Tensor>{dx, dw, db};
     };
     return autograd::record("linear", y, {x, weight, bias}, std::move(backward));

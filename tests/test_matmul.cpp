@@ -315,3 +315,26 @@ TEST_CASE("GEMMs split over threads match the naive loop") {
     }
     set_num_threads(saved);
 }
+
+TEST_CASE("linear's dx and dW, computed side by side on the threads, match the naive loop") {
+    // Large enough that dx = dY·W and dW = dYᵀ·x share one parallel region (each on half of the
+    // threads at 2 and 4 threads; one after the other at 1 and 3), with x and dY as views that
+    // GEMM reads through their leading dimensions. float64, held to the naive loop.
+    Tensor x_base = randn_seeded({2, 151, 130}, 65), w = randn_seeded({97, 120}, 66);
+    Tensor x = x_base.narrow(-1, 5, 120), b = randn_seeded({97}, 67);
+    Tensor dy = randn_seeded({2, 151, 97}, 68);
+    x.requires_grad_(), w.requires_grad_(), b.requires_grad_();
+    const Tensor dy_rows = dy.reshape({302, 97}), x_rows = x.detach().reshape({302, 120});
+    const Tensor dx_ref = matmul_ref(dy_rows, w.detach()).reshape(x.shape());
+    const Tensor dw_ref = matmul_ref(dy_rows.t(), x_rows);
+    const int saved = num_threads();
+    for (int threads : {1, 2, 3, 4}) {
+        set_num_threads(threads);
+        INFO(threads, " threads");
+        x.zero_grad(), w.zero_grad(), b.zero_grad();
+        linear(x, w, b).backward(dy);
+        CHECK(max_abs_diff(x.grad(), dx_ref) < 1e-11);
+        CHECK(max_abs_diff(w.grad(), dw_ref) < 1e-11);
+    }
+    set_num_threads(saved);
+}
