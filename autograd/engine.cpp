@@ -4,11 +4,14 @@
 //      after every node that consumes its output (iterative DFS post-order, reversed).
 //   2. Walk that order with a table node -> gradient of its output. Each node turns its output
 //      gradient into input gradients; each goes to the producing node's table entry or, for a
-//      leaf, into leaf.grad.
+//      leaf, into leaf.grad. A node that reads only a slab of its input (narrow) returns the
+//      slab's gradient; the entry keeps such slabs apart and puts them in place when the
+//      producing node runs (gather), so a split's pieces fill one buffer without zero-filling it.
 //
 // The accumulation rule (micrograd's users tripped on it): gradients are always ADDED, both
 // between the uses of a tensor inside one graph (x used twice gets both contributions) and across
 // backward calls into a leaf's .grad. Nothing resets .grad but zero_grad() or the optimizer.
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -72,9 +75,64 @@ void accumulate_pending(Tensor& pending, const Tensor& g) {
 
 void check_gradient(const Node& node, size_t i, const Tensor& grad) {
     const Edge& edge = node.inputs[i];
-    QK_CHECK(grad.shape() == edge.shape,
+    Shape expected = edge.shape;
+    if (auto slab = node.gradient_slab()) {  // a slab: edge.shape except along slab->dim
+        const bool fits = slab->dim < grad.dim() &&
+                          grad.dim() == static_cast<int64_t>(expected.size()) &&
+                          slab->start + grad.size(slab->dim) <= expected[slab->dim];
+        if (fits) expected[slab->dim] = grad.size(slab->dim);
+    }
+    QK_CHECK(grad.shape() == expected,
              "backward of {}: gradient {} has shape {}, but that input has shape {}", node.name(),
              i, grad.shape(), edge.shape);
+}
+
+// A node's output gradient while its consumers are still adding to it: a full-size sum, and the
+// slabs that consumers which read only part of it (narrow) handed back.
+struct Pending {
+    Tensor sum;
+    std::vector<std::pair<Slab, Tensor>> slabs;
+    Shape shape;  // the full gradient's (the node's output's), for the slabs
+    DType dtype = DType::f32;
+};
+
+// True when the slabs tile the whole shape along one dim, each exactly once (split's pieces).
+bool slabs_tile(std::vector<std::pair<Slab, Tensor>>& slabs, const Shape& shape) {
+    const int64_t dim = slabs.front().first.dim;
+    std::sort(slabs.begin(), slabs.end(),
+              [](const auto& a, const auto& b) { return a.first.start < b.first.start; });
+    int64_t next = 0;
+    for (const auto& [slab, piece] : slabs) {
+        if (slab.dim != dim || slab.start != next) return false;
+        next += piece.size(dim);
+    }
+    return next == shape[dim];
+}
+
+// The full gradient: the sum, with each slab added in its place. When the slabs tile the
+// gradient, they are copied into a fresh buffer and nothing is zero-filled.
+Tensor gather(Pending& pending) {
+    if (pending.slabs.empty()) return std::move(pending.sum);
+    const Device device = pending.slabs.front().second.device();
+    Tensor full = std::move(pending.sum);
+    const bool tiled = !full.defined() && slabs_tile(pending.slabs, pending.shape);
+    if (tiled) {
+        full = Tensor::empty(pending.shape, pending.dtype, device);
+    } else if (!full.defined()) {
+        full = zeros(pending.shape, pending.dtype, device);
+    } else {
+        full = full.to(pending.dtype);
+        if (!exclusively_owned(full, pending.dtype)) full = full.clone();  // it is added into
+    }
+    for (const auto& [slab, piece] : pending.slabs) {
+        Tensor place = full.narrow(slab.dim, slab.start, piece.size(slab.dim));
+        if (tiled)
+            copy_into(place, piece);
+        else
+            add_(place, piece);
+    }
+    pending.slabs.clear();
+    return full;
 }
 
 }  // namespace
@@ -124,7 +182,8 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
         accumulate_into_leaf(root.impl(), grad_root);
         return;
     }
-    std::unordered_map<Node*, Tensor> grads{{root.grad_fn().get(), grad_root}};
+    std::unordered_map<Node*, Pending> grads{
+        {root.grad_fn().get(), Pending{grad_root, {}, root.shape(), root.dtype()}}};
     for (Node* node : topological_order(root.grad_fn().get())) {
         auto found = grads.find(node);
         if (found == grads.end()) continue;  // no gradient flowed into this node
@@ -134,7 +193,7 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
                  node->name());
         std::vector<Tensor> dinputs;
         {
-            Tensor dy = std::move(found->second);
+            Tensor dy = gather(found->second);
             grads.erase(found);  // frees this gradient as soon as it is consumed
             dinputs = node->backward(dy);
         }  // dy dropped here, so that an input gradient that is a view of it (a transpose's, a
@@ -142,17 +201,27 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
         QK_CHECK(dinputs.size() == node->inputs.size(),
                  "backward of {}: returned {} gradients for {} inputs", node->name(),
                  dinputs.size(), node->inputs.size());
+        const std::optional<Slab> slab = node->gradient_slab();
         for (size_t i = 0; i < dinputs.size(); ++i) {
             const Edge& edge = node->inputs[i];
             Tensor g = std::move(dinputs[i]);
             if (!g.defined() || (!edge.fn && !edge.leaf)) continue;
             check_gradient(*node, i, g);
-            if (edge.fn) {
-                auto [slot, fresh] = grads.try_emplace(edge.fn.get(), std::move(g));
-                if (!fresh) accumulate_pending(slot->second, g);
-            } else {
-                accumulate_into_leaf(*edge.leaf, std::move(g));
+            Pending incoming{slab ? Tensor() : std::move(g), {}, edge.shape, edge.dtype};
+            if (slab) incoming.slabs.emplace_back(*slab, std::move(g));
+            if (edge.leaf) {
+                accumulate_into_leaf(*edge.leaf, gather(incoming));
+                continue;
             }
+            auto [entry, fresh] = grads.try_emplace(edge.fn.get(), std::move(incoming));
+            if (fresh) continue;
+            Pending& pending = entry->second;
+            for (auto& piece : incoming.slabs) pending.slabs.push_back(std::move(piece));
+            if (!incoming.sum.defined()) continue;
+            if (pending.sum.defined())
+                accumulate_pending(pending.sum, incoming.sum);
+            else
+                pending.sum = std::move(incoming.sum);
         }
         if (!retain_graph) {
             node->release();

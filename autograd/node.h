@@ -29,11 +29,21 @@ struct Edge {
     DType dtype = DType::f32;
 };
 
+// Where a gradient lands when it covers only a slab of its input: input.narrow(dim, start, len),
+// len the gradient's own size along dim; the input's gradient is zero everywhere else.
+struct Slab {
+    int64_t dim = 0, start = 0;
+};
+
 struct Node {
     virtual ~Node() = default;
     virtual std::string name() const = 0;
     virtual std::vector<Tensor> backward(const Tensor& grad_output) = 0;
     virtual void release() = 0;  // drop saved tensors; backward may not be called afterwards
+    // Set for a node of one input whose backward returns only a slab of that input's gradient
+    // (narrow): the engine puts the slab in place. The pieces of a split then go back into one
+    // buffer, each copied once, instead of one zero-filled input-sized tensor per piece, all added.
+    virtual std::optional<Slab> gradient_slab() const { return std::nullopt; }
 
     std::vector<Edge> inputs;
     bool released = false;

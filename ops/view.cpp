@@ -7,7 +7,8 @@
 //                      pair of dims, copies)
 //     transpose:       dx = dy.transpose(d0, d1)            (its own inverse)
 //     permute(order):  dx = dy.permute(inverse(order))
-//     narrow:          dx = zeros(x.shape), dx[narrowed region] = dy
+//     narrow:          dx = zeros(x.shape), dx[narrowed region] = dy   (the engine places dy in
+//                      dx: the pieces of a split share one buffer, see autograd/node.h)
 //     expand:          dx = sum_to(dy, x.shape)             (stride 0 fed many outputs)
 //     squeeze/unsqueeze: the other one
 // contiguous(), clone(), to(dtype) and to(device) copy; their backward passes dy through (cast
@@ -24,6 +25,18 @@ namespace qk {
 using Grads = std::vector<Tensor>;
 
 namespace {
+
+// narrow's backward hands dy back as the gradient of the slab [start, start + length) along dim
+// of x; the engine writes it into x's gradient (zeros elsewhere), see Node::gradient_slab.
+struct NarrowNode final : autograd::Node {
+    explicit NarrowNode(autograd::Slab slab) : slab(slab) {}
+    std::string name() const override { return "narrow"; }
+    Grads backward(const Tensor& dy) override { return {dy}; }
+    void release() override {}  // saves nothing
+    std::optional<autograd::Slab> gradient_slab() const override { return slab; }
+
+    autograd::Slab slab;
+};
 
 Shape infer_size(Shape shape, int64_t numel, const char* op, const Shape& from) {
     int64_t known = 1, infer_at = -1;
@@ -137,13 +150,8 @@ Tensor Tensor::narrow(int64_t dim_in, int64_t start, int64_t length) const {
     Shape shape = this->shape();
     shape[d] = length;
     Tensor y = make_view(*this, shape, strides(), offset() + start * strides()[d]);
-    return autograd::record(
-        "narrow", y, {*this},
-        [xs = this->shape(), d, start, length, dt = dtype(), dev = device()](const Tensor& dy) {
-            Tensor dx = zeros(xs, dt, dev);
-            copy_into(dx.narrow(d, start, length), dy);
-            return Grads{dx};
-        });
+    if (!autograd::needs_recording({*this})) return y;
+    return autograd::attach(y, std::make_shared<NarrowNode>(autograd::Slab{d, start}), {*this});
 }
 
 Tensor Tensor::select(int64_t dim_in, int64_t index) const {
