@@ -73,6 +73,41 @@ void accumulate_pending(Tensor& pending, const Tensor& g) {
         pending = pending + g;
 }
 
+// Leaves with grad-ready hooks, and how many edges into each the walk has still to pass: the
+// hooks of a leaf run when its count reaches 0 (its gradient is then complete), and those of
+// leaves that some edges never reached (no gradient flowed through them) at the end of the pass.
+class ReadyHooks {
+  public:
+    explicit ReadyHooks(const std::vector<Node*>& order) {
+        for (Node* node : order)
+            for (const Edge& edge : node->inputs)
+                if (edge.leaf && !edge.leaf->grad_ready_hooks.empty()) {
+                    if (uses_left_.find(edge.leaf.get()) == uses_left_.end())
+                        leaves_.push_back(edge.leaf.get());
+                    ++uses_left_[edge.leaf.get()];
+                }
+    }
+    void edge_passed(const Edge& edge) {
+        if (!edge.leaf) return;
+        auto found = uses_left_.find(edge.leaf.get());
+        if (found != uses_left_.end() && --found->second == 0) run(*edge.leaf);
+    }
+    void run_the_rest() {
+        for (TensorImpl* leaf : leaves_)
+            if (uses_left_[leaf] > 0) {
+                uses_left_[leaf] = 0;
+                run(*leaf);
+            }
+    }
+    static void run(TensorImpl& leaf) {
+        for (const auto& hook : leaf.grad_ready_hooks) hook();
+    }
+
+  private:
+    std::unordered_map<TensorImpl*, int> uses_left_;
+    std::vector<TensorImpl*> leaves_;  // in the order the walk meets them
+};
+
 void check_gradient(const Node& node, size_t i, const Tensor& grad) {
     const Edge& edge = node.inputs[i];
     Shape expected = edge.shape;
@@ -180,11 +215,14 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
     NoGradGuard no_grad;  // the backward pass itself is not recorded
     if (root.is_leaf()) {
         accumulate_into_leaf(root.impl(), grad_root);
+        ReadyHooks::run(root.impl());
         return;
     }
     std::unordered_map<Node*, Pending> grads{
         {root.grad_fn().get(), Pending{grad_root, {}, root.shape(), root.dtype()}}};
-    for (Node* node : topological_order(root.grad_fn().get())) {
+    const std::vector<Node*> order = topological_order(root.grad_fn().get());
+    ReadyHooks hooks(order);
+    for (Node* node : order) {
         auto found = grads.find(node);
         if (found == grads.end()) continue;  // no gradient flowed into this node
         QK_CHECK(!node->released,
@@ -205,12 +243,16 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
         for (size_t i = 0; i < dinputs.size(); ++i) {
             const Edge& edge = node->inputs[i];
             Tensor g = std::move(dinputs[i]);
-            if (!g.defined() || (!edge.fn && !edge.leaf)) continue;
+            if (!g.defined() || (!edge.fn && !edge.leaf)) {
+                hooks.edge_passed(edge);
+                continue;
+            }
             check_gradient(*node, i, g);
             Pending incoming{slab ? Tensor() : std::move(g), {}, edge.shape, edge.dtype};
             if (slab) incoming.slabs.emplace_back(*slab, std::move(g));
             if (edge.leaf) {
                 accumulate_into_leaf(*edge.leaf, gather(incoming));
+                hooks.edge_passed(edge);
                 continue;
             }
             auto [entry, fresh] = grads.try_emplace(edge.fn.get(), std::move(incoming));
@@ -228,6 +270,7 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
             node->released = true;
         }
     }
+    hooks.run_the_rest();
 }
 
 }  // namespace qk::autograd

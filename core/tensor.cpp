@@ -111,6 +111,13 @@ Tensor& Tensor::requires_grad_(bool on) {
     return *this;
 }
 
+void Tensor::on_grad_ready(std::function<void()> hook) {
+    QK_CHECK(is_leaf() && requires_grad(),
+             "on_grad_ready: hooks go on leaves that require grad; this tensor {} {}", shape(),
+             is_leaf() ? "does not require grad" : "was made by an op");
+    impl().grad_ready_hooks.push_back(std::move(hook));
+}
+
 void Tensor::set_grad(const Tensor& g) {
     if (g.defined())
         QK_CHECK(g.shape() == shape(), "set_grad: gradient shape {} differs from tensor shape {}",

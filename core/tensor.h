@@ -5,6 +5,7 @@
 // definitions live in ops/view.cpp because each one records an autograd node.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -29,6 +30,9 @@ struct TensorImpl {
     bool requires_grad = false;
     std::shared_ptr<TensorImpl> grad;         // accumulated gradient (leaves)
     std::shared_ptr<autograd::Node> grad_fn;  // the op that produced this tensor, if recorded
+    // Leaves: called once per backward pass that reaches this leaf, as soon as its .grad holds
+    // every contribution of that pass (data-parallel training starts reducing it then).
+    std::vector<std::function<void()>> grad_ready_hooks;
 };
 
 class Tensor {
@@ -71,6 +75,11 @@ class Tensor {
     Tensor grad() const { return Tensor(impl().grad); }
     void set_grad(const Tensor& g);
     void zero_grad() { impl().grad.reset(); }
+    // hook() runs during each backward() as soon as this leaf's gradient is complete: after the
+    // last op that uses the leaf has added its part, while the rest of the graph is still being
+    // walked. Only on leaves that require grad.
+    void on_grad_ready(std::function<void()> hook);
+    void clear_grad_ready_hooks() { impl().grad_ready_hooks.clear(); }
     const std::shared_ptr<autograd::Node>& grad_fn() const { return impl().grad_fn; }
     // Reverse-mode pass from this tensor. Without an explicit gradient it must have one element.
     void backward(bool retain_graph = false) const;

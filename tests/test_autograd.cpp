@@ -153,3 +153,30 @@ TEST_CASE("narrowed pieces put their gradients in place: tiled, partial, overlap
     CHECK(test::error_message([&] { sum(pieces[1] * 1.0).backward(); }).find("already freed") !=
           std::string::npos);
 }
+
+TEST_CASE("grad-ready hooks run once per backward, when the leaf's gradient is complete") {
+    // w is used three times (its last use is the first one the reverse walk meets): its hook must
+    // see all three contributions. u's only use sits behind an op that returns no gradient, so no
+    // gradient flows to it: its hook runs at the end of the pass. v is not in the graph: no call.
+    Tensor w = test::leaf({3}, 51), u = test::leaf({3}, 52), v = test::leaf({3}, 53);
+    std::vector<std::string> log;
+    Tensor w_grad_seen;
+    w.on_grad_ready([&] {
+        log.push_back("w");
+        w_grad_seen = w.grad().clone();
+    });
+    u.on_grad_ready([&] { log.push_back("u"); });
+    v.on_grad_ready([&] { log.push_back("v"); });
+    Tensor blocked = autograd::record("blocks_gradient", u.detach() * 1.0, {u * 1.0},
+                                      [](const Tensor&) { return std::vector<Tensor>{Tensor()}; });
+    Tensor b = exp(w * 2.0) * w;
+    sum(b * w + blocked).backward();
+    CHECK(log == std::vector<std::string>{"w", "u"});
+    CHECK(max_abs_diff(w_grad_seen, w.grad()) == 0);
+    CHECK(!u.grad().defined());
+    sum(w).backward();  // a root that is the leaf itself
+    CHECK(log.back() == "w");
+    CHECK(log.size() == 3);
+    CHECK(test::error_message([&] { (w * 1.0).on_grad_ready([] {}); }).find("on_grad_ready") !=
+          std::string::npos);
+}
