@@ -41,9 +41,12 @@ void check_mpi(int code, const char* what) {
 
 MPI_Datatype mpi_type(DType dtype, const char* op) {
     switch (dtype) {
-        case DType::f32: return MPI_FLOAT;
-        case DType::f64: return MPI_DOUBLE;
-        default: break;
+        case DType::f32:
+            return MPI_FLOAT;
+        case DType::f64:
+            return MPI_DOUBLE;
+        default:
+            break;
     }
     throw Error(fmt::format("{}: needs a float32 or float64 tensor, got {}", op, dtype));
 }
@@ -124,10 +127,10 @@ void all_reduce_sum(const Tensor& t) {
     if (ranks == 1) return;
     Tensor host = host_view(t, "all_reduce_sum");
     MPI_Request request;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, host.raw_data(), static_cast<int>(host.numel()),
-                             mpi_type(t.dtype(), "all_reduce_sum"), MPI_SUM, MPI_COMM_WORLD,
-                             &request),
-              "all_reduce_sum");
+    check_mpi(
+        MPI_Iallreduce(MPI_IN_PLACE, host.raw_data(), static_cast<int>(host.numel()),
+                       mpi_type(t.dtype(), "all_reduce_sum"), MPI_SUM, MPI_COMM_WORLD, &request),
+        "all_reduce_sum");
     wait_for(request, "all_reduce_sum");
     finish_host(t, host);
 }
@@ -162,9 +165,9 @@ std::vector<std::string> all_gather(const std::string& value) {
     std::vector<int> lengths(ranks), offsets(ranks);
     int length = static_cast<int>(value.size());
     MPI_Request request;
-    check_mpi(MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD,
-                             &request),
-              "all_gather");
+    check_mpi(
+        MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD, &request),
+        "all_gather");
     wait_for(request, "all_gather");
     int total = 0;
     for (int r = 0; r < ranks; ++r) offsets[r] = total, total += lengths[r];
@@ -191,10 +194,9 @@ void reduce_scatter_sum(const Tensor& full, const Tensor& shard) {
     Tensor host_full = host_view(full, "reduce_scatter_sum");
     Tensor host_shard = host_view(shard, "reduce_scatter_sum");
     MPI_Request request;
-    check_mpi(MPI_Ireduce_scatter_block(host_full.raw_data(), host_shard.raw_data(),
-                                        static_cast<int>(shard.numel()),
-                                        mpi_type(full.dtype(), "reduce_scatter_sum"), MPI_SUM,
-                                        MPI_COMM_WORLD, &request),
+    check_mpi(MPI_Ireduce_scatter_block(
+                  host_full.raw_data(), host_shard.raw_data(), static_cast<int>(shard.numel()),
+                  mpi_type(full.dtype(), "reduce_scatter_sum"), MPI_SUM, MPI_COMM_WORLD, &request),
               "reduce_scatter_sum");
     wait_for(request, "reduce_scatter_sum");
     finish_host(shard, host_shard);
@@ -286,6 +288,7 @@ void PendingSum::wait() {}
 
 #endif
 
+PendingSum::PendingSum() = default;
 PendingSum::PendingSum(PendingSum&&) noexcept = default;
 PendingSum& PendingSum::operator=(PendingSum&&) noexcept = default;
 PendingSum::~PendingSum() {

@@ -61,7 +61,7 @@ void all_gather_into(const Tensor& shard, const Tensor& full);
 // advances a non-blocking collective only inside MPI calls) and says whether it is done.
 class PendingSum {
   public:
-    PendingSum() = default;
+    PendingSum();
     PendingSum(PendingSum&&) noexcept;
     PendingSum& operator=(PendingSum&&) noexcept;
     ~PendingSum();

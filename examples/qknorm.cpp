@@ -17,10 +17,12 @@
 #include <filesystem>
 #include <new>
 
+#include "core/distributed.h"
 #include "core/threading.h"
 #include "examples/qknorm_flags.h"
 #include "nn/checkpoint.h"
 #include "nn/data.h"
+#include "nn/data_parallel.h"
 #include "nn/sample.h"
 #include "nn/toml_check.h"
 
@@ -55,7 +57,10 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
               const std::string& from_json, bool quiet) {
     bool resume = !resume_dir.empty();
     if (resume) {
-        cfg = load_run_config(resume_dir);
+        // Rank 0 reads the run's config and hands it to the others (they need no copy of it).
+        const std::string saved = dist::is_root() ? load_run_config(resume_dir).to_json() : "";
+        cfg = TrainConfig::from_json(broadcast_string(saved));
+        cfg.run_dir = resume_dir;
     } else if (!from_json.empty()) {
         cfg = TrainConfig::from_json(read_text_file(from_json, "train: --from-json"));
     } else {
@@ -65,16 +70,25 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
         });
     }
     cfg.progress = !quiet;
-    if (cfg.run_dir.empty())
-        cfg.run_dir = fmt::format("runs/{:%Y%m%d-%H%M%S}", fmt::localtime(std::time(nullptr)));
-    fmt::print(
-        "qknorm train: L={} H={} C={} T={} B={}, attention: {}, steps {}, lr {}, on {}, run dir "
-        "{}{}\n",
-        cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size, cfg.batch_size,
-        describe_attention(cfg.model), cfg.steps, cfg.lr, cfg.device, cfg.run_dir,
-        resume ? " (resuming)" : "");
+    if (cfg.run_dir.empty())  // rank 0's clock names it for every rank
+        cfg.run_dir = broadcast_string(
+            fmt::format("runs/{:%Y%m%d-%H%M%S}", fmt::localtime(std::time(nullptr))));
+    if (!dist::is_root()) cfg.progress = false;  // rank 0 reports for every rank
+    if (dist::is_root())
+        fmt::print(
+            "qknorm train: L={} H={} C={} T={} B={}, attention: {}, steps {}, lr {}, on {}, run "
+            "dir "
+            "{}{}\n",
+            cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size,
+            cfg.batch_size, describe_attention(cfg.model), cfg.steps, cfg.lr, cfg.device,
+            cfg.run_dir, resume ? " (resuming)" : "");
     std::fflush(stdout);
+    if (dist::is_root() && dist::world_size() > 1)
+        fmt::print("data-parallel: {} ranks x {} sequences x {} micro-batch(es) per step\n",
+                   dist::world_size(), cfg.batch_size / (dist::world_size() * cfg.grad_accum),
+                   cfg.grad_accum);
     TrainResult result = train(cfg, resume);
+    if (!dist::is_root()) return result.diverged ? kExitDiverged : 0;
     if (result.diverged) {
         fmt::print(stderr, "qknorm train: {}\n", result.message);
         return kExitDiverged;
@@ -177,6 +191,14 @@ void check_config_file(int argc, char** argv) {
 
 }  // namespace
 
+// Prints "qknorm: message" and returns status. Under mpirun it ends every rank of the job
+// instead, so that the others do not wait for this one in their next collective.
+int fail(const std::string& message, int status) {
+    if (dist::world_size() > 1) dist::abort_job("qknorm: " + message);
+    fmt::print(stderr, "qknorm: {}\n", message);
+    return status;
+}
+
 int main(int argc, char** argv) {
     CLI::App app{"qknorm: train GPT-style transformers with QK-norm and its variants"};
     app.require_subcommand(1);
@@ -246,6 +268,7 @@ int main(int argc, char** argv) {
     uint64_t seed = 0;
     add_sample_flags(sample_cmd, run, ckpt, prompt, options, seed);
 
+    dist::init();  // joins the MPI world when mpirun or srun started this process
     try {
         if (const char* env = std::getenv("QK_NUM_THREADS"))
             as_usage([&] { parse_thread_count(env, "QK_NUM_THREADS"); });
@@ -262,23 +285,23 @@ int main(int argc, char** argv) {
             check_alone(train_cmd, "--from-json", "takes every setting from the file");
             return run_train(cfg, flags, resume_dir, from_json, quiet);
         }
+        if (dist::world_size() > 1)
+            throw UsageError(fmt::format(
+                "'qknorm {}' runs in one process; of the commands only train runs under mpirun",
+                sweep_cmd->parsed() ? "sweep" : "sample"));
         if (sweep_cmd->parsed()) {
             const bool threads_given = threads_option->count() > 0 || std::getenv("QK_NUM_THREADS");
             return run_sweep_command(sweep, sweep_flags, threads_given ? threads : 0);
         }
         return run_sample(run, ckpt, prompt, options, seed);
     } catch (const UsageError& e) {
-        fmt::print(stderr, "qknorm: {}\nRun with --help for more information.\n", e.what());
-        return kExitUsage;
+        return fail(fmt::format("{}\nRun with --help for more information.", e.what()), kExitUsage);
     } catch (const fs::filesystem_error& e) {
         // "filesystem error: cannot create directories: Not a directory [runs/x]"
-        fmt::print(stderr, "qknorm: {}\n", e.what());
-        return kExitError;
+        return fail(e.what(), kExitError);
     } catch (const std::bad_alloc&) {
-        fmt::print(stderr, "qknorm: out of memory (a smaller --batch-size or model fits)\n");
-        return kExitError;
+        return fail("out of memory (a smaller --batch-size or model fits)", kExitError);
     } catch (const std::exception& e) {  // qk::Error, and anything a library below us throws
-        fmt::print(stderr, "qknorm: {}\n", e.what());
-        return kExitError;
+        return fail(e.what(), kExitError);
     }
 }

@@ -101,7 +101,17 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
               "cpu, or cuda: the CUDA backend (a GPU, or in an emulation build the CUDA "
               "kernels run on the cpu: correct but slow, for tests)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
-    add_value(cmd, "--batch-size", cfg.batch_size, "sequences per step (B)");
+    add_value(cmd, "--batch-size", cfg.batch_size,
+              "sequences per step (B), over all ranks and micro-batches");
+    add_value(cmd, "--grad-accum", cfg.grad_accum,
+              "micro-batches per step (K): each rank runs K passes of B / (ranks * K) sequences "
+              "and sums their gradients before the update");
+    add_value(cmd, "--bucket-mb", cfg.bucket_mb,
+              "under mpirun: gradients are averaged over the ranks in buckets of this many MB");
+    add_value(cmd, "--overlap", cfg.overlap,
+              "under mpirun: average each bucket while backward still runs (false: after it)");
+    add_value(cmd, "--dist-timeout", cfg.dist_timeout,
+              "under mpirun: seconds to wait for the other ranks before ending the job");
     add_value(cmd, "--steps", cfg.steps, "optimisation steps");
     add_value(cmd, "--warmup", cfg.warmup, "linear warmup steps before the cosine decay");
     if (single_run) add_value(cmd, "--lr", cfg.lr, "peak learning rate");

@@ -45,6 +45,15 @@ void get_integer(const json& j, const char* key, int64_t& out) {
 void TrainConfig::validate() const {
     model.validate();
     require_count(batch_size, "batch-size", 1, 1 << 20);
+    require_count(grad_accum, "grad-accum", 1, 1 << 20);
+    QK_CHECK(batch_size % grad_accum == 0,
+             "train: --batch-size {} must be a multiple of --grad-accum {} (each micro-batch has "
+             "batch-size / grad-accum sequences)",
+             batch_size, grad_accum);
+    require(std::isfinite(bucket_mb) && bucket_mb > 0 && bucket_mb <= 1 << 16, "bucket-mb",
+            bucket_mb, "a finite number of MB in (0, 65536]");
+    require(std::isfinite(dist_timeout) && dist_timeout > 0, "dist-timeout", dist_timeout,
+            "a finite number of seconds > 0");
     require_count(steps, "steps", 1, kMaxSteps);
     require_count(warmup, "warmup", 0, kMaxSteps);  // longer than steps: lr never peaks
     require(std::isfinite(lr) && lr > 0, "lr", lr, "a finite number > 0");
@@ -76,6 +85,7 @@ std::string TrainConfig::to_json() const {
     j["tokenizer"] = tokenizer;
     j["device"] = device;
     j["batch_size"] = batch_size;
+    j["grad_accum"] = grad_accum;
     j["steps"] = steps;
     j["warmup"] = warmup;
     j["lr"] = lr;
@@ -114,6 +124,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
         j.at("tokenizer").get_to(c.tokenizer);
         c.device = j.value("device", std::string("cpu"));  // runs saved before devices existed
         get_integer(j, "batch_size", c.batch_size);
+        if (j.contains("grad_accum")) get_integer(j, "grad_accum", c.grad_accum);  // added later
         get_integer(j, "steps", c.steps);
         get_integer(j, "warmup", c.warmup);
         j.at("lr").get_to(c.lr);

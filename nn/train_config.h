@@ -14,7 +14,8 @@ struct TrainConfig {
     std::string data_path;           // empty: the bundled Tiny Shakespeare
     std::string tokenizer = "char";  // char | byte
     std::string device = "cpu";      // cpu | cuda: where the weights, batches and steps live
-    int64_t batch_size = 32;
+    int64_t batch_size = 32;         // the global batch: split over the ranks and micro-batches
+    int64_t grad_accum = 1;  // micro-batches per optimizer step (gradients summed in between)
     int64_t steps = 2000;
     int64_t warmup = 100;
     double lr = 1e-3, lr_min = 1e-4;
@@ -34,6 +35,11 @@ struct TrainConfig {
     // Tests: stop after this many steps as if the process were killed (no plot, no sample), to
     // check that resuming gives the same losses. 0 = off. Not saved in config.json.
     int64_t stop_after = 0;
+    // Data-parallel knobs (README: Distributed), not saved in config.json: a run may resume on
+    // another number of ranks with other buckets. Every rank must still pass the same values.
+    double bucket_mb = 25;     // gradients are averaged in buckets of about this many MB
+    bool overlap = true;       // start each bucket's average during backward, as soon as ready
+    double dist_timeout = 60;  // seconds a collective waits for the other ranks, then the job ends
 
     // Every field finite, in range and consistent with the others, else a qk::Error that names
     // the flag, the value and what it accepts ("train: --lr must be > 0, got -0.003").

@@ -12,10 +12,14 @@
 #include <optional>
 
 #include "autograd/grad_mode.h"
+#include "core/distributed.h"
+#include "core/factory.h"
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
+#include "nn/data_parallel.h"
 #include "nn/plot.h"
 #include "nn/sample.h"
+#include "ops/elementwise.h"
 
 namespace qk::nn {
 
@@ -179,12 +183,13 @@ double evaluate(GPT& model, const TextDataset& data, const TrainConfig& cfg) {
     double total = 0;
     for (int64_t i = 0; i < cfg.eval_batches; ++i) {
         Tensor ids, targets;
-        data.batch(false, cfg.batch_size, gen, ids, targets);
+        data.batch(false, cfg.batch_size, gen, ids, targets);  // every rank draws every batch,
+        if (i % dist::world_size() != dist::rank()) continue;  // and evaluates its share
         ids = ids.to(model.device()), targets = targets.to(model.device());
         total += model.forward(ids, targets).cross_entropy.item();
     }
     model.train();
-    return total / static_cast<double>(cfg.eval_batches);
+    return dist::all_reduce_sum(total) / static_cast<double>(cfg.eval_batches);
 }
 
 void print_progress(int64_t step, int64_t total, double loss, double val_loss, double tokens_per_s,
@@ -210,6 +215,76 @@ bool all_finite(const std::vector<Tensor>& tensors) {
         if (!ok) return false;
     }
     return true;
+}
+
+// The stability signals of the whole global batch: the max over ranks of max |s|, the mean over
+// ranks of the means (each rank saw as many rows).
+void reduce_stats(std::vector<AttentionStats>& stats) {
+    if (dist::world_size() == 1) return;
+    const double inverse_ranks = 1.0 / dist::world_size();
+    for (AttentionStats& s : stats) {
+        s.max_logit = dist::all_reduce_max(s.max_logit);
+        s.entropy = dist::all_reduce_sum(s.entropy) * inverse_ranks;
+        s.q_norm = dist::all_reduce_sum(s.q_norm) * inverse_ranks;
+        s.k_norm = dist::all_reduce_sum(s.k_norm) * inverse_ranks;
+    }
+}
+
+// What every rank must agree on before the first step: the saved config and the knobs that
+// change the collectives each rank makes.
+std::string replica_settings(const TrainConfig& cfg) {
+    json j = json::parse(cfg.to_json());
+    j["bucket_mb"] = cfg.bucket_mb;
+    j["overlap"] = cfg.overlap;
+    j["dist_timeout"] = cfg.dist_timeout;
+    j["ranks"] = dist::world_size();
+    return j.dump();
+}
+
+// Rank r's rows of micro-batch k of the global batch (B, T): micro-batches of b = B / (N·K)
+// rows, micro-batch k of rank r at rows [(k·N + r)·b, (k·N + r + 1)·b). Over all ranks and
+// micro-batches they are the global batch, each row once.
+Tensor micro_rows(const Tensor& batch, int64_t k, int64_t micro_size) {
+    const int64_t index = k * dist::world_size() + dist::rank();
+    return batch.narrow(0, index * micro_size, micro_size).contiguous();
+}
+
+// One step's gradients, in .grad of every parameter.
+struct StepGradients {
+    double loss = NAN;  // the cross-entropy of the global batch: the mean over all its sequences
+    bool backward_done = false;
+};
+
+// Draws the global batch and runs this rank's K micro-batches of it, each backward scaled by 1/K
+// so that the gradients add up to the gradient of the rank's mean loss. With several ranks, the
+// last micro-batch's backward also starts averaging them over the ranks (sync), and finish()
+// completes it: every rank then holds the gradient of the global batch's mean loss.
+StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const TrainConfig& cfg,
+                                   Generator& data_gen, GradientSync* sync,
+                                   std::vector<AttentionStats>* stats) {
+    Tensor ids, targets;
+    data.batch(true, cfg.batch_size, data_gen, ids, targets);
+    const int64_t K = cfg.grad_accum, micro_size = cfg.batch_size / (dist::world_size() * K);
+    double loss_sum = 0;
+    bool finite = true;
+    for (int64_t k = 0; k < K; ++k) {
+        const bool last = k + 1 == K;
+        const Tensor micro_ids = micro_rows(ids, k, micro_size).to(model.device());
+        const Tensor micro_targets = micro_rows(targets, k, micro_size).to(model.device());
+        GPTOutput out = model.forward(micro_ids, micro_targets, stats && last);
+        loss_sum += out.cross_entropy.item();
+        finite = finite && std::isfinite(out.loss.item());
+        if (stats && last) *stats = std::move(out.stats);
+        // A non-finite loss ends the run after this step. Alone, its backward is skipped; with
+        // other ranks it runs anyway, so that every rank makes the same collectives.
+        if (!finite && !sync) continue;
+        if (sync) sync->set_enabled(last);
+        (K == 1 ? out.loss : out.loss * (1.0 / static_cast<double>(K))).backward();
+    }
+    if (sync) sync->finish();
+    if (stats) reduce_stats(*stats);
+    const double micro_batches = static_cast<double>(K * dist::world_size());
+    return {dist::all_reduce_sum(loss_sum) / micro_batches, finite || sync};
 }
 
 json stats_to_json(const std::vector<AttentionStats>& stats) {
@@ -241,9 +316,18 @@ void write_run_plot(const std::string& run_dir);  // run_plot.cpp
 TrainResult train(const TrainConfig& cfg_in, bool resume) {
     TrainConfig cfg = cfg_in;
     cfg.validate();
+    dist::set_timeout(cfg.dist_timeout);
+    const int64_t ranks = dist::world_size();
+    const bool root = dist::is_root();  // the one rank that writes the run directory
+    QK_CHECK(cfg.batch_size % (ranks * cfg.grad_accum) == 0,
+             "train: --batch-size {} does not split over {} rank(s) x --grad-accum {}: it must be "
+             "a multiple of {} (each rank's micro-batch has batch-size / (ranks * grad-accum) "
+             "sequences)",
+             cfg.batch_size, ranks, cfg.grad_accum, ranks * cfg.grad_accum);
     if (cfg.data_path.empty()) cfg.data_path = default_data_path();
     const std::string text = read_text_file(cfg.data_path, "train: --data");
-    resume = prepare_run_dir(cfg, resume);
+    if (root) resume = prepare_run_dir(cfg, resume);
+    resume = broadcast_string(resume ? "resume" : "start") == "resume";
     const std::string config_path = cfg.run_dir + "/config.json",
                       metrics_path = cfg.run_dir + "/metrics.jsonl";
 
@@ -263,31 +347,57 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
                       .independent_weight_decay = cfg.independent_weight_decay,
                       .lr_max = cfg.lr};
     AdamW optimizer(model.parameters(), adam);
+    check_replicas_agree(replica_settings(cfg), model.parameters());
+    std::optional<GradientSync> sync;
+    if (ranks > 1)
+        sync.emplace(model.parameters(), static_cast<int64_t>(cfg.bucket_mb * (1 << 20)),
+                     cfg.overlap);
     Generator data_gen(cfg.seed + 1);
     int64_t start_step = 0;
     MetricsSoFar so_far;
     if (resume) {
-        const std::vector<int64_t> steps = checkpoint_steps(cfg.run_dir);
-        QK_CHECK(!steps.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
-        const std::string prefix = checkpoint_prefix(cfg.run_dir, steps.back());
-        load_weights_into(model, prefix + ".model.safetensors");
-        const std::string state_path = prefix + ".state.safetensors";
-        TrainingState state = load_training_state(state_path, model, optimizer);
-        QK_CHECK(state.step == steps.back(), "resume: {} says step {}, but its name says step {}",
-                 state_path, state.step, steps.back());
-        data_gen.set_state(state.data_seed, state.data_counter);
-        model.dropout_generator().set_state(state.dropout_seed, state.dropout_counter);
-        start_step = state.step;
-        so_far = truncate_metrics(metrics_path, start_step);
+        // Rank 0 reads the checkpoint and hands it to the others: they need no copy of the run
+        // directory, and the checkpoint does not depend on how many ranks wrote or read it.
+        json resumed;
+        if (root) {
+            const std::vector<int64_t> steps = checkpoint_steps(cfg.run_dir);
+            QK_CHECK(!steps.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
+            const std::string prefix = checkpoint_prefix(cfg.run_dir, steps.back());
+            load_weights_into(model, prefix + ".model.safetensors");
+            const std::string state_path = prefix + ".state.safetensors";
+            TrainingState state = load_training_state(state_path, model, optimizer);
+            QK_CHECK(state.step == steps.back(),
+                     "resume: {} says step {}, but its name says step {}", state_path, state.step,
+                     steps.back());
+            so_far = truncate_metrics(metrics_path, state.step);
+            resumed = {{"step", state.step},
+                       {"data", {state.data_seed, state.data_counter}},
+                       {"dropout", {state.dropout_seed, state.dropout_counter}}};
+        }
+        resumed = json::parse(broadcast_string(resumed.dump()));
+        broadcast_tensors(model.parameters());
+        broadcast_tensors(optimizer.state());
+        start_step = resumed["step"].get<int64_t>();
+        optimizer.load_state(optimizer.state(), start_step);
+        data_gen.set_state(resumed["data"][0].get<uint64_t>(), resumed["data"][1].get<uint64_t>());
+        model.dropout_generator().set_state(resumed["dropout"][0].get<uint64_t>(),
+                                            resumed["dropout"][1].get<uint64_t>());
+        Tensor losses =
+            from_vector({so_far.last_loss, so_far.last_val_loss, so_far.min_loss}, {3}, DType::f64);
+        dist::broadcast(losses);  // the divergence check's reference, the same on every rank
+        so_far = {losses.at({0}), losses.at({1}), losses.at({2})};
     } else {
-        write_file_atomic(config_path, cfg.to_json());
         // Step 0: the validation loss at initialisation, the reference of Wortsman et al.'s LR
         // sensitivity (`qknorm sweep`).
-        write_file_atomic(
-            metrics_path,
-            json{{"step", 0}, {"val_loss", evaluate(model, data, cfg)}}.dump() + "\n");
+        const double val_loss = evaluate(model, data, cfg);
+        if (root) {
+            write_file_atomic(config_path, cfg.to_json());
+            write_file_atomic(metrics_path,
+                              json{{"step", 0}, {"val_loss", val_loss}}.dump() + "\n");
+        }
     }
-    std::ofstream metrics(metrics_path, std::ios::app);
+    std::ofstream metrics;
+    if (root) metrics.open(metrics_path, std::ios::app);
     const auto start_time = std::chrono::steady_clock::now();
 
     TrainResult result;
@@ -301,18 +411,15 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     for (int64_t step = start_step; step < cfg.steps; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
         const double lr = cosine_lr(step, cfg.warmup, cfg.steps, cfg.lr, cfg.lr_min);
-        Tensor ids, targets;
-        data.batch(true, cfg.batch_size, data_gen, ids, targets);
-        ids = ids.to(device), targets = targets.to(device);
         const bool with_stats = step % cfg.stats_every == 0 || step + 1 == cfg.steps;
-        GPTOutput out = model.forward(ids, targets, with_stats);
-        const double loss = out.cross_entropy.item();
+        std::vector<AttentionStats> stats;
+        const StepGradients grads = accumulate_gradients(
+            model, data, cfg, data_gen, sync ? &*sync : nullptr, with_stats ? &stats : nullptr);
+        const double loss = grads.loss;
         double grad_norm = NAN;
-        if (std::isfinite(out.loss.item())) {
-            out.loss.backward();
+        if (grads.backward_done)
             grad_norm =
                 clip_grad_norm(model.parameters(), cfg.grad_clip, /*throw_on_nonfinite=*/false);
-        }
         if (const std::string why = divergence(loss, grad_norm, min_loss, cfg.diverge_factor);
             !why.empty()) {
             result.diverged = true;
@@ -320,18 +427,19 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
                 fmt::format("training diverged at step {}: {}; the last good checkpoint is kept",
                             step + 1, why);
             // JSON has no NaN or Inf: such a loss is written as null.
-            metrics << json{{"step", step + 1},
-                            {"loss", std::isfinite(loss) ? json(loss) : json()},
-                            {"diverged", true},
-                            {"reason", why}}
-                           .dump()
-                    << "\n";
+            if (root)
+                metrics << json{{"step", step + 1},
+                                {"loss", std::isfinite(loss) ? json(loss) : json()},
+                                {"diverged", true},
+                                {"reason", why}}
+                               .dump()
+                        << "\n";
             break;
         }
         min_loss = std::min(min_loss, loss);
         // This step's loss was measured on the weights of the pending checkpoint and passed:
         // only now is that checkpoint known to be good (the weights are still unchanged).
-        if (pending) write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
+        if (pending && root) write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
         pending.reset();
         optimizer.step(lr);
         optimizer.zero_grad();
@@ -348,8 +456,8 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
             last_val = evaluate(model, data, cfg);
             line["val_loss"] = last_val;
         }
-        if (with_stats) line["layers"] = stats_to_json(out.stats);
-        metrics << line.dump() << "\n" << std::flush;
+        if (with_stats) line["layers"] = stats_to_json(stats);
+        if (root) metrics << line.dump() << "\n" << std::flush;
         result.final_loss = loss;
         result.steps_done = step + 1;
         if ((step + 1) % cfg.checkpoint_every == 0 || step + 1 == cfg.steps) {
@@ -382,11 +490,11 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
                         step + 1, why);
                     break;
                 }
-                write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
+                if (root) write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
                 pending.reset();
             }
         }
-        if (cfg.progress) {
+        if (cfg.progress && root) {
             const double mean_step =
                 step_seconds_total / static_cast<double>(step + 1 - start_step);
             print_progress(step + 1, cfg.steps, loss, last_val, tokens_per_step / mean_step,
@@ -394,8 +502,9 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         }
         if (cfg.stop_after > 0 && step + 1 >= cfg.stop_after) return result;  // as if killed
     }
-    if (cfg.progress) fmt::print(stderr, "\n");
+    if (cfg.progress && root) fmt::print(stderr, "\n");
     result.final_val_loss = last_val;
+    if (!root) return result;  // the other ranks write nothing
     write_run_plot(cfg.run_dir);
     // The marker of a finished run (a sweep skips runs that have one).
     const double seconds =
