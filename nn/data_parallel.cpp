@@ -20,7 +20,8 @@ GradientSync::GradientSync(std::vector<Tensor> params, int64_t bucket_bytes, boo
     // Reverse order: backward completes the last layer's gradients first.
     int64_t filled = bucket_bytes;
     for (size_t i = params_.size(); i-- > 0;) {
-        const int64_t bytes = params_[i].numel() * static_cast<int64_t>(dtype_size(params_[i].dtype()));
+        const int64_t bytes =
+            params_[i].numel() * static_cast<int64_t>(dtype_size(params_[i].dtype()));
         if (filled + bytes > bucket_bytes && filled > 0) {
             buckets_.emplace_back();
             filled = 0;
@@ -46,8 +47,15 @@ GradientSync::~GradientSync() {
 
 void GradientSync::on_ready(size_t b) {
     if (!enabled_) return;
-    Bucket& bucket = buckets_[b];
-    if (++bucket.ready == static_cast<int64_t>(bucket.members.size()) && overlap_) start(bucket);
+    ++buckets_[b].ready;
+    // Buckets start in index order, each once complete: MPI matches collectives by the order
+    // each rank calls them, and the order in which gradients complete need not be the same on
+    // every rank.
+    auto complete = [&](const Bucket& bucket) {
+        return bucket.ready == static_cast<int64_t>(bucket.members.size());
+    };
+    while (overlap_ && next_ < buckets_.size() && complete(buckets_[next_]))
+        start(buckets_[next_++]);
     // Open MPI moves a non-blocking collective on only inside MPI calls: give the buckets in
     // flight a turn at every hook.
     for (Bucket& other : buckets_)
@@ -73,8 +81,8 @@ void GradientSync::start(Bucket& bucket) {
 void GradientSync::finish() {
     NoGradGuard no_grad;
     const auto t0 = std::chrono::steady_clock::now();
-    for (Bucket& bucket : buckets_)
-        if (!bucket.started) start(bucket);
+    for (; next_ < buckets_.size(); ++next_) start(buckets_[next_]);
+    next_ = 0;
     const double inverse_ranks = 1.0 / dist::world_size();
     for (Bucket& bucket : buckets_) {
         bucket.sum.wait();
@@ -117,7 +125,8 @@ std::string first_difference(const nlohmann::json& a, const nlohmann::json& b,
             if (std::string d = first_difference(value, b[key], field); !d.empty()) return d;
         }
         for (const auto& [key, value] : b.items())
-            if (!a.contains(key)) return fmt::format("{} is extra", path.empty() ? key : path + "." + key);
+            if (!a.contains(key))
+                return fmt::format("{} is extra", path.empty() ? key : path + "." + key);
         return "";
     }
     return a == b ? "" : fmt::format("{}: {} vs {}", path, a.dump(), b.dump());

@@ -33,7 +33,7 @@ class GradientSync {
     void finish();
 
     int64_t bucket_count() const { return static_cast<int64_t>(buckets_.size()); }
-    int64_t bytes_per_step() const { return bytes_; }  // gradient bytes each rank sends in
+    int64_t bytes_per_step() const { return bytes_; }        // gradient bytes each rank sends in
     double last_wait_seconds() const { return last_wait_; }  // finish()'s wait, the exposed part
 
   private:
@@ -49,6 +49,7 @@ class GradientSync {
 
     std::vector<Tensor> params_;
     std::vector<Bucket> buckets_;
+    size_t next_ = 0;  // the next bucket to start
     bool overlap_, enabled_ = true;
     int64_t bytes_ = 0;
     double last_wait_ = 0;

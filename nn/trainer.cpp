@@ -249,6 +249,18 @@ Tensor micro_rows(const Tensor& batch, int64_t k, int64_t micro_size) {
     return batch.narrow(0, index * micro_size, micro_size).contiguous();
 }
 
+// Tests of data-parallel faults: QK_FAULT_INJECT="kill:R:S" (or "stop:R:S") makes rank R
+// SIGKILL (or SIGSTOP) itself at the start of step S, as a crashed (or frozen) process would.
+void inject_fault(int64_t step) {
+    static const char* spec = std::getenv("QK_FAULT_INJECT");
+    if (!spec) return;
+    char what[8] = {};
+    long fault_rank = -1, fault_step = -1;
+    if (std::sscanf(spec, "%4[a-z]:%ld:%ld", what, &fault_rank, &fault_step) != 3) return;
+    if (fault_rank != dist::rank() || fault_step != step) return;
+    std::raise(std::string(what) == "stop" ? SIGSTOP : SIGKILL);
+}
+
 // One step's gradients, in .grad of every parameter.
 struct StepGradients {
     double loss = NAN;  // the cross-entropy of the global batch: the mean over all its sequences
@@ -411,6 +423,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     for (int64_t step = start_step; step < cfg.steps; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
         const double lr = cosine_lr(step, cfg.warmup, cfg.steps, cfg.lr, cfg.lr_min);
+        inject_fault(step);
         const bool with_stats = step % cfg.stats_every == 0 || step + 1 == cfg.steps;
         std::vector<AttentionStats> stats;
         const StepGradients grads = accumulate_gradients(

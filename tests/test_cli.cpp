@@ -19,61 +19,21 @@
 #include "helpers.h"
 #include "nn/checkpoint.h"
 #include "nn/trainer.h"
+#include "run_program.h"
 
 using namespace qk;
 using namespace qk::test;
 
 namespace {
 
-struct Outcome {
-    int exit_code = -1;  // -1: killed by a signal (an abort) or by the deadline
-    bool timed_out = false;
-    std::string output;  // stdout and stderr together
-};
-
-// Runs qknorm with args (and extra environment entries "NAME=value"), stdin from /dev/null.
+// Runs qknorm (its path comes from meson, QKNORM) with args; see run_program.
 Outcome run_qknorm(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
                    int seconds = 60) {
     const char* exe = std::getenv("QKNORM");
     REQUIRE_MESSAGE(exe != nullptr, "QKNORM (the qknorm program's path) is set by meson test");
-    int pipe_fds[2];
-    REQUIRE(::pipe(pipe_fds) == 0);
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        ::dup2(pipe_fds[1], 1), ::dup2(pipe_fds[1], 2), ::close(pipe_fds[0]);
-        const int null_fd = ::open("/dev/null", O_RDONLY);
-        ::dup2(null_fd, 0);
-        ::setenv("QK_NUM_THREADS", "1", 1);
-        for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
-        std::vector<char*> argv{const_cast<char*>(exe)};
-        for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-        argv.push_back(nullptr);
-        ::execv(exe, argv.data());
-        ::_exit(127);
-    }
-    ::close(pipe_fds[1]);
-    Outcome out;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-    char buffer[4096];
-    for (;;) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            deadline - std::chrono::steady_clock::now());
-        pollfd p{pipe_fds[0], POLLIN, 0};
-        if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0) {
-            out.timed_out = true;
-            ::kill(pid, SIGKILL);
-            break;
-        }
-        const ssize_t n = ::read(pipe_fds[0], buffer, sizeof buffer);
-        if (n <= 0) break;
-        out.output.append(buffer, static_cast<size_t>(n));
-    }
-    ::close(pipe_fds[0]);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    if (WIFEXITED(status) && !out.timed_out) out.exit_code = WEXITSTATUS(status);
-    return out;
+    std::vector<std::string> argv{exe};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_program(argv, env, seconds);
 }
 
 // The smallest model the program trains in a second or two; flags in `more` replace these.

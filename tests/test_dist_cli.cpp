@@ -1,0 +1,157 @@
+// Data-parallel training as a user runs it: `mpirun -np 2 qknorm train ...` against one process
+// (same losses, same checkpoints), --grad-accum against a whole batch, resuming across rank
+// counts, and the faults that must end a job with an error instead of a hang: a killed rank, a
+// frozen rank, ranks started with different settings, a batch that does not split.
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "helpers.h"
+#include "run_program.h"
+
+using namespace qk;
+using namespace qk::test;
+
+namespace {
+
+const std::vector<std::string> kMpiEnv = {"OMPI_ALLOW_RUN_AS_ROOT=1",
+                                          "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"};
+
+std::string qknorm() {
+    const char* exe = std::getenv("QKNORM");
+    REQUIRE_MESSAGE(exe != nullptr, "QKNORM (the qknorm program's path) is set by meson test");
+    return exe;
+}
+
+// `qknorm train` on a tiny model, 20 steps, checkpoints every 10; `more`: flag-value pairs.
+std::vector<std::string> tiny_train(const TempDir& dir, const std::string& run,
+                                    std::vector<std::string> more = {}) {
+    std::vector<std::string> args = {
+        qknorm(),        "train",          "--data",         write_corpus(dir), "--n-layer",
+        "1",             "--n-head",       "2",              "--n-embd",        "16",
+        "--block-size",  "16",             "--batch-size",   "8",               "--steps",
+        "20",            "--warmup",       "4",              "--lr",            "1e-2",
+        "--eval-every",  "10",             "--eval-batches", "4",               "--checkpoint-every",
+        "10",            "--sample-tokens", "0",             "--quiet",         "--run-dir",
+        dir / run};
+    for (size_t i = 0; i + 1 < more.size(); i += 2) {  // a flag given again replaces its value
+        auto found = std::find(args.begin(), args.end(), more[i]);
+        if (found != args.end())
+            *(found + 1) = more[i + 1];
+        else
+            args.insert(args.end(), {more[i], more[i + 1]});
+    }
+    return args;
+}
+
+std::vector<std::string> mpirun(int ranks, const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {"mpirun", "-np", std::to_string(ranks), "--oversubscribe"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+}
+
+// The training losses of a run's metrics.jsonl, by step.
+std::map<int64_t, double> losses(const std::string& run_dir) {
+    std::map<int64_t, double> by_step;
+    std::ifstream in(run_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j.contains("loss")) by_step[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    }
+    return by_step;
+}
+
+void check_same_losses(const std::string& a, const std::string& b, double rel, int64_t first = 1) {
+    const auto la = losses(a), lb = losses(b);
+    REQUIRE(la.size() == 20);
+    for (int64_t step = first; step <= 20; ++step) {
+        INFO("step ", step);
+        REQUIRE(lb.count(step) == 1);
+        CHECK(std::abs(la.at(step) - lb.at(step)) <= rel * std::abs(la.at(step)));
+    }
+}
+
+void require_ok(const Outcome& out) {
+    INFO(out.output);
+    REQUIRE(!out.timed_out);
+    REQUIRE(out.exit_code == 0);
+}
+
+}  // namespace
+
+TEST_CASE("2 ranks x B/2 train like 1 process x B; --grad-accum 2 like the whole batch") {
+    TempDir dir("dist_same");
+    require_ok(run_program(tiny_train(dir, "one"), {}, 120));
+    require_ok(run_program(mpirun(2, tiny_train(dir, "two")), kMpiEnv, 120));
+    require_ok(run_program(tiny_train(dir, "accum", {"--grad-accum", "2"}), {}, 120));
+    require_ok(run_program(mpirun(2, tiny_train(dir, "two_accum", {"--grad-accum", "2", "--overlap",
+                                                                   "false", "--bucket-mb", "0.001"})),
+                           kMpiEnv, 120));
+    // float32: the sums run in another order (per rank, then over ranks)
+    check_same_losses(dir / "one", dir / "two", 1e-5);
+    check_same_losses(dir / "one", dir / "accum", 1e-5);
+    check_same_losses(dir / "one", dir / "two_accum", 1e-5);
+    // rank 0 alone wrote the run directory, the same files a single process writes
+    for (const char* file : {"config.json", "metrics.jsonl", "plot.svg", "result.json",
+                             "step-000020.model.safetensors", "step-000020.state.safetensors"})
+        CHECK(std::filesystem::exists(dir / ("two/" + std::string(file))));
+}
+
+TEST_CASE("a run resumes on another number of ranks: 2 -> 1 and 1 -> 2") {
+    TempDir dir("dist_resume");
+    require_ok(run_program(tiny_train(dir, "full"), {}, 120));
+    for (const auto& [name, first, then] :
+         {std::tuple{"two_then_one", 2, 1}, std::tuple{"one_then_two", 1, 2}}) {
+        INFO(name);
+        const std::string run = dir / name;
+        require_ok(run_program(mpirun(first, tiny_train(dir, name)), kMpiEnv, 120));
+        // Back to the checkpoint of step 10, as if the job had been killed after it.
+        std::filesystem::remove(run + "/step-000020.model.safetensors");
+        std::filesystem::remove(run + "/step-000020.state.safetensors");
+        require_ok(run_program(mpirun(then, {qknorm(), "train", "--resume", run, "--quiet"}),
+                               kMpiEnv, 120));
+        check_same_losses(dir / "full", run, 1e-5, 11);
+    }
+}
+
+TEST_CASE("a killed or frozen rank ends the job with an error; the last checkpoint stays") {
+    TempDir dir("dist_faults");
+    const auto start = std::chrono::steady_clock::now();
+    Outcome killed = run_program(mpirun(2, tiny_train(dir, "killed")),
+                                 {kMpiEnv[0], kMpiEnv[1], "QK_FAULT_INJECT=kill:1:15"}, 60);
+    INFO(killed.output);
+    CHECK(!killed.timed_out);
+    CHECK(killed.exit_code != 0);
+    CHECK(killed.output.find("rank 1") != std::string::npos);
+    CHECK(std::filesystem::exists(dir / "killed/step-000010.model.safetensors"));
+    Outcome frozen =
+        run_program(mpirun(2, tiny_train(dir, "frozen", {"--dist-timeout", "3"})),
+                    {kMpiEnv[0], kMpiEnv[1], "QK_FAULT_INJECT=stop:1:15"}, 60);
+    INFO(frozen.output);
+    CHECK(!frozen.timed_out);
+    CHECK(frozen.exit_code != 0);
+    CHECK(frozen.output.find("stopped answering") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+    // The checkpoint left behind resumes (alone).
+    require_ok(run_program({qknorm(), "train", "--resume", dir / "frozen", "--quiet"}, {}, 120));
+}
+
+TEST_CASE("ranks started differently, or a batch that does not split, are refused") {
+    TempDir dir("dist_refused");
+    std::vector<std::string> argv = {"mpirun", "-np", "1"};
+    for (const std::string& a : tiny_train(dir, "mixed", {"--lr", "0.001"})) argv.push_back(a);
+    argv.insert(argv.end(), {":", "-np", "1"});
+    for (const std::string& a : tiny_train(dir, "mixed", {"--lr", "0.002"})) argv.push_back(a);
+    Outcome mixed = run_program(argv, kMpiEnv, 60);
+    INFO(mixed.output);
+    CHECK(mixed.exit_code != 0);
+    CHECK(mixed.output.find("other settings") != std::string::npos);
+    CHECK(mixed.output.find("lr: 0.001 vs 0.002") != std::string::npos);
+    Outcome odd =
+        run_program(mpirun(2, tiny_train(dir, "odd", {"--batch-size", "6", "--grad-accum", "2"})),
+                    kMpiEnv, 60);
+    INFO(odd.output);
+    CHECK(odd.exit_code != 0);
+    CHECK(odd.output.find("--batch-size 6 does not split over 2 rank(s) x --grad-accum 2") !=
+          std::string::npos);
+}
