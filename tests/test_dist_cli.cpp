@@ -26,14 +26,37 @@ std::string qknorm() {
 // `qknorm train` on a tiny model, 20 steps, checkpoints every 10; `more`: flag-value pairs.
 std::vector<std::string> tiny_train(const TempDir& dir, const std::string& run,
                                     std::vector<std::string> more = {}) {
-    std::vector<std::string> args = {
-        qknorm(),        "train",          "--data",         write_corpus(dir), "--n-layer",
-        "1",             "--n-head",       "2",              "--n-embd",        "16",
-        "--block-size",  "16",             "--batch-size",   "8",               "--steps",
-        "20",            "--warmup",       "4",              "--lr",            "1e-2",
-        "--eval-every",  "10",             "--eval-batches", "4",               "--checkpoint-every",
-        "10",            "--sample-tokens", "0",             "--quiet",         "--run-dir",
-        dir / run};
+    std::vector<std::string> args = {qknorm(),
+                                     "train",
+                                     "--data",
+                                     write_corpus(dir),
+                                     "--n-layer",
+                                     "1",
+                                     "--n-head",
+                                     "2",
+                                     "--n-embd",
+                                     "16",
+                                     "--block-size",
+                                     "16",
+                                     "--batch-size",
+                                     "8",
+                                     "--steps",
+                                     "20",
+                                     "--warmup",
+                                     "4",
+                                     "--lr",
+                                     "1e-2",
+                                     "--eval-every",
+                                     "10",
+                                     "--eval-batches",
+                                     "4",
+                                     "--checkpoint-every",
+                                     "10",
+                                     "--sample-tokens",
+                                     "0",
+                                     "--quiet",
+                                     "--run-dir",
+                                     dir / run};
     for (size_t i = 0; i + 1 < more.size(); i += 2) {  // a flag given again replaces its value
         auto found = std::find(args.begin(), args.end(), more[i]);
         if (found != args.end())
@@ -84,9 +107,10 @@ TEST_CASE("2 ranks x B/2 train like 1 process x B; --grad-accum 2 like the whole
     require_ok(run_program(tiny_train(dir, "one"), {}, 120));
     require_ok(run_program(mpirun(2, tiny_train(dir, "two")), kMpiEnv, 120));
     require_ok(run_program(tiny_train(dir, "accum", {"--grad-accum", "2"}), {}, 120));
-    require_ok(run_program(mpirun(2, tiny_train(dir, "two_accum", {"--grad-accum", "2", "--overlap",
-                                                                   "false", "--bucket-mb", "0.001"})),
-                           kMpiEnv, 120));
+    require_ok(run_program(
+        mpirun(2, tiny_train(dir, "two_accum",
+                             {"--grad-accum", "2", "--overlap", "false", "--bucket-mb", "0.001"})),
+        kMpiEnv, 120));
     // float32: the sums run in another order (per rank, then over ranks)
     check_same_losses(dir / "one", dir / "two", 1e-5);
     check_same_losses(dir / "one", dir / "accum", 1e-5);
@@ -124,9 +148,8 @@ TEST_CASE("a killed or frozen rank ends the job with an error; the last checkpoi
     CHECK(killed.exit_code != 0);
     CHECK(killed.output.find("rank 1") != std::string::npos);
     CHECK(std::filesystem::exists(dir / "killed/step-000010.model.safetensors"));
-    Outcome frozen =
-        run_program(mpirun(2, tiny_train(dir, "frozen", {"--dist-timeout", "3"})),
-                    {kMpiEnv[0], kMpiEnv[1], "QK_FAULT_INJECT=stop:1:15"}, 60);
+    Outcome frozen = run_program(mpirun(2, tiny_train(dir, "frozen", {"--dist-timeout", "3"})),
+                                 {kMpiEnv[0], kMpiEnv[1], "QK_FAULT_INJECT=stop:1:15"}, 60);
     INFO(frozen.output);
     CHECK(!frozen.timed_out);
     CHECK(frozen.exit_code != 0);
@@ -147,9 +170,8 @@ TEST_CASE("ranks started differently, or a batch that does not split, are refuse
     CHECK(mixed.exit_code != 0);
     CHECK(mixed.output.find("other settings") != std::string::npos);
     CHECK(mixed.output.find("lr: 0.001 vs 0.002") != std::string::npos);
-    Outcome odd =
-        run_program(mpirun(2, tiny_train(dir, "odd", {"--batch-size", "6", "--grad-accum", "2"})),
-                    kMpiEnv, 60);
+    Outcome odd = run_program(
+        mpirun(2, tiny_train(dir, "odd", {"--batch-size", "6", "--grad-accum", "2"})), kMpiEnv, 60);
     INFO(odd.output);
     CHECK(odd.exit_code != 0);
     CHECK(odd.output.find("--batch-size 6 does not split over 2 rank(s) x --grad-accum 2") !=
