@@ -191,6 +191,7 @@ void check_sharding(const Tensor& full, const Tensor& shard, const char* op) {
 
 void reduce_scatter_sum(const Tensor& full, const Tensor& shard) {
     check_sharding(full, shard, "reduce_scatter_sum");
+    if (ranks == 1) return copy_into(shard, full.reshape(shard.shape()));
     Tensor host_full = host_view(full, "reduce_scatter_sum");
     Tensor host_shard = host_view(shard, "reduce_scatter_sum");
     MPI_Request request;
@@ -204,6 +205,7 @@ void reduce_scatter_sum(const Tensor& full, const Tensor& shard) {
 
 void all_gather_into(const Tensor& shard, const Tensor& full) {
     check_sharding(full, shard, "all_gather_into");
+    if (ranks == 1) return copy_into(full, shard.reshape(full.shape()));
     Tensor host_full = host_view(full, "all_gather_into");
     Tensor host_shard = host_view(shard, "all_gather_into");
     const MPI_Datatype type = mpi_type(full.dtype(), "all_gather_into");

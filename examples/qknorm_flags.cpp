@@ -110,6 +110,8 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
               "under mpirun: gradients are averaged over the ranks in buckets of this many MB");
     add_value(cmd, "--overlap", cfg.overlap,
               "under mpirun: average each bucket while backward still runs (false: after it)");
+    add_value(cmd, "--zero", cfg.zero,
+              "1: ZeRO-1, AdamW's moments sharded over the ranks (each rank keeps 1/N of them)");
     add_value(cmd, "--dist-timeout", cfg.dist_timeout,
               "under mpirun: seconds to wait for the other ranks before ending the job");
     add_value(cmd, "--steps", cfg.steps, "optimisation steps");

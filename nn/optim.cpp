@@ -130,8 +130,12 @@ void scale_all(const std::vector<T*>& grads, const std::vector<int64_t>& sizes, 
 
 }  // namespace cpu
 
-AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
-    : params_(std::move(params)), options_(options) {
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options, std::vector<bool> decayed)
+    : params_(std::move(params)), decayed_(std::move(decayed)), options_(options) {
+    if (decayed_.empty())
+        for (const Tensor& p : params_) decayed_.push_back(p.dim() >= 2);
+    QK_CHECK(decayed_.size() == params_.size(), "AdamW: {} decay flags for {} parameters",
+             decayed_.size(), params_.size());
     for (const Tensor& p : params_) {
         QK_CHECK(p.is_contiguous() && p.requires_grad(),
                  "AdamW: parameters must be contiguous and require grad, got shape {}", p.shape());
@@ -153,7 +157,7 @@ void AdamW::step(double lr) {
         if (!g.defined()) continue;
         g = g.contiguous();
         keep_alive.push_back(g);
-        double decay = p.dim() >= 2 ? options_.weight_decay : 0.0;
+        double decay = decayed_[i] ? options_.weight_decay : 0.0;
         if (options_.independent_weight_decay) decay /= options_.lr_max;
         switch (p.device()) {
             case Device::cpu:

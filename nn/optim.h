@@ -24,17 +24,20 @@ struct AdamWOptions {
 // biases, norm gains or qk scales), as in nanoGPT.
 class AdamW {
   public:
-    AdamW(std::vector<Tensor> params, AdamWOptions options);
+    // decayed[i]: whether weight decay applies to params[i]; empty: to those of rank >= 2.
+    AdamW(std::vector<Tensor> params, AdamWOptions options, std::vector<bool> decayed = {});
     void step(double lr);  // one update with this step's learning rate; skips params without grad
     void zero_grad();
 
     int64_t steps() const { return step_; }
+    const AdamWOptions& options() const { return options_; }
     // The moments, for checkpoints: m then v per parameter, in parameter order.
     std::vector<Tensor> state() const;
     void load_state(const std::vector<Tensor>& state, int64_t steps);
 
   private:
     std::vector<Tensor> params_, m_, v_;
+    std::vector<bool> decayed_;
     AdamWOptions options_;
     int64_t step_ = 0;
 };

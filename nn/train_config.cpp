@@ -52,6 +52,7 @@ void TrainConfig::validate() const {
              batch_size, grad_accum);
     require(std::isfinite(bucket_mb) && bucket_mb > 0 && bucket_mb <= 1 << 16, "bucket-mb",
             bucket_mb, "a finite number of MB in (0, 65536]");
+    require_count(zero, "zero", 0, 1);
     require(std::isfinite(dist_timeout) && dist_timeout > 0, "dist-timeout", dist_timeout,
             "a finite number of seconds > 0");
     require_count(steps, "steps", 1, kMaxSteps);

@@ -40,6 +40,7 @@ struct TrainConfig {
     double bucket_mb = 25;     // gradients are averaged in buckets of about this many MB
     bool overlap = true;       // start each bucket's average during backward, as soon as ready
     double dist_timeout = 60;  // seconds a collective waits for the other ranks, then the job ends
+    int64_t zero = 0;          // 1: ZeRO-1, AdamW's moments sharded over the ranks (nn/zero.h)
 
     // Every field finite, in range and consistent with the others, else a qk::Error that names
     // the flag, the value and what it accepts ("train: --lr must be > 0, got -0.003").

@@ -64,8 +64,11 @@ std::vector<int64_t> checkpoint_steps(const std::string& run_dir) {
     return steps;
 }
 
-void write_checkpoint(const TrainConfig& cfg, const GPT& model, const AdamW& opt,
+// Collective (with --zero 1 the moments are gathered first); rank 0 writes.
+void write_checkpoint(const TrainConfig& cfg, const GPT& model, const RunOptimizer& optimizer,
                       const Tokenizer& tok, const TrainingState& state) {
+    const AdamW opt = optimizer.whole();
+    if (!dist::is_root()) return;
     const std::string prefix = checkpoint_prefix(cfg.run_dir, state.step);
     save_training_state(prefix + ".state.safetensors", model, opt, state);
     save_model(prefix + ".model.safetensors", model, tok, {{"step", std::to_string(state.step)}});
@@ -202,21 +205,6 @@ void print_progress(int64_t step, int64_t total, double loss, double val_loss, d
     std::fflush(stderr);
 }
 
-// A NaN or Inf anywhere in the weights or the optimizer moments: such a checkpoint is never
-// written.
-bool all_finite(const std::vector<Tensor>& tensors) {
-    for (const Tensor& t : tensors) {
-        bool ok = true;
-        const Tensor c = t.to(Device::cpu).contiguous();
-        dispatch_float(c.dtype(), [&](auto tag) {
-            const auto* data = c.data<decltype(tag)>();
-            for (int64_t i = 0; i < t.numel() && ok; ++i) ok = std::isfinite(data[i]);
-        });
-        if (!ok) return false;
-    }
-    return true;
-}
-
 // The stability signals of the whole global batch: the max over ranks of max |s|, the mean over
 // ranks of the means (each rank saw as many rows).
 void reduce_stats(std::vector<AttentionStats>& stats) {
@@ -237,6 +225,7 @@ std::string replica_settings(const TrainConfig& cfg) {
     j["bucket_mb"] = cfg.bucket_mb;
     j["overlap"] = cfg.overlap;
     j["dist_timeout"] = cfg.dist_timeout;
+    j["zero"] = cfg.zero;
     j["ranks"] = dist::world_size();
     return j.dump();
 }
@@ -269,11 +258,13 @@ struct StepGradients {
 
 // Draws the global batch and runs this rank's K micro-batches of it, each backward scaled by 1/K
 // so that the gradients add up to the gradient of the rank's mean loss. With several ranks, the
-// last micro-batch's backward also starts averaging them over the ranks (sync), and finish()
-// completes it: every rank then holds the gradient of the global batch's mean loss.
+// last micro-batch's backward also starts averaging them over the ranks, and finish_gradients()
+// completes it: every rank then holds the gradient of the global batch's mean loss (or, with
+// --zero 1, its shard of it).
 StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const TrainConfig& cfg,
-                                   Generator& data_gen, GradientSync* sync,
+                                   Generator& data_gen, RunOptimizer& optimizer,
                                    std::vector<AttentionStats>* stats) {
+    const bool many = dist::world_size() > 1;
     Tensor ids, targets;
     data.batch(true, cfg.batch_size, data_gen, ids, targets);
     const int64_t K = cfg.grad_accum, micro_size = cfg.batch_size / (dist::world_size() * K);
@@ -289,14 +280,14 @@ StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const Tr
         if (stats && last) *stats = std::move(out.stats);
         // A non-finite loss ends the run after this step. Alone, its backward is skipped; with
         // other ranks it runs anyway, so that every rank makes the same collectives.
-        if (!finite && !sync) continue;
-        if (sync) sync->set_enabled(last);
+        if (!finite && !many) continue;
+        optimizer.set_sync(last);
         (K == 1 ? out.loss : out.loss * (1.0 / static_cast<double>(K))).backward();
     }
-    if (sync) sync->finish();
+    if (finite || many) optimizer.finish_gradients();
     if (stats) reduce_stats(*stats);
     const double micro_batches = static_cast<double>(K * dist::world_size());
-    return {dist::all_reduce_sum(loss_sum) / micro_batches, finite || sync};
+    return {dist::all_reduce_sum(loss_sum) / micro_batches, finite || many};
 }
 
 json stats_to_json(const std::vector<AttentionStats>& stats) {
@@ -358,12 +349,13 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
                       .weight_decay = cfg.weight_decay,
                       .independent_weight_decay = cfg.independent_weight_decay,
                       .lr_max = cfg.lr};
-    AdamW optimizer(model.parameters(), adam);
     check_replicas_agree(replica_settings(cfg), model.parameters());
-    std::optional<GradientSync> sync;
-    if (ranks > 1)
-        sync.emplace(model.parameters(), static_cast<int64_t>(cfg.bucket_mb * (1 << 20)),
-                     cfg.overlap);
+    RunOptimizer optimizer(model.parameters(), adam, static_cast<int>(cfg.zero),
+                           static_cast<int64_t>(cfg.bucket_mb * (1 << 20)), cfg.overlap);
+    if (root && (ranks > 1 || cfg.zero))
+        fmt::print("AdamW moments: {:.1f} MB on each of {} rank(s){}\n",
+                   static_cast<double>(optimizer.moment_bytes()) / (1 << 20), ranks,
+                   cfg.zero ? " (ZeRO-1: sharded)" : "");
     Generator data_gen(cfg.seed + 1);
     int64_t start_step = 0;
     MetricsSoFar so_far;
@@ -371,13 +363,14 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         // Rank 0 reads the checkpoint and hands it to the others: they need no copy of the run
         // directory, and the checkpoint does not depend on how many ranks wrote or read it.
         json resumed;
+        AdamW whole = optimizer.whole();  // the whole moments, also with --zero 1
         if (root) {
             const std::vector<int64_t> steps = checkpoint_steps(cfg.run_dir);
             QK_CHECK(!steps.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
             const std::string prefix = checkpoint_prefix(cfg.run_dir, steps.back());
             load_weights_into(model, prefix + ".model.safetensors");
             const std::string state_path = prefix + ".state.safetensors";
-            TrainingState state = load_training_state(state_path, model, optimizer);
+            TrainingState state = load_training_state(state_path, model, whole);
             QK_CHECK(state.step == steps.back(),
                      "resume: {} says step {}, but its name says step {}", state_path, state.step,
                      steps.back());
@@ -388,9 +381,10 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         }
         resumed = json::parse(broadcast_string(resumed.dump()));
         broadcast_tensors(model.parameters());
-        broadcast_tensors(optimizer.state());
+        broadcast_tensors(whole.state());
         start_step = resumed["step"].get<int64_t>();
-        optimizer.load_state(optimizer.state(), start_step);
+        whole.load_state(whole.state(), start_step);
+        optimizer.load(whole);
         data_gen.set_state(resumed["data"][0].get<uint64_t>(), resumed["data"][1].get<uint64_t>());
         model.dropout_generator().set_state(resumed["dropout"][0].get<uint64_t>(),
                                             resumed["dropout"][1].get<uint64_t>());
@@ -426,13 +420,11 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         inject_fault(step);
         const bool with_stats = step % cfg.stats_every == 0 || step + 1 == cfg.steps;
         std::vector<AttentionStats> stats;
-        const StepGradients grads = accumulate_gradients(
-            model, data, cfg, data_gen, sync ? &*sync : nullptr, with_stats ? &stats : nullptr);
+        const StepGradients grads = accumulate_gradients(model, data, cfg, data_gen, optimizer,
+                                                         with_stats ? &stats : nullptr);
         const double loss = grads.loss;
         double grad_norm = NAN;
-        if (grads.backward_done)
-            grad_norm =
-                clip_grad_norm(model.parameters(), cfg.grad_clip, /*throw_on_nonfinite=*/false);
+        if (grads.backward_done) grad_norm = optimizer.clip(cfg.grad_clip);
         if (const std::string why = divergence(loss, grad_norm, min_loss, cfg.diverge_factor);
             !why.empty()) {
             result.diverged = true;
@@ -452,7 +444,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         min_loss = std::min(min_loss, loss);
         // This step's loss was measured on the weights of the pending checkpoint and passed:
         // only now is that checkpoint known to be good (the weights are still unchanged).
-        if (pending && root) write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
+        if (pending) write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
         pending.reset();
         optimizer.step(lr);
         optimizer.zero_grad();
@@ -476,7 +468,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         if ((step + 1) % cfg.checkpoint_every == 0 || step + 1 == cfg.steps) {
             // The loss was finite before this step's update, but the update itself can overflow
             // (a huge lr · weight decay): check what would be saved.
-            if (!all_finite(model.parameters()) || !all_finite(optimizer.state())) {
+            if (!optimizer.all_finite()) {
                 result.diverged = true;
                 result.message = fmt::format(
                     "training diverged at step {}: the update made a weight or "
@@ -503,7 +495,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
                         step + 1, why);
                     break;
                 }
-                if (root) write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
+                write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
                 pending.reset();
             }
         }
