@@ -168,12 +168,12 @@ void ShardedAdamW::load_full(const AdamW& full) {
     NoGradGuard no_grad;
     const std::vector<Tensor> whole = full.state();
     QK_CHECK(whole.size() == 2 * params_.size(),
-             "ShardedAdamW: a state of {} tensors for {} parameters", whole.size(),
-             params_.size());
+             "ShardedAdamW: a state of {} tensors for {} parameters", whole.size(), params_.size());
     std::vector<Tensor> mine;
     for (const Piece& piece : pieces_)
         for (int which = 0; which < 2; ++which)
-            mine.push_back(flat(whole[2 * piece.param + which]).narrow(0, piece.begin, piece.length));
+            mine.push_back(
+                flat(whole[2 * piece.param + which]).narrow(0, piece.begin, piece.length));
     shard_opt_.load_state(mine, full.steps());
 }
 
