@@ -19,6 +19,24 @@ struct World {
 };
 const World world;  // joins the MPI world before the first test case
 
+// The tiny model of these tests: V = 13, T = 8, 2 layers of 2 heads, C = 16.
+GPTConfig tiny_model() {
+    GPTConfig c;
+    c.vocab_size = 13, c.block_size = 8, c.n_layer = 2, c.n_head = 2, c.n_embd = 16;
+    return c;
+}
+
+// A batch (B, T) of random token ids and targets; gen is seeded alike on every rank.
+std::pair<Tensor, Tensor> random_batch(Generator& gen, int64_t B, int64_t T) {
+    std::vector<int32_t> x, y;
+    for (int64_t i = 0; i < B * T; ++i) {
+        const auto words = gen.next_block();
+        x.push_back(static_cast<int32_t>(words[0] % 13));
+        y.push_back(static_cast<int32_t>(words[1] % 13));
+    }
+    return {from_ids(x, {B, T}), from_ids(y, {B, T})};
+}
+
 }  // namespace
 
 TEST_CASE("collectives: sums, max, broadcast, gather, reduce-scatter and all-gather") {
@@ -48,8 +66,7 @@ TEST_CASE("collectives: sums, max, broadcast, gather, reduce-scatter and all-gat
 }
 
 TEST_CASE("data-parallel float64 steps equal whole-batch steps to 1e-10, overlapped or not") {
-    GPTConfig c;
-    c.vocab_size = 13, c.block_size = 8, c.n_layer = 2, c.n_head = 2, c.n_embd = 16;
+    GPTConfig c = tiny_model();
     c.qk_norm = QKNorm::layernorm;
     const int64_t B = 6, T = 8, half = B / 2;
     for (bool overlap : {true, false}) {
@@ -62,13 +79,7 @@ TEST_CASE("data-parallel float64 steps equal whole-batch steps to 1e-10, overlap
         CHECK(sync.bucket_count() > 3);
         Generator gen(11);  // the same batches on both ranks
         for (int step = 0; step < 20; ++step) {
-            std::vector<int32_t> x, y;
-            for (int64_t i = 0; i < B * T; ++i) {
-                const auto words = gen.next_block();
-                x.push_back(static_cast<int32_t>(words[0] % 13));
-                y.push_back(static_cast<int32_t>(words[1] % 13));
-            }
-            const Tensor ids = from_ids(x, {B, T}), targets = from_ids(y, {B, T});
+            const auto [ids, targets] = random_batch(gen, B, T);
             GPTOutput ref_out = reference.forward(ids, targets);
             const double ref_loss = ref_out.loss.item();
             ref_out.loss.backward();
@@ -91,8 +102,7 @@ TEST_CASE("data-parallel float64 steps equal whole-batch steps to 1e-10, overlap
 }
 
 TEST_CASE("ZeRO-1 float64 steps equal whole-batch AdamW to 1e-10, and its gathered moments too") {
-    GPTConfig c;
-    c.vocab_size = 13, c.block_size = 8, c.n_layer = 2, c.n_head = 2, c.n_embd = 16;
+    const GPTConfig c = tiny_model();
     const int64_t B = 4, T = 8, half = B / 2;
     GPT reference(c, 7, kF64), replica(c, 7, kF64);
     AdamWOptions options{.lr = 1e-2, .weight_decay = 0.1};
@@ -104,13 +114,7 @@ TEST_CASE("ZeRO-1 float64 steps equal whole-batch AdamW to 1e-10, and its gather
     CHECK(sharded.moment_bytes() == 2 * 8 * ((total + 1) / 2));
     Generator gen(13);
     for (int step = 0; step < 10; ++step) {
-        std::vector<int32_t> x, y;
-        for (int64_t i = 0; i < B * T; ++i) {
-            const auto words = gen.next_block();
-            x.push_back(static_cast<int32_t>(words[0] % 13));
-            y.push_back(static_cast<int32_t>(words[1] % 13));
-        }
-        const Tensor ids = from_ids(x, {B, T}), targets = from_ids(y, {B, T});
+        const auto [ids, targets] = random_batch(gen, B, T);
         GPTOutput ref_out = reference.forward(ids, targets);
         ref_out.loss.backward();
         const double ref_norm = clip_grad_norm(reference.parameters(), 0.5);
