@@ -14,6 +14,9 @@
 #endif
 
 #include "core/error.h"
+#ifdef QK_WITH_NCCL
+#include "cuda/collectives.h"
+#endif
 
 namespace qk::dist {
 
@@ -84,6 +87,14 @@ void finish_host(const Tensor& t, const Tensor& host) {
 
 }  // namespace
 
+bool device_sums_in_place() {
+#ifdef QK_WITH_NCCL
+    return true;
+#else
+    return false;
+#endif
+}
+
 double timeout() { return timeout_seconds; }
 void set_timeout(double seconds) {
     QK_CHECK(seconds > 0, "dist: the timeout must be > 0 seconds, got {}", seconds);
@@ -125,6 +136,21 @@ void abort_job(const std::string& why) {
 
 void all_reduce_sum(const Tensor& t) {
     if (ranks == 1) return;
+#ifdef QK_WITH_NCCL
+    if (t.device() == Device::cuda) {  // NCCL, device to device; MPI only carries its id
+        QK_CHECK(t.is_contiguous(), "all_reduce_sum: needs a contiguous tensor, got strides {}",
+                 t.strides());
+        auto broadcast_id = [](void* bytes, std::size_t n) {
+            MPI_Request request;
+            check_mpi(MPI_Ibcast(bytes, static_cast<int>(n), MPI_BYTE, 0, MPI_COMM_WORLD, &request),
+                      "broadcast of the NCCL id");
+            wait_for(request, "broadcast of the NCCL id");
+        };
+        cuda::nccl_all_reduce_sum(t.raw_data(), t.numel(), t.dtype(), my_rank, ranks, broadcast_id,
+                                  timeout_seconds);
+        return;
+    }
+#endif
     Tensor host = host_view(t, "all_reduce_sum");
     MPI_Request request;
     check_mpi(

@@ -10,8 +10,9 @@
 // error and end the whole job (MPI_Abort), instead of hanging in the collective forever. A rank
 // that exits with an error does the same, so a failure on one rank never leaves the rest waiting.
 //
-// Tensors are reduced where they live: cpu tensors through MPI. Device tensors go through a host
-// copy and MPI here (the emulation build tests that path); see docs/distributed.md for NCCL.
+// Tensors are reduced where they live: cpu tensors through MPI; device tensors through NCCL in a
+// real CUDA build with NCCL (cuda/collectives.h), else through a host copy and MPI (the path the
+// emulation build tests).
 #pragma once
 
 #include <memory>
@@ -32,6 +33,9 @@ int world_size();
 inline bool is_root() { return rank() == 0; }
 // True when this build can run several ranks (it was built with MPI).
 bool built_with_mpi();
+
+// True when all_reduce_sum sums device tensors on the device (NCCL), not through a host copy.
+bool device_sums_in_place();
 
 // Seconds a collective may wait for the other ranks before the job is ended (default 60).
 double timeout();

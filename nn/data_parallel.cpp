@@ -37,8 +37,14 @@ GradientSync::GradientSync(std::vector<Tensor> params, int64_t bucket_bytes, boo
             numel += params_[i].numel();
             params_[i].on_grad_ready([this, b] { on_ready(b); });
         }
-        buckets_[b].flat = Tensor::empty({numel}, params_.front().dtype());
+        buckets_[b].flat = Tensor::empty({numel}, params_.front().dtype(), bucket_device());
     }
+}
+
+// Device gradients are summed on the device when NCCL is there, else through host buffers.
+Device GradientSync::bucket_device() const {
+    const Device device = params_.front().device();
+    return device == Device::cuda && dist::device_sums_in_place() ? Device::cuda : Device::cpu;
 }
 
 GradientSync::~GradientSync() {
@@ -70,12 +76,15 @@ void GradientSync::start(Bucket& bucket) {
         Tensor place = bucket.flat.narrow(0, offset, p.numel());
         const Tensor grad = p.grad();
         if (grad.defined())
-            copy_into(place, grad.to(Device::cpu).reshape({p.numel()}));
+            copy_into(place, grad.to(place.device()).reshape({p.numel()}));
         else
-            copy_into(place, zeros({p.numel()}, p.dtype()));  // no gradient reached it: 0
+            copy_into(place, zeros({p.numel()}, p.dtype(), place.device()));  // no gradient: 0
         offset += p.numel();
     }
-    bucket.sum = dist::all_reduce_sum_async(bucket.flat);
+    if (bucket.flat.device() == Device::cpu)
+        bucket.sum = dist::all_reduce_sum_async(bucket.flat);
+    else
+        dist::all_reduce_sum(bucket.flat);  // NCCL on its own stream; done when it returns
     bucket.started = true;
 }
 

@@ -42,12 +42,13 @@ class GradientSync {
   private:
     struct Bucket {
         std::vector<size_t> members;  // indices into params_
-        Tensor flat;                  // the members' gradients end to end (host memory)
+        Tensor flat;  // the members' gradients end to end (host memory, or device with NCCL)
         int64_t ready = 0;
         bool started = false;
         dist::PendingSum sum;
     };
     void on_ready(size_t bucket);
+    Device bucket_device() const;
     void start(Bucket& bucket);
 
     std::vector<Tensor> params_;

@@ -7,6 +7,9 @@
 #include "nn/gpt.h"
 #include "nn/optim.h"
 #include "nn/zero.h"
+#ifdef QK_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
 
 using namespace qk;
 using namespace qk::nn;
@@ -155,3 +158,30 @@ TEST_CASE("replicas started with other settings or weights are refused, on every
     CHECK(test::error_message([&] { check_replicas_agree(same, other); }).find("other weights") !=
           std::string::npos);
 }
+
+#ifdef QK_WITH_CUDA
+TEST_CASE("device tensors: sums and bucketed gradient averages across ranks") {
+    // In the emulation build device tensors take the host path (a copy and MPI); with real CUDA
+    // and NCCL they are summed on the device. The same checks hold either way.
+    if (!cuda::device_available()) {
+        MESSAGE("no CUDA device: skipped (" << std::string(cuda::backend_description()) << ")");
+        return;
+    }
+    const int rank = dist::rank();
+    Tensor t = from_vector({1.0 + rank, -2.0 * rank, 0.25}, {3}, kF64).to(Device::cuda);
+    dist::all_reduce_sum(t);
+    CHECK(t.to(Device::cpu).to_vector<double>() == std::vector<double>{3, -2, 0.5});
+    // Two parameters on the device, one bucket each (16-byte buckets), rank r's gradient r + 1
+    // times the input: the average is 1.5 times it on both ranks.
+    Tensor w = from_vector({1, 2}, {2}, kF64).to(Device::cuda).requires_grad_();
+    Tensor b = from_vector({3}, {1}, kF64).to(Device::cuda).requires_grad_();
+    GradientSync sync({w, b}, 16, /*overlap=*/true);
+    CHECK(sync.bucket_count() == 2);
+    const Tensor x = from_vector({0.5, -1}, {2}, kF64).to(Device::cuda);
+    (sum(w * x + b) * (1.0 + rank)).backward();
+    sync.finish();
+    CHECK(w.grad().device() == Device::cuda);
+    CHECK(w.grad().to(Device::cpu).to_vector<double>() == std::vector<double>{0.75, -1.5});
+    CHECK(b.grad().to(Device::cpu).to_vector<double>() == std::vector<double>{3});
+}
+#endif
