@@ -1,7 +1,7 @@
 // bench_dist: data-parallel training steps under `mpirun -np N`, and how much of the gradient
 // averaging backward did not hide.
 //
-//   mpirun -np 2 --oversubscribe ./build/bench/bench_dist [A|B]
+//   mpirun -np 2 --oversubscribe ./build/bench/bench_dist [A|B|all] [bucket MB, default 25]
 // (as root, with OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 in the environment)
 //
 // Per config (A: L4 C128 H4 T64, B: L6 C384 H6 T256; float32, the global batch split over the
@@ -10,6 +10,7 @@
 // for sums that backward did not hide, or in ZeRO-1's reduce-scatter, as a share of the step), and
 // the gradient bytes each rank sends in per step. Rank 0 prints; times are the max over ranks.
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/distributed.h"
@@ -40,7 +41,7 @@ struct Timing {
 };
 
 // Mean over `steps` timed steps (after 2 warm-up steps) of the step and of its exposed wait.
-Timing run(const Config& c, const char* mode, int steps) {
+Timing run(const Config& c, const char* mode, int steps, int64_t bucket_bytes) {
     nn::GPTConfig cfg;
     cfg.vocab_size = kVocab, cfg.block_size = c.T, cfg.n_layer = c.L, cfg.n_head = c.H;
     cfg.n_embd = c.C, cfg.qk_norm = nn::QKNorm::layernorm;
@@ -52,7 +53,7 @@ Timing run(const Config& c, const char* mode, int steps) {
     if (zero)
         sharded = std::make_unique<nn::ShardedAdamW>(model.parameters(), nn::AdamWOptions{});
     else
-        sync = std::make_unique<nn::GradientSync>(model.parameters(), 25 << 20,
+        sync = std::make_unique<nn::GradientSync>(model.parameters(), bucket_bytes,
                                                   std::strcmp(mode, "overlap") == 0);
     const int64_t local_batch = c.B / dist::world_size();
     Generator gen(7 + dist::rank());
@@ -96,13 +97,15 @@ int main(int argc, char** argv) {
     dist::init();
     const std::vector<Config> configs = {{"A (L4 C128 H4 T64 B16)", 4, 128, 4, 64, 16},
                                          {"B (L6 C384 H6 T256 B8)", 6, 384, 6, 256, 8}};
-    const char* only = argc > 1 ? argv[1] : nullptr;
+    const char* only = argc > 1 && std::strcmp(argv[1], "all") != 0 ? argv[1] : nullptr;
+    const double bucket_mb = argc > 2 ? std::atof(argv[2]) : 25.0;  // as qknorm's --bucket-mb
+    const auto bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
     if (dist::is_root())
         fmt::print(
             "# data-parallel steps, {} ranks x {} thread(s), float32, global batch split over the "
-            "ranks\n\n| config | mode | ms/step | exposed communication ms | share of the step "
+            "ranks, {} MB buckets\n\n| config | mode | ms/step | exposed communication ms | share of the step "
             "| gradient MB per rank per step |\n|---|---|---:|---:|---:|---:|\n",
-            dist::world_size(), num_threads());
+            dist::world_size(), num_threads(), bucket_mb);
     for (const Config& c : configs) {
         if (only && c.name[0] != only[0]) continue;
         int64_t bytes = 0;
@@ -115,7 +118,7 @@ int main(int argc, char** argv) {
         }
         const int steps = c.C >= 384 ? 5 : 20;
         for (const char* mode : {"overlap", "after backward", "zero-1"}) {
-            const Timing t = run(c, mode, steps);
+            const Timing t = run(c, mode, steps, bucket_bytes);
             if (dist::is_root())
                 fmt::print("| {} | {} | {:.1f} | {:.2f} | {:.1f} % | {:.1f} |\n", c.name, mode,
                            1e3 * t.step, 1e3 * t.exposed, 100 * t.exposed / t.step,
