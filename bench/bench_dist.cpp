@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
     if (dist::is_root())
         fmt::print(
             "# data-parallel steps, {} ranks x {} thread(s), float32, global batch split over the "
-            "ranks, {} MB buckets\n\n| config | mode | ms/step | exposed communication ms | share of the step "
+            "ranks, {} MB buckets\n\n| config | mode | ms/step | exposed communication ms | share "
+            "of the step "
             "| gradient MB per rank per step |\n|---|---|---:|---:|---:|---:|\n",
             dist::world_size(), num_threads(), bucket_mb);
     for (const Config& c : configs) {

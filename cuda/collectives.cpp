@@ -15,9 +15,9 @@ namespace {
 
 struct Communicator {
     ncclComm_t comm = nullptr;
-    cudaStream_t stream = nullptr;      // the communication stream
-    cudaEvent_t queued = nullptr;       // the compute stream's work before the sum
-    cudaEvent_t done = nullptr;         // the sum itself
+    cudaStream_t stream = nullptr;  // the communication stream
+    cudaEvent_t queued = nullptr;   // the compute stream's work before the sum
+    cudaEvent_t done = nullptr;     // the sum itself
 };
 Communicator communicator;
 
@@ -28,9 +28,12 @@ void check_nccl(ncclResult_t result, const char* call) {
 
 ncclDataType_t nccl_type(DType dtype) {
     switch (dtype) {
-        case DType::f32: return ncclFloat32;
-        case DType::f64: return ncclFloat64;
-        default: break;
+        case DType::f32:
+            return ncclFloat32;
+        case DType::f64:
+            return ncclFloat64;
+        default:
+            break;
     }
     throw Error(fmt::format("nccl_all_reduce_sum: needs float32 or float64 data, got {}", dtype));
 }
