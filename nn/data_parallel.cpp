@@ -72,14 +72,8 @@ void GradientSync::on_ready(size_t b) {
 void GradientSync::start(Bucket& bucket) {
     int64_t offset = 0;
     for (size_t i : bucket.members) {
-        const Tensor& p = params_[i];
-        Tensor place = bucket.flat.narrow(0, offset, p.numel());
-        const Tensor grad = p.grad();
-        if (grad.defined())
-            copy_into(place, grad.to(place.device()).reshape({p.numel()}));
-        else
-            copy_into(place, zeros({p.numel()}, p.dtype(), place.device()));  // no gradient: 0
-        offset += p.numel();
+        copy_gradient_into(bucket.flat.narrow(0, offset, params_[i].numel()), params_[i]);
+        offset += params_[i].numel();
     }
     if (bucket.flat.device() == Device::cpu)
         bucket.sum = dist::all_reduce_sum_async(bucket.flat);

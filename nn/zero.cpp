@@ -39,9 +39,16 @@ Tensor flat(const Tensor& p) { return p.detach().reshape({p.numel()}); }
 
 }  // namespace
 
+void copy_gradient_into(const Tensor& place, const Tensor& param) {
+    const Tensor grad = param.grad();
+    if (grad.defined())
+        copy_into(place, grad.to(place.device()).reshape({param.numel()}));
+    else  // no gradient reached it in this pass: 0
+        copy_into(place, zeros({param.numel()}, param.dtype(), place.device()));
+}
+
 ShardedAdamW::ShardedAdamW(std::vector<Tensor> params, AdamWOptions options)
     : params_(std::move(params)),
-      total_(total_elements(params_)),
       shard_size_(shard_size_of(params_)),
       pieces_([&] {
           std::vector<Piece> pieces;
@@ -62,7 +69,7 @@ ShardedAdamW::ShardedAdamW(std::vector<Tensor> params, AdamWOptions options)
     QK_CHECK(!params_.empty(), "ShardedAdamW: no parameters");
     const DType dtype = params_.front().dtype();
     const int64_t ranks = dist::world_size();
-    grad_flat_ = zeros({ranks * shard_size_}, dtype);  // the padding past total_ stays 0
+    grad_flat_ = zeros({ranks * shard_size_}, dtype);  // the padding past the parameters stays 0
     grad_shard_ = zeros({shard_size_}, dtype);
     param_flat_ = zeros({ranks * shard_size_}, dtype);
     param_shard_ = zeros({shard_size_}, dtype);
@@ -87,11 +94,7 @@ void ShardedAdamW::reduce_gradients() {
     NoGradGuard no_grad;
     for_each_start(params_, [&](size_t k, int64_t start) {
         const Tensor& p = params_[k];
-        Tensor place = grad_flat_.narrow(0, start, p.numel());
-        if (p.grad().defined())
-            copy_into(place, p.grad().to(Device::cpu).reshape({p.numel()}));
-        else
-            copy_into(place, zeros({p.numel()}, p.dtype()));
+        copy_gradient_into(grad_flat_.narrow(0, start, p.numel()), p);
     });
     dist::reduce_scatter_sum(grad_flat_, grad_shard_);
     copy_into(grad_shard_, grad_shard_ * (1.0 / static_cast<double>(dist::world_size())));

@@ -23,6 +23,10 @@
 
 namespace qk::nn {
 
+// Writes param's gradient, flattened, into place (numel elements, on any device), or zeros when
+// it has none: how data-parallel buffers gather the gradients they send.
+void copy_gradient_into(const Tensor& place, const Tensor& param);
+
 class ShardedAdamW {
   public:
     ShardedAdamW(std::vector<Tensor> params, AdamWOptions options);
@@ -42,7 +46,7 @@ class ShardedAdamW {
     void load_full(const AdamW& full);
     int64_t steps() const { return shard_opt_.steps(); }
     int64_t moment_bytes() const;  // m and v of this rank's shard
-    // Every moment of this rank's shard finite (a checkpoint is never written from NaN).
+    // The moments of this rank's shard: m then v per piece (the trainer checks them finite).
     std::vector<Tensor> state() const { return shard_opt_.state(); }
 
   private:
@@ -54,7 +58,7 @@ class ShardedAdamW {
                                            const std::vector<Piece>& pieces);
 
     std::vector<Tensor> params_;
-    int64_t total_ = 0, shard_size_ = 0;
+    int64_t shard_size_ = 0;
     std::vector<Piece> pieces_;
     std::vector<Tensor> views_;  // one leaf per piece: a 1-D view of the parameter's elements
     Tensor grad_flat_, grad_shard_, param_shard_, param_flat_;
