@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "core/threading.h"
+#include "ops/attention.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"

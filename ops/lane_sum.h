@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 namespace qk::math {
 
@@ -25,6 +26,24 @@ inline T lane_sum(int64_t n, Term&& term) {
     for (int width = kLanes / 2; width > 0; width /= 2)
         for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
     return acc[0];
+}
+
+// Two sums in one pass over the same elements: term(i, a, b) adds element i's two terms into a
+// and b (it may also store a value of its own). Returns {Σ a-terms, Σ b-terms}, each with
+// lane_sum's fixed rounding.
+template <class T, class Term>
+inline std::pair<T, T> lane_sum2(int64_t n, Term&& term) {
+    T acc_a[kLanes] = {}, acc_b[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        for (int l = 0; l < kLanes; ++l) term(i + l, acc_a[l], acc_b[l]);
+    for (int l = 0; i + l < n; ++l) term(i + l, acc_a[l], acc_b[l]);
+    for (int width = kLanes / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; ++l) {
+            acc_a[l] += acc_a[l + width];
+            acc_b[l] += acc_b[l + width];
+        }
+    return {acc_a[0], acc_b[0]};
 }
 
 }  // namespace qk::math

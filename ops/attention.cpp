@@ -1,0 +1,265 @@
+// Fused scaled-dot-product attention, FlashAttention-2's algorithm (Dao 2023), with the soft-cap,
+// the causal mask, a learnable per-head scale and the stability signals inside.
+//
+// Per head, q_i: query row i, k_j, v_j: key/value row j (all of length D):
+//   r_ij = q_i · k_j                          raw dot
+//   s_ij = g · r_ij                           g: the scale (1/sqrt(D), or a learnable tensor)
+//   z_ij = c · tanh(s_ij / c)                 soft-cap when c > 0, else z = s
+//   visible j: j <= i + (Tk − Tq) under the causal mask, else every j
+//   p_ij = exp(z_ij − lse_i),  lse_i = log Σ_vis exp(z_ij)
+//   o_i  = Σ_j p_ij v_j
+//
+// Forward without the (Tq, Tk) matrix: the keys are visited tile by tile and each row keeps an
+// online softmax (m: running max, l = Σ exp(z − m), o_acc = Σ exp(z − m) v). When a tile moves the
+// max to m', everything carried so far is rescaled by α = exp(m − m'):
+//   l ← α·l + Σ_tile exp(z − m'),   o_acc ← α·o_acc + Σ_tile exp(z − m') v
+// and at the end o = o_acc / l, lse = m + log l. Every exp(z − m) <= 1, so nothing overflows.
+//
+// Saved: q, k, v, o and lse (one number per row); nothing of size Tq × Tk. lse is kept in float64
+// whatever the dtype: the backward's p = exp(z − lse) inherits lse's absolute error, and a float32
+// lse of a row whose logits reach 10 is off by ~1e-6, the same relative error on every p of the
+// row, which D_i = dO·o below does not share. Each row's ds then stops summing to zero, and the
+// scale's gradient Σ ds·r collected that bias over every row: 3-5x the unfused path's error in a
+// float32 test, before the change (8 bytes a row is nothing next to the row's D values).
+//
+// Backward, with dO = ∂loss/∂o (each tile's p recomputed from q, k and the saved lse):
+//   dv_j  = Σ_i p_ij dO_i
+//   dp_ij = dO_i · v_j
+//   dz_ij = p_ij (dp_ij − D_i),   D_i = Σ_j p_ij dp_ij = dO_i · o_i      (softmax's backward; the
+//                                  second form needs no pass over j: FA-2's trick)
+//   ds_ij = dz_ij · (1 − (z_ij / c)²)                                     (the cap's factor)
+//   dq_i  = g Σ_j ds_ij k_j,   dk_j = g Σ_i ds_ij q_i,   dg = Σ_ij ds_ij r_ij
+// A scale of shape (1) sums dg over every head, shape (H) per head; over the batch either way.
+//
+// Stability signals, by the same forward: max |s_ij| over the visible j (s before the cap), and
+// the entropy of p_i,
+//   H_i = −Σ_j p_ij log p_ij = −Σ_j p_ij (z_ij − lse_i) = lse_i − Σ_j p_ij z_ij = lse_i − w / l,
+// with w = Σ_j exp(z_ij − m) z_ij carried and rescaled along with l.
+//
+// Edge cases, as softmax: a NaN logit (or +inf) makes its row's output, lse and signals NaN; a row
+// with no finite logit (only with infinite inputs) outputs 0, with lse −inf and zero gradient.
+//
+// The kernel ladder: attention_unfused below is v1, the plain composition matmul → softmax →
+// matmul whose ops each save their (B, H, Tq, Tk) result; the fused kernels are v2, in
+// ops/attention_cpu.cpp and cuda/attention.cu (one read of q, k, v per tile, no T² memory, the
+// masked half skipped), and the tests hold v2 to v1.
+#include "ops/attention.h"
+
+#include <cmath>
+#include <tuple>
+
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "core/factory.h"
+#include "ops/dropout.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
+#include "ops/reduce.h"
+#include "ops/softmax.h"
+
+namespace qk {
+
+namespace {
+
+using Grads = std::vector<Tensor>;
+
+void check_options(const char* op, const AttentionOptions& o, const Tensor& q) {
+    const int64_t H = q.size(1);
+    QK_CHECK(o.softcap >= 0 && std::isfinite(o.softcap),
+             "{}: softcap must be a finite number >= 0 (0 = off), got {}", op, o.softcap);
+    QK_CHECK(!o.scale || std::isfinite(*o.scale), "{}: scale must be finite, got {}", op,
+             o.scale.value_or(0));
+    QK_CHECK(o.dropout >= 0 && o.dropout < 1, "{}: dropout must be in [0, 1), got {}", op,
+             o.dropout);
+    if (!o.scale_tensor.defined()) return;
+    const Tensor& g = o.scale_tensor;
+    QK_CHECK(g.dim() == 1 && (g.size(0) == 1 || g.size(0) == H),
+             "{}: scale tensor must have shape (1) or (H) = ({}), got {}", op, H, g.shape());
+    QK_CHECK(g.dtype() == q.dtype() && g.device() == q.device(),
+             "{}: scale tensor is {} on {}, q is {} on {}", op, g.dtype(), g.device(), q.dtype(),
+             q.device());
+}
+
+void check_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                const AttentionOptions& o) {
+    QK_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+             "{}: q, k, v must be (B, H, T, D), got q {}, k {}, v {}", op, q.shape(), k.shape(),
+             v.shape());
+    QK_CHECK(is_floating(q.dtype()) && k.dtype() == q.dtype() && v.dtype() == q.dtype(),
+             "{}: q, k, v must be float32 or float64 and the same, got {}, {}, {} (shapes {}, {}, "
+             "{})",
+             op, q.dtype(), k.dtype(), v.dtype(), q.shape(), k.shape(), v.shape());
+    QK_CHECK(k.device() == q.device() && v.device() == q.device(),
+             "{}: q, k, v must be on one device, got {}, {}, {}", op, q.device(), k.device(),
+             v.device());
+    const bool same_heads = k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+                            v.size(0) == q.size(0) && v.size(1) == q.size(1);
+    QK_CHECK(same_heads && k.size(3) == q.size(3) && v.size(2) == k.size(2) && v.size(3) > 0,
+             "{}: expected q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, D) with D = Dv > 0, "
+             "got q {}, k {}, v {}",
+             op, q.shape(), k.shape(), v.shape());
+    QK_CHECK(v.size(3) == q.size(3), "{}: v's head dim must equal q's, got q {}, v {}", op,
+             q.shape(), v.shape());
+    QK_CHECK(!o.causal || q.size(2) <= k.size(2),
+             "{}: causal mask needs Tq <= Tk, got q {} and k {}: the first {} query rows would see "
+             "no key",
+             op, q.shape(), k.shape(), q.size(2) - k.size(2));
+    check_options(op, o, q);
+}
+
+AttentionShape shape_of(const Tensor& q, const Tensor& k, bool causal) {
+    return {q.size(0) * q.size(1), q.size(1), q.size(2), k.size(2), q.size(3), causal};
+}
+
+// The scale as a tensor of shape (1) or (H) on q's device: the user's, or the number's.
+Tensor scale_as_tensor(const Tensor& q, const AttentionOptions& o) {
+    if (o.scale_tensor.defined()) return o.scale_tensor.detach().contiguous();
+    const double g = o.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+    return full({1}, g, q.dtype(), q.device());
+}
+
+// ∂loss/∂g from the per-head partials (B·H) to the scale tensor's shape, (1) or (H).
+Tensor reduce_scale_grad(const Tensor& partials, const Tensor& scale, int64_t B, int64_t H) {
+    Tensor per_head = sum(partials.view({B, H}), {0});  // (H)
+    return scale.numel() == 1 ? sum(per_head).reshape({1}) : per_head;
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                 const AttentionOptions& o, AttentionSignals* signals) {
+    constexpr const char* op = "attention";
+    check_args(op, q_in, k_in, v_in, o);
+    QK_CHECK(o.dropout == 0,
+             "attention: the fused kernel does not drop attention probabilities (dropout {}); "
+             "use attention_unfused (the model's --attention naive)",
+             o.dropout);
+    if (q_in.device() == Device::cuda) {  // each block's tiles must fit in 48 KB of shared memory
+        const int64_t max_d = q_in.dtype() == kF64 ? 64 : 128;
+        QK_CHECK(q_in.size(3) <= max_d,
+                 "attention: the CUDA kernel takes head dims D <= {} in {}, got q {}", max_d,
+                 q_in.dtype(), q_in.shape());
+    }
+    const Tensor q = q_in.contiguous().detach(), k = k_in.contiguous().detach(),
+                 v = v_in.contiguous().detach(), scale = scale_as_tensor(q, o);
+    const AttentionShape sh = shape_of(q, k, o.causal);
+    const int64_t stride = scale.numel() == 1 ? 0 : 1;
+    Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+    Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, kF64, q.device());
+    if (signals) {
+        signals->max_abs_logit = Tensor::empty(lse.shape(), q.dtype(), q.device());
+        signals->entropy = Tensor::empty(lse.shape(), q.dtype(), q.device());
+    }
+    dispatch_float(q.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        T* max_abs = signals ? signals->max_abs_logit.data<T>() : nullptr;
+        T* entropy = signals ? signals->entropy.data<T>() : nullptr;
+        auto args = std::tuple(out.data<T>(), lse.data<double>(), max_abs, entropy, q.data<T>(),
+                               k.data<T>(), v.data<T>(), scale.data<T>(), stride, T(o.softcap), sh);
+        switch (q.device()) {
+            case Device::cpu:
+                std::apply(cpu::attention_forward<T>, args);
+                break;
+            case Device::cuda:
+#ifdef QK_WITH_CUDA
+                std::apply(cuda::attention_forward<T>, args);
+#else
+                throw_built_without_cuda(op);
+#endif
+                break;
+        }
+    });
+
+    const bool scale_grad = o.scale_tensor.defined();
+    std::vector<Tensor> inputs{q_in, k_in, v_in};
+    if (scale_grad) inputs.push_back(o.scale_tensor);
+    auto backward = [q, k, v, scale, lse, sh, stride, scale_grad, cap = o.softcap,
+                     out = out.detach()](const Tensor& dout_in) {
+        const Tensor dout = dout_in.contiguous();
+        Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.device());
+        Tensor dk = Tensor::empty(k.shape(), k.dtype(), k.device());
+        Tensor dv = Tensor::empty(v.shape(), v.dtype(), v.device());
+        Tensor delta = Tensor::empty(lse.shape(), q.dtype(), q.device());  // D_i
+        Tensor dscale =
+            scale_grad ? Tensor::empty({sh.batch_heads}, q.dtype(), q.device()) : Tensor();
+        dispatch_float(q.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            auto args = std::tuple(
+                dq.data<T>(), dk.data<T>(), dv.data<T>(), scale_grad ? dscale.data<T>() : nullptr,
+                delta.data<T>(), dout.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(),
+                out.data<T>(), lse.data<double>(), scale.data<T>(), stride, T(cap), sh);
+            switch (q.device()) {
+                case Device::cpu:
+                    std::apply(cpu::attention_backward<T>, args);
+                    break;
+                case Device::cuda:
+#ifdef QK_WITH_CUDA
+                    std::apply(cuda::attention_backward<T>, args);
+#else
+                    throw_built_without_cuda("attention");
+#endif
+                    break;
+            }
+        });
+        Grads grads{dq, dk, dv};
+        if (scale_grad) grads.push_back(reduce_scale_grad(dscale, scale, q.size(0), q.size(1)));
+        return grads;
+    };
+    return autograd::record(op, out, inputs, std::move(backward));
+}
+
+// ---- v1: the unfused composition ---------------------------------------------------------------
+
+namespace {
+
+// Per-row signals from the materialised scores s and probabilities p, (B, H, Tq, Tk), measured in
+// float64 on the host: a (B, H, Tq, Tk) copy per stats step, the cost the fused path removes.
+void measure_rows(const Tensor& s, const Tensor& p, bool causal, AttentionSignals& signals) {
+    const int64_t Tq = s.size(2), Tk = s.size(3), rows = s.numel() / Tk;
+    const Tensor s_host = s.to(Device::cpu).contiguous().to(kF64);
+    const Tensor p_host = p.to(Device::cpu).contiguous().to(kF64);
+    const double *sp = s_host.data<double>(), *pp = p_host.data<double>();
+    Tensor max_abs = Tensor::empty({s.size(0), s.size(1), Tq}, kF64);
+    Tensor entropy = Tensor::empty(max_abs.shape(), kF64);
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t visible = causal ? r % Tq + (Tk - Tq) + 1 : Tk;
+        double row_max = 0, row_entropy = 0;
+        bool nan_seen = false;  // std::max and `p > 0` would skip a NaN: report it instead
+        for (int64_t j = 0; j < visible; ++j) {
+            const double s_abs = std::abs(sp[r * Tk + j]), a = pp[r * Tk + j];
+            nan_seen = nan_seen || std::isnan(s_abs) || std::isnan(a);
+            row_max = std::max(row_max, s_abs);
+            if (a > 0) row_entropy -= a * std::log(a);
+        }
+        max_abs.data<double>()[r] = nan_seen ? NAN : row_max;
+        entropy.data<double>()[r] = nan_seen ? NAN : row_entropy;
+    }
+    signals.max_abs_logit = max_abs.to(s.dtype()).to(s.device());
+    signals.entropy = entropy.to(s.dtype()).to(s.device());
+}
+
+}  // namespace
+
+Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const AttentionOptions& o, AttentionSignals* signals) {
+    check_args("attention_unfused", q, k, v, o);
+    // The scale goes on q (B·H·Tq·D multiplies) rather than on s (B·H·Tq·Tk): same math.
+    Tensor q_scaled;
+    if (o.scale_tensor.defined())
+        q_scaled = q * (o.scale_tensor.numel() == 1 ? o.scale_tensor
+                                                    : o.scale_tensor.view({q.size(1), 1, 1}));
+    else
+        q_scaled = q * o.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+    Tensor s = matmul(q_scaled, k.transpose(-2, -1));  // (B, H, Tq, Tk)
+    Tensor p = softmax(s, {.causal = o.causal, .softcap = o.softcap});
+    if (signals) {
+        NoGradGuard no_grad;
+        measure_rows(s, p, o.causal, *signals);
+    }
+    if (o.dropout > 0)
+        p = dropout(p, o.dropout, true,
+                    o.dropout_generator ? *o.dropout_generator : default_generator());
+    return matmul(p, v);
+}
+
+}  // namespace qk

@@ -1,0 +1,86 @@
+// Scaled dot-product attention, fused (FlashAttention-2's algorithm) and unfused (the composition
+// of matmul and softmax it is tested against). The math and the tiling: ops/attention.cpp.
+#pragma once
+
+#include <optional>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace qk {
+
+struct AttentionOptions {
+    // Causal mask: query row i sees keys j <= i + (Tk − Tq) (the last query sees every key), the
+    // convention of softmax's causal mask.
+    bool causal = false;
+    // The logit scale, s = scale · q·k: a number (default 1/sqrt(D)) ...
+    std::optional<double> scale = std::nullopt;
+    // ... or a tensor of shape (1) or (H), one value per head, differentiable: the learnable g of
+    // the l2/lp QK-norms. When defined it replaces `scale`.
+    Tensor scale_tensor = {};
+    // When > 0, s <- c · tanh(s / c) after the scale, before the mask (Gemma 2 uses 50).
+    double softcap = 0;
+    // Dropout on the attention probabilities, unfused path only (the fused kernel refuses p > 0).
+    double dropout = 0;
+    Generator* dropout_generator = nullptr;  // default_generator() when null
+};
+
+// Stability signals, one value per query row, measured without gradient: (B, H, Tq) each.
+struct AttentionSignals {
+    Tensor max_abs_logit;  // max |s| over the row's visible keys (after the scale, before the cap)
+    Tensor entropy;        // −Σ_j p_j log p_j of the row's attention distribution
+};
+
+// Fused attention. q: (B, H, Tq, D), k and v: (B, H, Tk, D) -> (B, H, Tq, D):
+//     out = softmax(mask(cap(scale · q kᵀ))) v
+// computed tile by tile without the (Tq, Tk) scores; saves q, k, v, out and one log-sum-exp per
+// row for the backward. float32 or float64, all on one device. Differentiable in q, k, v and the
+// scale tensor. When `signals` is given it is filled by the same pass (no gradient).
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                 const AttentionOptions& options = {}, AttentionSignals* signals = nullptr);
+
+// The same attention from matmul, softmax (and dropout): the (B, H, Tq, Tk) scores and
+// probabilities are materialised and saved by those ops. The reference for the fused op's tests
+// and the model's `--attention naive`. Its signals are measured on the host from the T² tensors.
+Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const AttentionOptions& options = {}, AttentionSignals* signals = nullptr);
+
+// The kernels behind `attention`, declared for the kernel-level parity tests of the CUDA twin.
+// Raw contiguous pointers; one (batch, head) pair is a "head" bh in [0, batch_heads), and uses the
+// scale scale[(bh mod heads) · scale_stride] (stride 0: one scale for every head).
+struct AttentionShape {
+    int64_t batch_heads, heads, Tq, Tk, D;
+    bool causal;
+};
+// Forward.  out: (BH, Tq, D) out; lse: (BH, Tq) out, log Σ_j exp(z_ij) per row, in float64
+//   whatever T (see ops/attention.cpp: a float32 lse biases the backward's probabilities);
+//   max_abs_s, entropy: (BH, Tq) out, or both null (no signals);
+//   q: (BH, Tq, D); k, v: (BH, Tk, D); cap: the soft-cap c, 0 for none.
+// Backward. dq: (BH, Tq, D), dk, dv: (BH, Tk, D) out (every element written);
+//   dscale: (BH) out, Σ over the head's logits of ∂loss/∂s · q·k, or null;
+//   delta: (BH, Tq) workspace (D_i = dO_i · O_i); dout, out: (BH, Tq, D); lse: (BH, Tq).
+// Instantiated for float and double.
+namespace cpu {
+template <class T>
+void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, const T* q, const T* k,
+                       const T* v, const T* scale, int64_t scale_stride, T cap,
+                       const AttentionShape& shape);
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout, const T* q,
+                        const T* k, const T* v, const T* out, const double* lse, const T* scale,
+                        int64_t scale_stride, T cap, const AttentionShape& shape);
+}  // namespace cpu
+
+// The CUDA twins (cuda/attention.cu): device pointers, the same layout and contract.
+namespace cuda {
+template <class T>
+void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, const T* q, const T* k,
+                       const T* v, const T* scale, int64_t scale_stride, T cap,
+                       const AttentionShape& shape);
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout, const T* q,
+                        const T* k, const T* v, const T* out, const double* lse, const T* scale,
+                        int64_t scale_stride, T cap, const AttentionShape& shape);
+}  // namespace cuda
+
+}  // namespace qk

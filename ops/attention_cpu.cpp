@@ -1,0 +1,362 @@
+// The cpu kernels of fused attention (the math, the names and the saved tensors:
+// ops/attention.cpp).
+//
+// Tiles. Queries are cut into tiles of kQueryTile rows, keys into tiles of kKeyTile. For one
+// (query tile, key tile) pair the kernel needs the (rows, cols) block of logits only, which it
+// gets from one small GEMM (OpenBLAS, on the calling thread), and after the row math one more
+// GEMM multiplies the block's probabilities into the output. A 64 × 64 block of floats is 16 KB:
+// with the q, k, v and output tiles the working set stays in L2, where the unfused path streams
+// the whole (T, T) matrix through memory four times (scores, probabilities, and their gradients).
+// Under the causal mask a query tile stops at its last visible key, so the key tiles above the
+// diagonal are never computed (half the work at large T).
+//
+// Forward: one task per (head, query tile), in parallel over the pool. Per key tile:
+//   R = Q_i K_jᵀ                          GEMM (rows × cols), the raw dots r
+//   per row: s = g·r, z = cap(s), the online update of (m, l, w) and the row's max |s|,
+//            P = exp(z − m_new) in place of R, α = exp(m_old − m_new)
+//   O_acc ← α·O_acc + P V_j                 GEMM (rows × D), beta = 1 after the α rescale
+// and at the end O = O_acc / l, lse = m + log l, entropy = lse − w / l.
+//
+// Backward: one task per head (it owns that head's dq, dk and dv, so nothing is shared between
+// threads and the sums have a fixed order). Per key tile j, per query tile i that sees it:
+//   R = Q_i K_jᵀ;  P = exp(z − lse) (and the cap factor F = 1 − (z/c)²) recomputed per row
+//   dV_j += Pᵀ dO_i                          GEMM
+//   dP = dO_i V_jᵀ                            GEMM
+//   dS = P ∘ (dP − D) ∘ F                     per row
+//   dQ'_i += dS K_j;  dK_j += g · dSᵀ Q_i      GEMMs
+// Five GEMMs per block where the unfused backward does the same five over the whole matrix. At
+// the end of the head, dg = Σ_i q_i · dQ'_i (the same Σ dS ∘ R grouped by rows, with no
+// multiply per logit) and dq = g · dQ'; cuda/attention.cu groups it the same way.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "core/threading.h"
+#include "ops/attention.h"
+#include "ops/elementwise_math.h"  // math::exp_fast, math::tanh_fast
+#include "ops/lane_sum.h"
+
+namespace qk::cpu {
+
+namespace {
+
+constexpr int64_t kQueryTile = 64;
+constexpr int64_t kKeyTile = 64;
+
+template <class T>
+constexpr T kInf = std::numeric_limits<T>::infinity();
+
+// y (M × N, leading dim ldy) = alpha · op(a) · op(b) + beta · y, row-major, on this thread.
+// op(a) is (M × K): a stored as is (lda) or transposed; likewise op(b) (K × N).
+template <class T>
+void tile_gemm(T* y, int64_t ldy, const T* a, bool a_trans, int64_t lda, const T* b, bool b_trans,
+               int64_t ldb, int64_t M, int64_t N, int64_t K, T beta, T alpha = T(1)) {
+    const auto ta = a_trans ? CblasTrans : CblasNoTrans, tb = b_trans ? CblasTrans : CblasNoTrans;
+    if constexpr (std::is_same_v<T, float>)
+        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, y, ldy);
+    else
+        cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, y, ldy);
+}
+
+// Keys query row i sees: the causal prefix up to i + (Tk − Tq), or all of them.
+inline int64_t visible_keys(int64_t i, const AttentionShape& sh) {
+    return sh.causal ? std::min(sh.Tk, i + (sh.Tk - sh.Tq) + 1) : sh.Tk;
+}
+
+// How many of a key tile's cols (starting at key j0) row i sees: 0 … cols.
+inline int64_t visible_in_tile(int64_t i, int64_t j0, int64_t cols, const AttentionShape& sh) {
+    return std::clamp<int64_t>(visible_keys(i, sh) - j0, 0, cols);
+}
+
+template <class T, bool kCapped>
+inline T capped(T s, T cap) {
+    if constexpr (kCapped)
+        return cap * math::tanh_fast(s / cap);
+    else
+        return s;
+}
+
+// ---- forward ---------------------------------------------------------------------------------
+
+// The online softmax of one query row: running max m, l = Σ exp(z − m), w = Σ exp(z − m)·z.
+template <class T>
+struct RowState {
+    T m = -kInf<T>, l = 0, w = 0, max_abs_s = 0;
+};
+
+// One row of one key tile. row: (cols), the raw dots r on entry, the unnormalised probabilities
+// e = exp(z − m_new) on return (0 past the nv visible keys). Returns α = exp(m_old − m_new), the
+// factor by which the row's output accumulator must be rescaled.
+template <class T, bool kCapped>
+T online_softmax_row(T* row, int64_t nv, int64_t cols, T g, T cap, RowState<T>& st) {
+    T tile_max = -kInf<T>, max_abs = 0;
+#pragma omp simd reduction(max : tile_max, max_abs)
+    for (int64_t j = 0; j < nv; ++j) {
+        const T s = g * row[j];
+        max_abs = std::max(max_abs, std::abs(s));
+        row[j] = capped<T, kCapped>(s, cap);  // z
+        tile_max = std::max(tile_max, row[j]);
+    }
+    const T m_new = std::max(st.m, tile_max);
+    // Nothing finite seen yet (m_new = −inf): exponents taken relative to 0 give e = 0, not NaN.
+    const T m_ref = m_new == -kInf<T> ? T(0) : m_new;
+    const T alpha = math::exp_fast(st.m - m_ref);
+    const auto [sum_e, sum_ez] = math::lane_sum2<T>(nv, [&](int64_t j, T& acc_e, T& acc_ez) {
+        const T z = row[j], e = math::exp_fast(z - m_ref);
+        acc_e += e;
+        acc_ez += e > T(0) ? e * z : T(0);  // a z = −inf has e = 0 and adds nothing (not NaN)
+        row[j] = e;
+    });
+    std::fill(row + nv, row + cols, T(0));
+    st.l = st.l * alpha + sum_e;
+    st.w = st.w * alpha + sum_ez;
+    st.m = m_new;
+    st.max_abs_s = std::max(st.max_abs_s, max_abs);
+    return alpha;
+}
+
+template <class T>
+struct ForwardArgs {
+    T* out;
+    double* lse;
+    T *max_abs_s, *entropy;
+    const T *q, *k, *v, *scale;
+    int64_t scale_stride;
+    T cap;
+    AttentionShape shape;
+};
+
+// Per-thread buffers of the forward: one block of logits and the query tile's output accumulator.
+template <class T>
+struct ForwardScratch {
+    std::vector<T> block, out_acc;
+    std::vector<RowState<T>> rows;
+    explicit ForwardScratch(int64_t D)
+        : block(kQueryTile * kKeyTile), out_acc(kQueryTile * D), rows(kQueryTile) {}
+};
+
+// Writes the finished rows: O = O_acc / l, lse = m + log l, entropy = lse − w / l.
+template <class T>
+void finish_query_tile(const ForwardArgs<T>& a, ForwardScratch<T>& sc, int64_t bh, int64_t i0,
+                       int64_t rows) {
+    const int64_t D = a.shape.D, first_row = bh * a.shape.Tq + i0;
+    for (int64_t r = 0; r < rows; ++r) {
+        const RowState<T>& st = sc.rows[r];
+        T* out = a.out + (first_row + r) * D;
+        const T* acc = sc.out_acc.data() + r * D;
+        // l = 0: no key with a finite logit (only with infinite inputs): output 0, lse −inf.
+        const T inv_l = st.l > T(0) ? T(1) / st.l : T(0);
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) out[d] = acc[d] * inv_l;
+        const double lse = st.l > T(0) ? double(st.m) + std::log(double(st.l))
+                                       : (std::isnan(st.l) ? double(st.l) : -kInf<double>);
+        a.lse[first_row + r] = lse;
+        if (a.max_abs_s) {  // a NaN logit makes l NaN: both signals report it
+            const bool nan_row = std::isnan(st.l);
+            a.max_abs_s[first_row + r] = nan_row ? st.l : st.max_abs_s;
+            a.entropy[first_row + r] =
+                st.l > T(0) ? T(lse - double(st.w) / double(st.l)) : (nan_row ? st.l : T(0));
+        }
+    }
+}
+
+template <class T, bool kCapped>
+void forward_query_tile(const ForwardArgs<T>& a, ForwardScratch<T>& sc, int64_t bh, int64_t i0) {
+    const AttentionShape& sh = a.shape;
+    const int64_t D = sh.D, rows = std::min(kQueryTile, sh.Tq - i0);
+    const T* q = a.q + (bh * sh.Tq + i0) * D;
+    const T* k = a.k + bh * sh.Tk * D;
+    const T* v = a.v + bh * sh.Tk * D;
+    const T g = a.scale[(bh % sh.heads) * a.scale_stride];
+    const int64_t last_key = visible_keys(i0 + rows - 1, sh);  // the tile's last row sees most
+    std::fill(sc.rows.begin(), sc.rows.end(), RowState<T>{});
+    std::fill(sc.out_acc.begin(), sc.out_acc.end(), T(0));
+    T* block = sc.block.data();
+    for (int64_t j0 = 0; j0 < last_key; j0 += kKeyTile) {
+        const int64_t cols = std::min(kKeyTile, last_key - j0);
+        tile_gemm<T>(block, kKeyTile, q, false, D, k + j0 * D, true, D, rows, cols, D, T(0));  // R
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t nv = visible_in_tile(i0 + r, j0, cols, sh);
+            const T alpha = online_softmax_row<T, kCapped>(block + r * kKeyTile, nv, cols, g, a.cap,
+                                                           sc.rows[r]);
+            if (alpha != T(1)) {
+                T* acc = sc.out_acc.data() + r * D;
+#pragma omp simd
+                for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+            }
+        }
+        tile_gemm<T>(sc.out_acc.data(), D, block, false, kKeyTile, v + j0 * D, false, D, rows, D,
+                     cols, T(1));  // O_acc += P V_j
+    }
+    finish_query_tile(a, sc, bh, i0, rows);
+}
+
+// ---- backward --------------------------------------------------------------------------------
+
+template <class T>
+struct BackwardArgs {
+    T *dq, *dk, *dv, *dscale, *delta;
+    const T *dout, *q, *k, *v, *out;
+    const double* lse;
+    const T* scale;
+    int64_t scale_stride;
+    T cap;
+    AttentionShape shape;
+};
+
+// Per-thread buffers of the backward: the blocks R (then dR), P, dP and F.
+template <class T>
+struct BackwardScratch {
+    std::vector<T> dots, probs, dprobs, cap_factor;
+    BackwardScratch()
+        : dots(kQueryTile * kKeyTile),
+          probs(kQueryTile * kKeyTile),
+          dprobs(kQueryTile * kKeyTile),
+          cap_factor(kQueryTile * kKeyTile) {}
+};
+
+// One row of a block. r: (cols) the raw dots; p out: P = exp(z − lse) (0 where masked or where the
+// row has no finite logit); f out: F = 1 − (z/c)² when capped. lse is split into lse_hi + lse_lo
+// (T each), so that z − lse keeps the float64 lse's precision in T arithmetic: z − lse_hi is exact
+// where it matters (z near lse, the large p).
+template <class T, bool kCapped>
+void recompute_probs_row(T* p, T* f, const T* r, int64_t nv, int64_t cols, T g, T cap, double lse) {
+    if (lse == -kInf<double>) nv = 0;
+    const T lse_hi = T(lse), lse_lo = T(lse - double(lse_hi));
+#pragma omp simd
+    for (int64_t j = 0; j < nv; ++j) {
+        const T z = capped<T, kCapped>(g * r[j], cap);
+        p[j] = math::exp_fast((z - lse_hi) - lse_lo);
+        if constexpr (kCapped) f[j] = T(1) - (z / cap) * (z / cap);
+    }
+    std::fill(p + nv, p + cols, T(0));
+}
+
+// One row of a block: dS = P ∘ (dP − D) ∘ F, written over dP.
+template <class T, bool kCapped>
+void logit_grad_row(T* dp, const T* p, const T* f, int64_t cols, T delta) {
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+        T ds = p[j] * (dp[j] - delta);
+        if constexpr (kCapped) ds *= f[j];
+        dp[j] = p[j] == T(0) ? T(0) : ds;  // masked: 0 even where dP is not finite
+    }
+}
+
+// The blocks of key tile j0 against query tile i0 of head bh: adds into dk, dv, and into dq
+// without the factor g (dq' = Σ_j dS_ij k_j; backward_head applies g and takes dg from it).
+template <class T, bool kCapped>
+void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh, int64_t i0,
+                    int64_t j0) {
+    const AttentionShape& sh = a.shape;
+    const int64_t D = sh.D, rows = std::min(kQueryTile, sh.Tq - i0);
+    const int64_t cols = std::min(kKeyTile, sh.Tk - j0), ld = kKeyTile;
+    const int64_t q_off = (bh * sh.Tq + i0) * D, k_off = (bh * sh.Tk + j0) * D;
+    const T *q = a.q + q_off, *dout = a.dout + q_off, *k = a.k + k_off, *v = a.v + k_off;
+    const T g = a.scale[(bh % sh.heads) * a.scale_stride];
+    T *dots = sc.dots.data(), *probs = sc.probs.data(), *dprobs = sc.dprobs.data();
+    T* cap_factor = sc.cap_factor.data();
+    tile_gemm<T>(dots, ld, q, false, D, k, true, D, rows, cols, D, T(0));  // R = Q_i K_jᵀ
+    for (int64_t r = 0; r < rows; ++r)
+        recompute_probs_row<T, kCapped>(probs + r * ld, cap_factor + r * ld, dots + r * ld,
+                                        visible_in_tile(i0 + r, j0, cols, sh), cols, g, a.cap,
+                                        a.lse[bh * sh.Tq + i0 + r]);
+    tile_gemm<T>(a.dv + k_off, D, probs, true, ld, dout, false, D, cols, D, rows, T(1));  // dV_j
+    tile_gemm<T>(dprobs, ld, dout, false, D, v, true, D, rows, cols, D, T(0));  // dP = dO_i V_jᵀ
+    for (int64_t r = 0; r < rows; ++r)
+        logit_grad_row<T, kCapped>(dprobs + r * ld, probs + r * ld, cap_factor + r * ld, cols,
+                                   a.delta[bh * sh.Tq + i0 + r]);
+    tile_gemm<T>(a.dq + q_off, D, dprobs, false, ld, k, false, D, rows, D, cols, T(1));    // dQ'_i
+    tile_gemm<T>(a.dk + k_off, D, dprobs, true, ld, q, false, D, cols, D, rows, T(1), g);  // dK_j
+}
+
+// Every block of head bh, key tile by key tile; the head's dq, dk, dv are zeroed first.
+template <class T, bool kCapped>
+void backward_head(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh) {
+    const AttentionShape& sh = a.shape;
+    const int64_t D = sh.D;
+    for (int64_t i = 0; i < sh.Tq; ++i) {  // D_i = dO_i · O_i
+        const T *dout = a.dout + (bh * sh.Tq + i) * D, *out = a.out + (bh * sh.Tq + i) * D;
+        a.delta[bh * sh.Tq + i] = math::lane_sum<T>(D, [&](int64_t d) { return dout[d] * out[d]; });
+    }
+    std::fill(a.dq + bh * sh.Tq * D, a.dq + (bh + 1) * sh.Tq * D, T(0));
+    std::fill(a.dk + bh * sh.Tk * D, a.dk + (bh + 1) * sh.Tk * D, T(0));
+    std::fill(a.dv + bh * sh.Tk * D, a.dv + (bh + 1) * sh.Tk * D, T(0));
+    for (int64_t j0 = 0; j0 < sh.Tk; j0 += kKeyTile) {
+        // The first query row that sees key j0 (causal: i + (Tk − Tq) >= j0).
+        const int64_t first_row = sh.causal ? std::max<int64_t>(0, j0 - (sh.Tk - sh.Tq)) : 0;
+        for (int64_t i0 = first_row; i0 < sh.Tq; i0 += kQueryTile)
+            backward_block<T, kCapped>(a, sc, bh, i0, j0);
+    }
+    // dg = Σ_ij dS_ij r_ij = Σ_i q_i · dq'_i (rows summed in double), then dq = g · dq'.
+    const T g = a.scale[(bh % sh.heads) * a.scale_stride];
+    T* dq = a.dq + bh * sh.Tq * D;
+    const T* q = a.q + bh * sh.Tq * D;
+    double dg = 0;
+    for (int64_t i = 0; i < sh.Tq; ++i) {
+        dg += math::lane_sum<T>(D, [&](int64_t d) { return q[i * D + d] * dq[i * D + d]; });
+    }
+    for (int64_t n = 0; n < sh.Tq * D; ++n) dq[n] *= g;
+    if (a.dscale) a.dscale[bh] = T(dg);
+}
+
+}  // namespace
+
+template <class T>
+void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, const T* q, const T* k,
+                       const T* v, const T* scale, int64_t scale_stride, T cap,
+                       const AttentionShape& shape) {
+    const ForwardArgs<T> args{out, lse,   max_abs_s,    entropy, q,    k,
+                              v,   scale, scale_stride, cap,     shape};
+    const int64_t tiles = (shape.Tq + kQueryTile - 1) / kQueryTile;
+    auto range = [&](int64_t begin, int64_t end) {
+        ForwardScratch<T> scratch(shape.D);
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t bh = task / tiles, i0 = (task % tiles) * kQueryTile;
+            if (cap > 0)
+                forward_query_tile<T, true>(args, scratch, bh, i0);
+            else
+                forward_query_tile<T, false>(args, scratch, bh, i0);
+        }
+    };
+    parallel_for(shape.batch_heads * tiles, range);
+}
+
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout, const T* q,
+                        const T* k, const T* v, const T* out, const double* lse, const T* scale,
+                        int64_t scale_stride, T cap, const AttentionShape& shape) {
+    const BackwardArgs<T> args{dq, dk,  dv,  dscale, delta,        dout, q,    k,
+                               v,  out, lse, scale,  scale_stride, cap,  shape};
+    auto range = [&](int64_t begin, int64_t end) {
+        BackwardScratch<T> scratch;
+        for (int64_t bh = begin; bh < end; ++bh) {
+            if (cap > 0)
+                backward_head<T, true>(args, scratch, bh);
+            else
+                backward_head<T, false>(args, scratch, bh);
+        }
+    };
+    parallel_for(shape.batch_heads, range);
+}
+
+template void attention_forward<float>(float*, double*, float*, float*, const float*, const float*,
+                                       const float*, const float*, int64_t, float,
+                                       const AttentionShape&);
+template void attention_forward<double>(double*, double*, double*, double*, const double*,
+                                        const double*, const double*, const double*, int64_t,
+                                        double, const AttentionShape&);
+template void attention_backward<float>(float*, float*, float*, float*, float*, const float*,
+                                        const float*, const float*, const float*, const float*,
+                                        const double*, const float*, int64_t, float,
+                                        const AttentionShape&);
+template void attention_backward<double>(double*, double*, double*, double*, double*, const double*,
+                                         const double*, const double*, const double*, const double*,
+                                         const double*, const double*, int64_t, double,
+                                         const AttentionShape&);
+
+}  // namespace qk::cpu

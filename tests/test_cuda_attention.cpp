@@ -1,0 +1,154 @@
+// The `cuda_attention` suite: cuda/attention.cu against the cpu kernels of ops/attention_cpu.cpp,
+// forward (output, lse, signals) and backward (dq, dk, dv, the scale's per-head sums), in float32
+// and float64, causal or not, capped or not, one scale or one per head, under every run order of
+// the emulator (the outputs must also be bit-identical across orders: no atomics, fixed sums).
+// T is ragged (45, 70: not multiples of the 16-row and 32-key tiles) and D is 16, 32 or 64;
+// Tq < Tk shifts the causal mask. Then the op itself through tests/cuda_parity.h.
+#include <string>
+
+#include "cuda_kernel_check.h"
+#include "cuda_parity.h"
+#include "helpers.h"
+
+using namespace qk::test;
+namespace cpu = qk::cpu;
+namespace cuda = qk::cuda;
+using qk::AttentionShape;
+
+namespace {
+
+struct Case {
+    int64_t batch_heads, heads, Tq, Tk, D;
+    bool causal;
+    double cap;
+    bool per_head_scale;
+};
+
+std::string describe(const Case& c) {
+    return fmt::format("BH={} H={} Tq={} Tk={} D={} causal={} cap={} per-head scale={}",
+                       c.batch_heads, c.heads, c.Tq, c.Tk, c.D, c.causal, c.cap, c.per_head_scale);
+}
+
+template <class T>
+struct Outputs {
+    std::vector<T> out;
+    std::vector<double> lse;
+    std::vector<T> max_abs, entropy, dq, dk, dv, dscale;
+};
+
+template <class T>
+void check_close(const Outputs<T>& got, const Outputs<T>& want) {
+    CHECK(max_rel_error(got.out, want.out) <= tolerance<T>());
+    CHECK(max_rel_error(got.lse, want.lse) <= tolerance<T>());  // lse is float64, from T sums
+    CHECK(max_rel_error(got.max_abs, want.max_abs) <= tolerance<T>());
+    CHECK(max_rel_error(got.entropy, want.entropy) <= tolerance<T>());
+    // The gradients sum over up to Tk keys in a different order than the cpu's GEMMs.
+    const double grad_tol = 10 * tolerance<T>();
+    CHECK(max_rel_error(got.dq, want.dq) <= grad_tol);
+    CHECK(max_rel_error(got.dk, want.dk) <= grad_tol);
+    CHECK(max_rel_error(got.dv, want.dv) <= grad_tol);
+    CHECK(max_rel_error(got.dscale, want.dscale) <= grad_tol);
+}
+
+template <class T>
+void check_case(const Case& c, uint64_t seed) {
+    CAPTURE(describe(c));
+    const AttentionShape sh{c.batch_heads, c.heads, c.Tq, c.Tk, c.D, c.causal};
+    const size_t nq = c.batch_heads * c.Tq * c.D, nk = c.batch_heads * c.Tk * c.D;
+    const size_t rows = c.batch_heads * c.Tq;
+    const auto q = random_values<T>(nq, seed, 0.8), k = random_values<T>(nk, seed + 1, 0.8);
+    const auto v = random_values<T>(nk, seed + 2), dout = random_values<T>(nq, seed + 3);
+    std::vector<T> scale = random_values<T>(c.per_head_scale ? c.heads : 1, seed + 4, 0.2);
+    for (T& g : scale) g += T(0.9);
+    const int64_t stride = c.per_head_scale ? 1 : 0;
+    const T cap = T(c.cap);
+
+    Outputs<T> want{std::vector<T>(nq),   std::vector<double>(rows),    std::vector<T>(rows),
+                    std::vector<T>(rows), std::vector<T>(nq),           std::vector<T>(nk),
+                    std::vector<T>(nk),   std::vector<T>(c.batch_heads)};
+    std::vector<T> delta(rows);
+    cpu::attention_forward<T>(want.out.data(), want.lse.data(), want.max_abs.data(),
+                              want.entropy.data(), q.data(), k.data(), v.data(), scale.data(),
+                              stride, cap, sh);
+    cpu::attention_backward<T>(want.dq.data(), want.dk.data(), want.dv.data(), want.dscale.data(),
+                               delta.data(), dout.data(), q.data(), k.data(), v.data(),
+                               want.out.data(), want.lse.data(), scale.data(), stride, cap, sh);
+
+    DeviceBuffer<T> d_q(q), d_k(k), d_v(v), d_dout(dout), d_scale(scale);
+    // The backward reads the cpu's out and lse, so that it is tested on exactly the same inputs.
+    DeviceBuffer<T> d_out_ref(want.out), d_delta(rows);
+    DeviceBuffer<double> d_lse_ref(want.lse), d_lse(rows);
+    DeviceBuffer<T> d_out(nq), d_max_abs(rows), d_entropy(rows);
+    DeviceBuffer<T> d_dq(nq), d_dk(nk), d_dv(nk), d_dscale(c.batch_heads);
+    std::optional<Outputs<T>> first;
+    for (Order order : kOrders) {
+        CAPTURE(order_name(order));
+        RunOrderScope scope(order);
+        cuda::attention_forward<T>(d_out.ptr, d_lse.ptr, d_max_abs.ptr, d_entropy.ptr, d_q.ptr,
+                                   d_k.ptr, d_v.ptr, d_scale.ptr, stride, cap, sh);
+        cuda::attention_backward<T>(d_dq.ptr, d_dk.ptr, d_dv.ptr, d_dscale.ptr, d_delta.ptr,
+                                    d_dout.ptr, d_q.ptr, d_k.ptr, d_v.ptr, d_out_ref.ptr,
+                                    d_lse_ref.ptr, d_scale.ptr, stride, cap, sh);
+        Outputs<T> got{d_out.download(),     d_lse.download(),   d_max_abs.download(),
+                       d_entropy.download(), d_dq.download(),    d_dk.download(),
+                       d_dv.download(),      d_dscale.download()};
+        check_close(got, want);
+        if (!first) {
+            first = got;
+            continue;
+        }
+        CHECK(got.out == first->out);  // bit-identical across run orders
+        CHECK(got.dq == first->dq);
+        CHECK(got.dk == first->dk);
+        CHECK(got.dscale == first->dscale);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("cuda attention kernels match the cpu's, float64, every variant, ragged T") {
+    if (!cuda_device_or_skip()) return;
+    uint64_t seed = 100;
+    for (bool causal : {false, true})
+        for (double cap : {0.0, 2.0})
+            for (bool per_head : {false, true}) {
+                check_case<double>({4, 2, 45, 45, 16, causal, cap, per_head}, seed += 10);
+                check_case<double>({2, 2, 21, 70, 16, causal, cap, per_head}, seed += 10);
+            }
+}
+
+TEST_CASE("cuda attention kernels match the cpu's, float32, D = 16, 32, 64") {
+    if (!cuda_device_or_skip()) return;
+    uint64_t seed = 500;
+    for (int64_t D : {16, 32, 64}) {
+        check_case<float>({4, 2, 70, 70, D, true, 0.0, true}, seed += 10);
+        check_case<float>({2, 1, 45, 45, D, false, 5.0, false}, seed += 10);
+    }
+    check_case<double>({2, 2, 33, 33, 64, true, 3.0, true}, seed += 10);  // the double limit
+}
+
+TEST_CASE("the attention op on cuda matches the cpu, forward and every gradient") {
+    for (qk::DType dtype : {qk::kF32, qk::kF64}) {
+        const Inputs inputs{
+            randn_seeded({2, 3, 37, 16}, 1, dtype), randn_seeded({2, 3, 37, 16}, 2, dtype),
+            randn_seeded({2, 3, 37, 16}, 3, dtype), randn_seeded({3}, 4, dtype, 0.1) + 1.0};
+        check_cuda_parity(
+            "attention, causal, capped, per-head scale",
+            [](const Inputs& in) {
+                return qk::attention(in[0], in[1], in[2],
+                                     {.causal = true, .scale_tensor = in[3], .softcap = 4.0});
+            },
+            inputs);
+        check_cuda_parity("attention, plain",
+                          [](const Inputs& in) { return qk::attention(in[0], in[1], in[2]); },
+                          {inputs[0], inputs[1], inputs[2]});
+    }
+}
+
+TEST_CASE("the attention op refuses head dims the cuda kernel cannot hold") {
+    if (!cuda_runnable()) return;
+    qk::Tensor q = randn_seeded({1, 1, 4, 130}, 1).to(qk::Device::cuda);
+    CHECK(throws_with([&] { qk::attention(q, q, q); }, {"attention", "D <= 128"}));
+    qk::Tensor q64 = randn_seeded({1, 1, 4, 72}, 1, qk::kF64).to(qk::Device::cuda);
+    CHECK(throws_with([&] { qk::attention(q64, q64, q64); }, {"attention", "D <= 64"}));
+}
