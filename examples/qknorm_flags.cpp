@@ -83,6 +83,10 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool at
     add_value(cmd, "--tie-embeddings", m.tie_embeddings, "share wte with the LM head (true|false)");
     add_value(cmd, "--norm", flags.norm, "block norms ln_1, ln_2, ln_f")
         ->check(CLI::IsMember({"layernorm", "rmsnorm"}));
+    add_value(cmd, "--attention", flags.attention,
+              "fused: one kernel, no T x T memory (FlashAttention-2); naive: matmul, softmax, "
+              "matmul (the reference). Same math; attention dropout always runs naive")
+        ->check(CLI::IsMember({"fused", "naive"}));
     add_regularisation_flags(cmd, m);
     if (attention_flags) add_attention_flags(cmd, m, flags);
     add_value(cmd, "--lp-p", m.lp_p, "p of the lp variant (>= 1)");
@@ -163,6 +167,7 @@ void apply_model_flags(TrainConfig& cfg, const ModelFlags& flags) {
     cfg.model.norm = parse_norm_kind(flags.norm);
     cfg.model.qk_norm = parse_qk_norm(flags.qk_norm);
     cfg.model.qk_norm_scope = parse_norm_scope(flags.qk_scope);
+    cfg.model.fused_attention = flags.attention == "fused";
 }
 
 // Experiment 1 of the stability lab (README: Stability lab) is the default grid: a 2-layer model

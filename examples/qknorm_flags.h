@@ -13,6 +13,7 @@ namespace qk::cli {
 // The enum-valued model flags, parsed into GPTConfig after the command line is read.
 struct ModelFlags {
     std::string norm = "layernorm", qk_norm = "layernorm", qk_scope = "head";
+    std::string attention = "fused";
 };
 
 // With attention_flags false (the sweep), the variant strings choose the attention instead.

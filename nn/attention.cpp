@@ -5,25 +5,24 @@
 //   layernorm/rmsnorm: s = N(q)·N(k) / sqrt(D); scope head: N over D with a gain of size D shared
 //                      by the heads; scope full: N over the C outputs before the head split
 //   l2 / lp:           s = g · (q/‖q‖_p)·(k/‖k‖_p), g learnable, no 1/sqrt(D)
-//   soft-cap:          s <- c·tanh(s/c) after the scaling, before the mask (fused in softmax)
+//   soft-cap:          s <- c·tanh(s/c) after the scaling, before the mask
 //   qkv_norm:          v is normalised like q and k (and the block drops ln_1)
 // then A = softmax(mask(s)), y = A v, heads merged, y = c_proj(y).
 //
-// The scale is applied to q (B·H·T·D values) rather than to s (B·H·T·T values): same result,
-// fewer multiplies once T > D.
+// The scaled dot-product, mask, cap and softmax are one op, ops/attention.h: the fused kernel by
+// default (config.fused_attention), the unfused composition otherwise; both measure the
+// stability signals per row.
 #include "nn/attention.h"
 
 #include <cmath>
 
 #include "autograd/grad_mode.h"
 #include "core/factory.h"
-#include "ops/dropout.h"
+#include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "ops/join.h"
-#include "ops/matmul.h"
 #include "ops/norm.h"
 #include "ops/reduce.h"
-#include "ops/softmax.h"
 
 namespace qk::nn {
 
@@ -40,29 +39,21 @@ Tensor split_heads(const Tensor& t, int64_t n_head) {
 // Mean Euclidean norm of the D-vectors of t: (B, H, T, D).
 double mean_vector_norm(const Tensor& t) { return mean(sqrt(sum(t * t, {-1}))).item(); }
 
-void measure_scores(const Tensor& s, const Tensor& attn, AttentionStats& stats) {
-    // s, attn: (B, H, T, T). Masked entries of s are ignored: only j <= i counts.
-    const int64_t T = s.size(-1);
-    // Read on the host: a (B, H, T, T) copy every stats step is cheap next to a training step.
-    Tensor s_c = s.to(Device::cpu).contiguous().to(kF64);
-    Tensor a_c = attn.to(Device::cpu).contiguous().to(kF64);
-    const double* sp = s_c.data<double>();
-    const double* ap = a_c.data<double>();
-    const int64_t rows = s_c.numel() / T;
-    double max_abs = 0, entropy = 0;
-    bool nan_seen = false;  // std::max and `a > 0` would skip a NaN: report it instead
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = r % T;
-        for (int64_t j = 0; j <= i; ++j) {
-            const double s_abs = std::abs(sp[r * T + j]), a = ap[r * T + j];
-            nan_seen = nan_seen || std::isnan(s_abs) || std::isnan(a);
-            max_abs = std::max(max_abs, s_abs);
-            if (a > 0) entropy -= a * std::log(a);
-        }
+// Reduces the per-row signals (B, H, T) of ops/attention.h to the layer's: the max |s| and the
+// mean entropy over every row; a NaN anywhere makes both NaN (a max would skip it).
+void reduce_signals(const AttentionSignals& rows, AttentionStats& stats) {
+    const auto max_abs = rows.max_abs_logit.to_vector<double>();
+    const auto entropy = rows.entropy.to_vector<double>();
+    double max_logit = 0, entropy_sum = 0;
+    bool nan_seen = false;
+    for (size_t r = 0; r < max_abs.size(); ++r) {
+        nan_seen = nan_seen || std::isnan(max_abs[r]) || std::isnan(entropy[r]);
+        max_logit = std::max(max_logit, max_abs[r]);
+        entropy_sum += entropy[r];
     }
-    if (nan_seen) max_abs = entropy = NAN;
-    stats.max_logit = max_abs;
-    stats.entropy = entropy / static_cast<double>(rows);
+    stats.max_logit = nan_seen ? NAN : max_logit;
+    stats.entropy =
+        nan_seen ? NAN : entropy_sum / static_cast<double>(std::max<size_t>(1, max_abs.size()));
 }
 
 }  // namespace
@@ -126,22 +117,26 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
         k = normalize(k, k_norm);
         if (config_.qkv_norm) v = normalize(v, v_norm);
     }
+    AttentionOptions options{.causal = true, .softcap = config_.attn_softcap};
     if (is_lp_family(config_.qk_norm))
-        q = q * (config_.qk_scale_per_head ? qk_scale.view({H, 1, 1}) : qk_scale);
+        options.scale_tensor = qk_scale;  // (1) or (H); the op takes its gradient
     else
-        q = q * (1.0 / std::sqrt(static_cast<double>(D)));
-
-    Tensor s = matmul(q, k.transpose(-2, -1));  // (B, H, T, T)
-    Tensor attn = softmax(s, {.causal = true, .softcap = config_.attn_softcap});
+        options.scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const bool drop = config_.dropout > 0 && training();
+    if (drop) {
+        options.dropout = config_.dropout;
+        options.dropout_generator = dropout_gen ? dropout_gen : &default_generator();
+    }
+    AttentionSignals signals;
+    // The fused kernel has no attention dropout: with dropout in training, the unfused path.
+    Tensor y = config_.fused_attention && !drop
+                   ? attention(q, k, v, options, stats ? &signals : nullptr)
+                   : attention_unfused(q, k, v, options, stats ? &signals : nullptr);  // (B,H,T,D)
     if (stats) {
         NoGradGuard no_grad;
-        measure_scores(s, attn, *stats);
+        reduce_signals(signals, *stats);
         stats->qk_scale = qk_scale.defined() ? mean(qk_scale).item() : 0.0;
     }
-    if (config_.dropout > 0 && training())
-        attn =
-            dropout(attn, config_.dropout, true, dropout_gen ? *dropout_gen : default_generator());
-    Tensor y = matmul(attn, v);  // (B, H, T, D)
     y = y.transpose(1, 2).reshape({x.size(0), x.size(1), config_.n_embd});
     return c_proj->forward(y);
 }

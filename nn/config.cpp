@@ -141,7 +141,8 @@ std::map<std::string, std::string> GPTConfig::to_strings() const {
             {"attn_softcap", fmt::format("{}", attn_softcap)},
             {"qkv_norm", qkv_norm ? "true" : "false"},
             {"logit_softcap", fmt::format("{}", logit_softcap)},
-            {"z_loss", fmt::format("{}", z_loss)}};
+            {"z_loss", fmt::format("{}", z_loss)},
+            {"attention", fused_attention ? "fused" : "naive"}};
 }
 
 GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fields) {
@@ -175,6 +176,13 @@ GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fiel
     c.qkv_norm = boolean("qkv_norm");
     c.logit_softcap = parse_number(get("logit_softcap"), "logit_softcap");
     c.z_loss = parse_number(get("z_loss"), "z_loss");
+    // Absent from checkpoints written before the fused kernel: those computed it naively, but the
+    // weights do not depend on it, so they load with today's default.
+    if (auto it = fields.find("attention"); it != fields.end()) {
+        QK_CHECK(it->second == "fused" || it->second == "naive",
+                 "config: attention must be fused or naive, got '{}'", it->second);
+        c.fused_attention = it->second == "fused";
+    }
     c.validate();
     return c;
 }

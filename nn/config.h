@@ -40,6 +40,9 @@ struct GPTConfig {
     bool qkv_norm = false;                // normalise v too, and drop ln_1 (Rybakov et al.)
     double logit_softcap = 0.0;           // cap on the output logits; 0 = off (Gemma 2: 30)
     double z_loss = 0.0;                  // weight of mean(logsumexp(logits)²); PaLM: 1e-4
+    // How attention is computed (same math): fused (ops/attention.h, no T² memory) or naive
+    // (matmul, softmax, matmul). Attention dropout in training takes the naive path either way.
+    bool fused_attention = true;
 
     int64_t head_dim() const { return n_embd / n_head; }
     double initial_qk_scale() const;  // g₀ for l2/lp, from qk_scale_init

@@ -290,6 +290,31 @@ TEST_CASE("gradcheck end to end in float64: soft-caps, qkv_norm, z-loss and the 
     gradcheck_variants(8, variants().size());
 }
 
+TEST_CASE("the fused and the naive attention give the same model, loss and gradients") {
+    Tensor ids, targets;
+    fixed_batch(2, 4, 7, 5, ids, targets);
+    for (const Variant& variant : variants()) {
+        CAPTURE(variant.name);
+        std::vector<Tensor> losses;
+        std::vector<std::vector<Tensor>> grads;
+        for (bool fused : {true, false}) {
+            GPTConfig c = tiny_config();
+            variant.apply(c);
+            c.fused_attention = fused;
+            GPT model(c, 3, kF64);
+            randomize(model, 4);
+            GPTOutput out = model.forward(ids, targets);
+            out.loss.backward();
+            losses.push_back(out.loss.detach());
+            grads.emplace_back();
+            for (const auto& [name, p] : model.named_parameters()) grads.back().push_back(p.grad());
+        }
+        CHECK(qk::test::max_abs_diff(losses[0], losses[1]) < 1e-13);
+        for (size_t i = 0; i < grads[0].size(); ++i)
+            CHECK(qk::test::max_abs_diff(grads[0][i], grads[1][i]) < 1e-12);
+    }
+}
+
 TEST_CASE("the z-loss adds z·mean(logsumexp(logits)²), and cross_entropy stays the plain loss") {
     Tensor ids, targets;
     fixed_batch(2, 4, 7, 6, ids, targets);
@@ -422,35 +447,39 @@ Values naive_attention(const CausalSelfAttention& a, const GPTConfig& c, const V
 
 TEST_CASE("attention forward and its stability signals match naive loops, for every variant") {
     const int64_t B = 2, T = 5;
-    for (const auto& variant : variants()) {
-        CAPTURE(variant.name);
-        GPTConfig c = tiny_config();
-        c.block_size = T, c.n_embd = 12, c.n_head = 3;
-        variant.apply(c);
-        Generator gen(11);
-        CausalSelfAttention attn(c, gen, kF64);
-        {  // random gains, biases and scales, so that each one is seen
-            NoGradGuard no_grad;
-            for (auto& [name, p] : attn.named_parameters())
-                if (p.dim() == 1)
-                    copy_into(
-                        p, normal(p.shape(), ends_with(name, "bias") ? 0.0 : 1.5, 0.4, kF64, gen));
+    for (bool fused : {true, false})
+        for (const auto& variant : variants()) {
+            CAPTURE(variant.name);
+            CAPTURE(fused);
+            GPTConfig c = tiny_config();
+            c.block_size = T, c.n_embd = 12, c.n_head = 3;
+            c.fused_attention = fused;
+            variant.apply(c);
+            Generator gen(11);
+            CausalSelfAttention attn(c, gen, kF64);
+            {  // random gains, biases and scales, so that each one is seen
+                NoGradGuard no_grad;
+                for (auto& [name, p] : attn.named_parameters())
+                    if (p.dim() == 1)
+                        copy_into(p, normal(p.shape(), ends_with(name, "bias") ? 0.0 : 1.5, 0.4,
+                                            kF64, gen));
+            }
+            Tensor x = normal({B, T, c.n_embd}, 0, 1, kF64, gen);
+            AttentionStats got, want;
+            Tensor y = attn.forward(x, &got);
+            const Values ref = naive_attention(attn, c, x.to_vector<double>(), B, T, want);
+            CHECK(y.shape() == x.shape());
+            double worst = 0;
+            const Values yv = y.to_vector<double>();
+            for (size_t i = 0; i < ref.size(); ++i)
+                worst = std::max(worst, std::abs(yv[i] - ref[i]));
+            CHECK(worst < 1e-12);
+            CHECK(got.max_logit == doctest::Approx(want.max_logit).epsilon(1e-12));
+            CHECK(got.entropy == doctest::Approx(want.entropy).epsilon(1e-12));
+            CHECK(got.q_norm == doctest::Approx(want.q_norm).epsilon(1e-12));
+            CHECK(got.k_norm == doctest::Approx(want.k_norm).epsilon(1e-12));
+            CHECK(got.qk_scale == doctest::Approx(want.qk_scale).epsilon(1e-12));
         }
-        Tensor x = normal({B, T, c.n_embd}, 0, 1, kF64, gen);
-        AttentionStats got, want;
-        Tensor y = attn.forward(x, &got);
-        const Values ref = naive_attention(attn, c, x.to_vector<double>(), B, T, want);
-        CHECK(y.shape() == x.shape());
-        double worst = 0;
-        const Values yv = y.to_vector<double>();
-        for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(yv[i] - ref[i]));
-        CHECK(worst < 1e-12);
-        CHECK(got.max_logit == doctest::Approx(want.max_logit).epsilon(1e-12));
-        CHECK(got.entropy == doctest::Approx(want.entropy).epsilon(1e-12));
-        CHECK(got.q_norm == doctest::Approx(want.q_norm).epsilon(1e-12));
-        CHECK(got.k_norm == doctest::Approx(want.k_norm).epsilon(1e-12));
-        CHECK(got.qk_scale == doctest::Approx(want.qk_scale).epsilon(1e-12));
-    }
 }
 
 TEST_CASE("attention is causal: changing a later token leaves earlier outputs unchanged") {
