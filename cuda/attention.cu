@@ -186,6 +186,7 @@ __device__ void pair_grad(T& p, T& ds, bool visible, const T* q_row, const T* do
     if (!visible || lse_hi == T(-INFINITY)) return;
     const T z = capped(g * dot(q_row, k_row, D), cap);
     p = dev_exp((z - lse_hi) - lse_lo);
+    p = p < T(1) ? p : T(1);  // a p above 1 is rounding: see ops/attention.cpp
     const T dp = dot(dout_row, v_row, D);
     ds = p * (dp - row_delta);
     if (cap > T(0)) ds *= T(1) - (z / cap) * (z / cap);

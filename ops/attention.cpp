@@ -36,6 +36,11 @@
 //   H_i = −Σ_j p_ij log p_ij = −Σ_j p_ij (z_ij − lse_i) = lse_i − Σ_j p_ij z_ij = lse_i − w / l,
 // with w = Σ_j exp(z_ij − m) z_ij carried and rescaled along with l.
 //
+// The recomputed p is clamped at 1 (which it is, mathematically). The backward's dots r come from
+// other GEMM calls than the forward's and may round differently: at logits of 1e12 (a run that
+// has blown up, with q and k near 1e6), r differs by ~1e5, exp(z − lse) overflowed to inf, and
+// inf · 0 made every gradient NaN where the unfused path, which saves p, gave finite ones.
+//
 // Edge cases, as softmax: a NaN logit (or +inf) makes its row's output, lse and signals NaN; a row
 // with no finite logit (only with infinite inputs) outputs 0, with lse −inf and zero gradient.
 //

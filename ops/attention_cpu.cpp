@@ -230,7 +230,7 @@ void recompute_probs_row(T* p, T* f, const T* r, int64_t nv, int64_t cols, T g, 
 #pragma omp simd
     for (int64_t j = 0; j < nv; ++j) {
         const T z = capped<T, kCapped>(g * r[j], cap);
-        p[j] = math::exp_fast((z - lse_hi) - lse_lo);
+        p[j] = std::min(T(1), math::exp_fast((z - lse_hi) - lse_lo));  // see ops/attention.cpp
         if constexpr (kCapped) f[j] = T(1) - (z / cap) * (z / cap);
     }
     std::fill(p + nv, p + cols, T(0));

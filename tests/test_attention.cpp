@@ -251,6 +251,20 @@ TEST_CASE("attention keeps large logits finite and reports NaN rows") {
     CHECK(std::isnan(z.at({0, 0, 79, 0})));
 }
 
+TEST_CASE("attention's backward stays finite at logits of 1e12, as its forward does") {
+    // The weights of a run blown up by a huge learning rate: q, k near 1e6, v near 1e13. The
+    // backward recomputes the logits with other GEMM calls than the forward, which round
+    // differently by ~1e5 at this size; p = exp(z − lse) must not overflow.
+    Tensor q = (leaf({2, 2, 80, 8}, 81) * 3e6).detach().to(kF32);
+    Tensor k = (leaf({2, 2, 80, 8}, 82) * 2e6).detach().to(kF32);
+    Tensor v = (leaf({2, 2, 80, 8}, 83) * 1e13).detach().to(kF32);
+    for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
+    Tensor out = attention(q, k, v, {.causal = true});
+    CHECK(std::isfinite(sum(abs(out)).item()));
+    sum(out * 0.0).backward();  // a saturated loss: an upstream gradient of zeros
+    for (const Tensor& t : {q, k, v}) CHECK(max(abs(t.grad())).item() == 0);
+}
+
 TEST_CASE("attention refuses bad shapes, dtypes and options with the op's name") {
     Tensor q = leaf({2, 3, 8, 4}, 71).detach(), k = leaf({2, 3, 8, 4}, 72).detach();
     Tensor v = leaf({2, 3, 8, 4}, 73).detach();
