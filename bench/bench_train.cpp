@@ -159,6 +159,12 @@ struct Result {
     double first_loss;  // of the first step: ~ln V at initialisation, a sanity check
 };
 
+// QK_BENCH_ATTENTION=naive measures the unfused attention path; fused (the default) otherwise.
+bool fused_attention() {
+    const char* path = std::getenv("QK_BENCH_ATTENTION");
+    return !(path && std::string(path) == "naive");
+}
+
 double mb(std::size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
 double rss_high_water_mb() {
@@ -176,6 +182,7 @@ Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
     cfg.n_embd = c.C;
     cfg.qk_norm = variant;
     cfg.qk_norm_scope = nn::NormScope::head;
+    cfg.fused_attention = fused_attention();
 
     const std::size_t before_model = live_storage_bytes();
     nn::GPT model(cfg, /*seed=*/1);
@@ -259,8 +266,10 @@ int main(int argc, char** argv) {
     const std::string profile_variant = argc > 3 ? argv[3] : "none";
     const Config configs[] = {{"A (L4 C128 H4 T64 B16)", 4, 128, 4, 64, 16},
                               {"B (L6 C384 H6 T256 B8)", 6, 384, 6, 256, 8}};
-    fmt::print("# GPT training step, float32, V = {}, {} thread(s) (QK_NUM_THREADS)\n", kVocab,
-               num_threads());
+    fmt::print(
+        "# GPT training step, float32, V = {}, {} thread(s) (QK_NUM_THREADS), {} attention "
+        "(QK_BENCH_ATTENTION)\n",
+        kVocab, num_threads(), fused_attention() ? "fused" : "naive");
     fmt::print(
         "raw sgemm: x·Wᵀ, dY·W, xᵀ·dY of a Linear C -> 4C on B·T tokens ((B·T, C)·(C, 4C) "
         "and its two backward GEMMs), same thread count\n");
