@@ -270,6 +270,16 @@ __global__ void attention_dq_kernel(T* dq_unscaled, const T* dout, const T* q, c
     load_tile(q_s, q + (bh * sh.Tq + i0) * D, rows, kRows, D);
     load_tile(do_s, dout + (bh * sh.Tq + i0) * D, rows, kRows, D);
     T dq_acc[kRowOutputsPerThread] = {};
+    // Each of this thread's pairs keeps its row (warp + u·kWarps) over every key tile: read the
+    // rows' lse (split in two T, as on the cpu) and D_i once.
+    T lse_hi[kPairsPerThread], lse_lo[kPairsPerThread], row_delta[kPairsPerThread];
+    for (int u = 0; u < kPairsPerThread; ++u) {
+        const int r = (threadIdx.x + u * kThreads) / kCols;
+        const int64_t row = bh * sh.Tq + i0 + (r < rows ? r : 0);
+        lse_hi[u] = T(lse[row]);
+        lse_lo[u] = T(lse[row] - double(lse_hi[u]));
+        row_delta[u] = delta[row];
+    }
     const int64_t last_key = visible_keys(i0 + rows - 1, sh);
     for (int64_t j0 = 0; j0 < last_key; j0 += kCols) {
         const int64_t cols = last_key - j0 < kCols ? last_key - j0 : kCols;
@@ -279,12 +289,10 @@ __global__ void attention_dq_kernel(T* dq_unscaled, const T* dout, const T* q, c
         for (int u = 0; u < kPairsPerThread; ++u) {
             const int idx = threadIdx.x + u * kThreads, r = idx / kCols, c = idx % kCols;
             const bool visible = r < rows && c < cols && j0 + c < visible_keys(i0 + r, sh);
-            const int64_t row = bh * sh.Tq + i0 + (r < rows ? r : 0);
             const int64_t key = bh * sh.Tk + j0 + (c < cols ? c : 0);
             T p, ds;
-            const T lse_hi = T(lse[row]), lse_lo = T(lse[row] - double(lse_hi));
             pair_grad(p, ds, visible, q_s + r * D, do_s + r * D, k_s + c * D, v + key * D, D, g,
-                      cap, lse_hi, lse_lo, delta[row]);
+                      cap, lse_hi[u], lse_lo[u], row_delta[u]);
             ds_s[idx] = ds;
         }
         __syncthreads();

@@ -99,12 +99,11 @@ void check_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
              v.device());
     const bool same_heads = k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
                             v.size(0) == q.size(0) && v.size(1) == q.size(1);
-    QK_CHECK(same_heads && k.size(3) == q.size(3) && v.size(2) == k.size(2) && v.size(3) > 0,
-             "{}: expected q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, D) with D = Dv > 0, "
-             "got q {}, k {}, v {}",
+    const bool same_dims = k.size(3) == q.size(3) && v.size(3) == q.size(3) && q.size(3) > 0;
+    QK_CHECK(same_heads && same_dims && v.size(2) == k.size(2),
+             "{}: expected q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, D) with D > 0, got q {}, "
+             "k {}, v {}",
              op, q.shape(), k.shape(), v.shape());
-    QK_CHECK(v.size(3) == q.size(3), "{}: v's head dim must equal q's, got q {}, v {}", op,
-             q.shape(), v.shape());
     QK_CHECK(!o.causal || q.size(2) <= k.size(2),
              "{}: causal mask needs Tq <= Tk, got q {} and k {}: the first {} query rows would see "
              "no key",
