@@ -6,24 +6,39 @@
 #include <cstdint>
 #include <string_view>
 
+#include "core/bfloat16.h"
 #include "core/error.h"
 
 namespace qk {
 
 // float32 trains; float64 exists so that gradcheck's finite differences are exact enough;
-// int32 holds token ids and targets (embedding, cross_entropy), and is never differentiated.
-enum class DType { f32, f64, i32 };
+// int32 holds token ids and targets (embedding, cross_entropy), and is never differentiated;
+// bfloat16 (core/bfloat16.h) is a storage format: mixed-precision GEMMs read it, casts and
+// copies make it, and the ops that compute take float32 or float64 (dispatch_float below).
+enum class DType { f32, f64, i32, bf16 };
 inline constexpr DType kF32 = DType::f32;
 inline constexpr DType kF64 = DType::f64;
 inline constexpr DType kI32 = DType::i32;
+inline constexpr DType kBF16 = DType::bf16;
 
 enum class Device { cpu, cuda };
 
-constexpr std::size_t dtype_size(DType d) { return d == DType::f64 ? 8 : 4; }
+constexpr std::size_t dtype_size(DType d) { return d == DType::f64 ? 8 : d == DType::bf16 ? 2 : 4; }
 constexpr std::string_view dtype_name(DType d) {
-    return d == DType::f32 ? "float32" : d == DType::f64 ? "float64" : "int32";
+    switch (d) {
+        case DType::f32:
+            return "float32";
+        case DType::f64:
+            return "float64";
+        case DType::i32:
+            return "int32";
+        case DType::bf16:
+            return "bfloat16";
+    }
+    return "?";
 }
-constexpr bool is_floating(DType d) { return d != DType::i32; }
+// The dtypes that ops compute in (bfloat16 is read by GEMMs and cast, not computed in).
+constexpr bool is_compute_dtype(DType d) { return d == DType::f32 || d == DType::f64; }
 constexpr std::string_view device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
 template <typename T>
@@ -40,6 +55,10 @@ template <>
 constexpr DType dtype_of<int32_t>() {
     return DType::i32;
 }
+template <>
+constexpr DType dtype_of<bf16>() {
+    return DType::bf16;
+}
 
 // Calls fn(T{}) with T = float or double, matching dtype. Kernels are templates on T:
 //   dispatch_float(x.dtype(), [&](auto tag) { using T = decltype(tag); kernel<T>(...); });
@@ -51,15 +70,18 @@ decltype(auto) dispatch_float(DType dtype, Fn&& fn) {
         case DType::f64:
             return fn(double{});
         case DType::i32:
+        case DType::bf16:
             break;
     }
-    throw Error("this op needs a floating-point tensor (float32 or float64), got int32");
+    throw Error(fmt::format("this op computes in float32 or float64, got {} (cast with .to(kF32))",
+                            dtype_name(dtype)));
 }
 
-// Like dispatch_float, with int32 too: for copies, casts and printing.
+// Like dispatch_float, with int32 and bfloat16 too: for copies, casts, fills and printing.
 template <typename Fn>
 decltype(auto) dispatch_all(DType dtype, Fn&& fn) {
     if (dtype == DType::i32) return fn(int32_t{});
+    if (dtype == DType::bf16) return fn(bf16{});
     return dispatch_float(dtype, std::forward<Fn>(fn));
 }
 

@@ -24,14 +24,28 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr int64_t kMaxHeaderDepth = 8;
 constexpr uint64_t kMaxHeaderElements = 1'000'000;
 
-const char* dtype_code(DType d) { return d == kF32 ? "F32" : d == kF64 ? "F64" : "I32"; }
+const char* dtype_code(DType d) {
+    switch (d) {
+        case DType::f32:
+            return "F32";
+        case DType::f64:
+            return "F64";
+        case DType::i32:
+            return "I32";
+        case DType::bf16:
+            return "BF16";
+    }
+    return "?";
+}
 
 DType parse_dtype(const std::string& code, const std::string& name, const std::string& origin) {
     if (code == "F32") return kF32;
     if (code == "F64") return kF64;
     if (code == "I32") return kI32;
-    throw Error(fmt::format("safetensors {}: tensor '{}' has dtype '{}'; supported: F32, F64, I32",
-                            origin, name, code));
+    if (code == "BF16") return kBF16;
+    throw Error(
+        fmt::format("safetensors {}: tensor '{}' has dtype '{}'; supported: F32, F64, I32, BF16",
+                    origin, name, code));
 }
 
 void put_u64_le(std::string& out, uint64_t v) {

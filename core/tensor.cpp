@@ -48,6 +48,7 @@ T* Tensor::data() const {
 template float* Tensor::data<float>() const;
 template double* Tensor::data<double>() const;
 template int32_t* Tensor::data<int32_t>() const;
+template bf16* Tensor::data<bf16>() const;
 
 void* Tensor::raw_data() const {
     return static_cast<char*>(impl().storage->data()) + impl().offset * dtype_size(dtype());
@@ -103,6 +104,7 @@ std::vector<T> Tensor::to_vector() const {
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<bf16> Tensor::to_vector<bf16>() const;
 
 Tensor& Tensor::requires_grad_(bool on) {
     QK_CHECK(is_leaf(), "requires_grad_: only leaf tensors can be marked; this one was made by {}",

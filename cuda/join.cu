@@ -48,5 +48,6 @@ void cat_copy(T* y, int64_t y_row, const T* x, int64_t x_row, int64_t col, int64
 template void cat_copy<float>(float*, int64_t, const float*, int64_t, int64_t, int64_t);
 template void cat_copy<double>(double*, int64_t, const double*, int64_t, int64_t, int64_t);
 template void cat_copy<int32_t>(int32_t*, int64_t, const int32_t*, int64_t, int64_t, int64_t);
+template void cat_copy<bf16>(bf16*, int64_t, const bf16*, int64_t, int64_t, int64_t);
 
 }  // namespace qk::cuda

@@ -90,7 +90,7 @@ void check_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
     QK_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
              "{}: q, k, v must be (B, H, T, D), got q {}, k {}, v {}", op, q.shape(), k.shape(),
              v.shape());
-    QK_CHECK(is_floating(q.dtype()) && k.dtype() == q.dtype() && v.dtype() == q.dtype(),
+    QK_CHECK(is_compute_dtype(q.dtype()) && k.dtype() == q.dtype() && v.dtype() == q.dtype(),
              "{}: q, k, v must be float32 or float64 and the same, got {}, {}, {} (shapes {}, {}, "
              "{})",
              op, q.dtype(), k.dtype(), v.dtype(), q.shape(), k.shape(), v.shape());

@@ -107,8 +107,8 @@ Tensor masked(const Tensor& in_any, const Mask& keep, double s) {
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
     QK_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got {} (input shape {})", p,
              x.shape());
-    QK_CHECK(is_floating(x.dtype()), "dropout: x must be float32 or float64, got {} of shape {}",
-             x.dtype(), x.shape());
+    QK_CHECK(is_compute_dtype(x.dtype()),
+             "dropout: x must be float32 or float64, got {} of shape {}", x.dtype(), x.shape());
     if (!training || p == 0) return x;
     const double s = p < 1 ? 1 / (1 - p) : 0;
     const auto threshold = static_cast<uint64_t>(std::llround(std::ldexp(p, 32)));  // p * 2^32

@@ -19,11 +19,7 @@
 #include <limits>
 #include <type_traits>
 
-#ifdef __CUDACC__
-#define QK_HOST_DEVICE __host__ __device__
-#else
-#define QK_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 namespace qk::math {
 

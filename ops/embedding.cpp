@@ -120,7 +120,7 @@ Tensor embedding(const Tensor& weight_in, const Tensor& ids_in) {
              ids_in.dtype(), ids_in.shape());
     QK_CHECK(weight_in.dim() == 2, "embedding: weight must be 2-D (V, C), got shape {}",
              weight_in.shape());
-    QK_CHECK(is_floating(weight_in.dtype()),
+    QK_CHECK(is_compute_dtype(weight_in.dtype()),
              "embedding: weight must be float32 or float64, got {} of shape {}", weight_in.dtype(),
              weight_in.shape());
     // ids on the cpu with a cuda weight are accepted (and copied over): batches come from the

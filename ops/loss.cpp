@@ -117,7 +117,7 @@ namespace {
 using Grads = std::vector<Tensor>;
 
 void check_cross_entropy_args(const Tensor& logits, const Tensor& targets) {
-    QK_CHECK(is_floating(logits.dtype()) && logits.dim() == 2,
+    QK_CHECK(is_compute_dtype(logits.dtype()) && logits.dim() == 2,
              "cross_entropy: logits must be a (N, V) float32 or float64 tensor, got {} of shape {}",
              logits.dtype(), logits.shape());
     QK_CHECK(targets.dtype() == kI32 && targets.dim() == 1,

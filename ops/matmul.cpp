@@ -314,7 +314,7 @@ void check_args(const Tensor& a, const Tensor& b) {
     QK_CHECK(a.dim() >= 2 && b.dim() >= 2,
              "matmul: needs inputs of rank >= 2, got a {} (rank {}) and b {} (rank {})", a.shape(),
              a.dim(), b.shape(), b.dim());
-    QK_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()),
+    QK_CHECK(is_compute_dtype(a.dtype()) && is_compute_dtype(b.dtype()),
              "matmul: needs float32 or float64 inputs, got a {} {} and b {} {}", a.dtype(),
              a.shape(), b.dtype(), b.shape());
     QK_CHECK(a.dtype() == b.dtype(), "matmul: dtypes differ: a is {} {}, b is {} {}", a.dtype(),
@@ -449,7 +449,7 @@ void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias
     QK_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
              "linear: x is {}, weight is {} (expected weight (out_features, {}))", x.shape(),
              weight.shape(), x.dim() >= 1 ? x.size(-1) : 0);
-    QK_CHECK(is_floating(x.dtype()) && x.dtype() == weight.dtype(),
+    QK_CHECK(is_compute_dtype(x.dtype()) && x.dtype() == weight.dtype(),
              "linear: needs float32 or float64 x and weight of one dtype, got x {} {} and weight "
              "{} {}",
              x.dtype(), x.shape(), weight.dtype(), weight.shape());
@@ -559,7 +559,7 @@ Tensor matmul_tiled(const Tensor& a_in, const Tensor& b_in) {
              "matmul_tiled: needs cuda tensors, got a on {} and b on {}", a_in.device(),
              b_in.device());
     QK_CHECK((a_in.dim() == 2 || a_in.dim() == 3) && a_in.dim() == b_in.dim() &&
-                 a_in.dtype() == b_in.dtype() && is_floating(a_in.dtype()) &&
+                 a_in.dtype() == b_in.dtype() && is_compute_dtype(a_in.dtype()) &&
                  a_in.size(-1) == b_in.size(-2) &&
                  (a_in.dim() == 2 || a_in.size(0) == b_in.size(0)),
              "matmul_tiled: needs float a (M, K) and b (K, N), or (B, M, K) and (B, K, N), of one "

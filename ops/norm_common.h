@@ -17,8 +17,8 @@ constexpr int64_t kNormParallelWork = 1 << 15;
 // x: floating, at least 1-D with a non-empty normalised dim; eps > 0 keeps a constant row finite.
 inline void check_norm_input(const char* op, const Tensor& x, double eps) {
     QK_CHECK(x.defined(), "{}: x is an undefined tensor", op);
-    QK_CHECK(is_floating(x.dtype()), "{}: x must be float32 or float64, got {} of shape {}", op,
-             x.dtype(), x.shape());
+    QK_CHECK(is_compute_dtype(x.dtype()), "{}: x must be float32 or float64, got {} of shape {}",
+             op, x.dtype(), x.shape());
     QK_CHECK(x.dim() >= 1, "{}: x must have at least one dim to normalise over, got shape {}", op,
              x.shape());
     QK_CHECK(eps > 0 && std::isfinite(eps),

@@ -250,8 +250,8 @@ Tensor sum_into_shape(const Tensor& x, const Shape& target) {
 }
 
 void check_floating(const Tensor& x, const char* op) {
-    QK_CHECK(is_floating(x.dtype()), "{}: needs a float32 or float64 tensor, got {} of shape {}",
-             op, x.dtype(), x.shape());
+    QK_CHECK(is_compute_dtype(x.dtype()),
+             "{}: needs a float32 or float64 tensor, got {} of shape {}", op, x.dtype(), x.shape());
 }
 
 // The group max of x (any strides) in keepdim layout; no autograd.

@@ -237,8 +237,8 @@ struct RowShape {
 };
 
 RowShape check_softmax_args(const char* op, const Tensor& x, const SoftmaxOptions& o) {
-    QK_CHECK(is_floating(x.dtype()), "{}: needs a float32 or float64 tensor, got {} of shape {}",
-             op, x.dtype(), x.shape());
+    QK_CHECK(is_compute_dtype(x.dtype()),
+             "{}: needs a float32 or float64 tensor, got {} of shape {}", op, x.dtype(), x.shape());
     QK_CHECK(x.dim() >= 1, "{}: needs at least one dim (it normalises the last), got shape {}", op,
              x.shape());
     QK_CHECK(o.softcap >= 0 && std::isfinite(o.softcap),

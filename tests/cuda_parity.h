@@ -106,7 +106,7 @@ inline void check_cuda_parity(const std::string& name, const DeviceFn& f, const 
     if (!cuda_runnable()) return;
     RunOrderReset reset;
     auto wants_grad = [&](size_t i) {
-        if (!options.check_grads || !is_floating(cpu_inputs[i].dtype())) return false;
+        if (!options.check_grads || !is_compute_dtype(cpu_inputs[i].dtype())) return false;
         return options.requires_grad.empty() || options.requires_grad.at(i);
     };
     // Fresh leaves on `device`, detached from whatever made the given inputs.
@@ -133,7 +133,7 @@ inline void check_cuda_parity(const std::string& name, const DeviceFn& f, const 
                     std::string(device_name(want.device())), " tensor for cpu inputs");
     Generator gen(options.probe_seed);
     const Tensor probe =
-        is_floating(want.dtype()) ? randn(want.shape(), want.dtype(), gen) : Tensor();
+        is_compute_dtype(want.dtype()) ? randn(want.shape(), want.dtype(), gen) : Tensor();
     const bool grads = any_grad() && want.requires_grad();
     if (grads) sum(want * probe).backward();
 

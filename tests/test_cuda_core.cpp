@@ -220,3 +220,23 @@ TEST_CASE("parity harness: a composite of views and casts matches the cpu in eve
                       },
                       {randn_seeded({37, 45}, 12, kF32)});
 }
+
+TEST_CASE("bf16 on the device: copies and casts give the cpu's bits") {
+    if (!cuda_runnable()) return;
+    Generator gen(9);
+    Tensor x = normal({37, 19}, 0, 100, kF32, gen);
+    x.set({1, 1}, NAN);
+    x.set({2, 2}, -INFINITY);
+    x.set({3, 3}, 3e38);
+    Tensor on_cpu = x.to(kBF16);
+    Tensor on_dev = x.to(Device::cuda).to(kBF16);  // the cast runs in a kernel
+    CHECK(on_dev.device() == Device::cuda);
+    auto a = on_cpu.to_vector<bf16>(), b = on_dev.to_vector<bf16>();
+    bool same = true;
+    for (size_t i = 0; i < a.size(); ++i) same &= a[i].bits == b[i].bits;
+    CHECK(same);
+    Tensor t = x.t().to(Device::cuda).to(kBF16).to(kF32).to(Device::cpu);  // strided, and back
+    CHECK(t.to_vector<float>().size() == a.size());
+    CHECK(t.at({4, 2}) == on_cpu.at({2, 4}));
+    CHECK(full({5}, 1000.5, kBF16, Device::cuda).to(Device::cpu).at({4}) == 1000);
+}
