@@ -88,8 +88,8 @@ Tensor run_swish_backward(const Tensor& dy_any, const Tensor& x) {  // x contigu
 //   * save tensors detached: a saved tensor that kept its grad_fn could form a reference cycle;
 //   * capture by value: the lambda outlives this function (it runs during backward()).
 Tensor swish(const Tensor& x_in) {
-    QK_CHECK(is_floating(x_in.dtype()), "swish: x must be float32 or float64, got {} of shape {}",
-             x_in.dtype(), x_in.shape());
+    QK_CHECK(is_compute_dtype(x_in.dtype()),
+             "swish: x must be float32 or float64, got {} of shape {}", x_in.dtype(), x_in.shape());
     // detach() then contiguous(): a raw-pointer kernel needs contiguous data, and copying a
     // detached tensor records no node of its own.
     Tensor x = x_in.detach().contiguous();
@@ -112,8 +112,8 @@ struct SwishNode final : autograd::Node {
 };
 
 Tensor swish_by_hand(const Tensor& x_in) {
-    QK_CHECK(is_floating(x_in.dtype()), "swish: x must be float32 or float64, got {} of shape {}",
-             x_in.dtype(), x_in.shape());
+    QK_CHECK(is_compute_dtype(x_in.dtype()),
+             "swish: x must be float32 or float64, got {} of shape {}", x_in.dtype(), x_in.shape());
     Tensor x = x_in.detach().contiguous();
     Tensor y = run_swish_forward(x);
     if (!autograd::needs_recording({x_in})) return y;  // inference: no node, nothing saved
