@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "ops/gemm.h"
 #include "qk.h"
 
 using namespace qk;
@@ -125,6 +126,75 @@ void linear_rows(std::vector<Row>& rows, int64_t bt, int64_t in, int64_t out) {
                            false, in, out, bt, [&] { return matmul(x.t(), dy); }));
 }
 
+// bf16: the mixed-precision GEMM (ops/gemm_bf16.cpp) on operands already in bf16, against raw
+// sgemm with the same flags on the same (float32) values; and the bf16 linear op's forward, which
+// also rounds x and W to bf16 on the way in, against raw sgemm x·Wᵀ.
+struct Bf16Row {
+    std::string shape, flags;
+    double raw_gflops, gemm_gflops;
+};
+Bf16Row compare_bf16(const std::string& shape, int64_t M, int64_t N, int64_t K, bool ta, bool tb) {
+    Tensor a = ta ? randn({K, M}) : randn({M, K}), b = tb ? randn({N, K}) : randn({K, N});
+    Tensor a16 = a.to(kBF16), b16 = b.to(kBF16);
+    std::vector<float> y(M * N), y16(M * N);
+    const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+    auto raw = [&] {
+        bench::RawBlasThreads blas_threads;
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    M, N, K, 1.0f, a.data<float>(), lda, b.data<float>(), ldb, 0.0f, y.data(), N);
+    };
+    auto gemm16 = [&] {
+        cpu::gemm(cpu::GemmJob<bf16, float>{
+            y16.data(), N, a16.data<bf16>(), {ta, lda}, b16.data<bf16>(), {tb, ldb}, M, N, K});
+    };
+    const Timing t = time_pairs(raw, gemm16);
+    double worst = 0;  // bf16's input rounding over K terms of size ~1: well under 0.1 · sqrt(K)
+    for (size_t i = 0; i < y.size(); ++i) worst = std::max(worst, double(std::abs(y[i] - y16[i])));
+    if (worst > 0.1 * std::sqrt(double(K)))
+        fmt::print(stderr, "MISMATCH at {}: max |bf16 - sgemm| = {}\n", shape, worst);
+    const double gflop = 2.0 * M * N * K / 1e9;
+    return {shape, fmt::format("{},{}", ta ? "T" : "N", tb ? "T" : "N"), gflop / t.raw_s,
+            gflop / t.op_s};
+}
+
+void bf16_table(int64_t bt, int64_t C) {
+    fmt::print("\n### bf16 GEMM ({}) vs raw sgemm, config B's Linear shapes (B·T = {}, C = {})\n\n",
+               cpu::bf16_gemm_engine_name(), bt, C);
+    fmt::print(
+        "| GEMM | flags | raw sgemm GFLOP/s | bf16 GFLOP/s | bf16/sgemm "
+        "|\n|---|---|---:|---:|---:|\n");
+    std::vector<Bf16Row> rows;
+    for (auto [in, out] : {std::pair{C, 3 * C}, std::pair{C, 4 * C}, std::pair{4 * C, C}}) {
+        rows.push_back(compare_bf16(fmt::format("x·Wᵀ ({}, {})·({}, {})ᵀ", bt, in, out, in), bt,
+                                    out, in, false, true));
+        rows.push_back(compare_bf16(fmt::format("dY·W ({}, {})·({}, {})", bt, out, out, in), bt, in,
+                                    out, false, false));
+        rows.push_back(compare_bf16(fmt::format("dYᵀ·x ({}, {})ᵀ·({}, {})", bt, out, bt, in), out,
+                                    in, bt, true, false));
+    }
+    double sum_log = 0;
+    for (const auto& r : rows) {
+        fmt::print("| {} | {} | {:.1f} | {:.1f} | {:.2f} |\n", r.shape, r.flags, r.raw_gflops,
+                   r.gemm_gflops, r.gemm_gflops / r.raw_gflops);
+        sum_log += std::log(r.gemm_gflops / r.raw_gflops);
+    }
+    fmt::print("\nbf16/sgemm geometric mean {:.2f}\n", std::exp(sum_log / rows.size()));
+    // The linear op end to end (forward): rounding x and W to bf16 included.
+    Tensor x = randn({bt, C}), w = randn({4 * C, C});
+    std::vector<float> y(bt * 4 * C);
+    auto raw = [&] {
+        bench::RawBlasThreads blas_threads;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bt, 4 * C, C, 1.0f, x.data<float>(), C,
+                    w.data<float>(), C, 0.0f, y.data(), 4 * C);
+    };
+    const Timing t32 = time_pairs(raw, [&] { linear(x, w); });
+    const Timing t16 = time_pairs(raw, [&] { linear(x, w, {}, Precision::bf16); });
+    fmt::print(
+        "linear ({}, {}) -> {} forward, time ÷ raw sgemm: float32 {:.2f}, bf16 {:.2f} "
+        "(rounding x and W included)\n",
+        bt, C, 4 * C, t32.op_s / t32.raw_s, t16.op_s / t16.raw_s);
+}
+
 // The op's fixed cost per call (checks, layout, output allocation), on a GEMM too small to hide it.
 double fixed_overhead_us() {
     Tensor a = randn({16, 16}), b = randn({16, 16});
@@ -165,5 +235,6 @@ int main(int, char** argv) {
     }
     fmt::print("\ntransformer shapes: op/raw worst {:.3f}, geometric mean {:.3f} (target >= 0.9)\n",
                worst, std::exp(sum_log / transformer.size()));
+    bf16_table(2048, 384);
     return 0;
 }

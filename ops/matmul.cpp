@@ -35,18 +35,20 @@
 // product onto it (beta = 1), where the two-op form has GEMM clear y, then reads y back and writes
 // a second tensor for the sum; and dW comes out as a row-major (N, K) matrix, W's own layout.
 //
+// Mixed precision (Precision::bf16, float32 tensors only): the same three GEMMs on bfloat16
+// operands with float32 accumulation (ops/gemm_bf16.cpp),
+//     y = b + x̃ · W̃ᵀ        dx = dỸ · W̃        dW = dỸᵀ · x̃        db = Σ_r dY     (~ : rounded to
+//     bf16)
+// saving x̃ and W̃ (bf16) instead of x and W. The rounding is treated as the identity in the
+// backward (the straight-through rule of every mixed-precision trainer): dx and dW are the
+// gradients at the rounded point, computed in float32.
+//
 // Kernel ladder: v1, the naive triple loop that mirrors the sum above, is the reference in
 // tests/test_matmul.cpp; v2 is OpenBLAS, faster because it blocks for the caches and registers
 // (packed panels, an AVX-512 micro-kernel) so each loaded element is reused many times.
 //
-// Threads: OpenBLAS runs single-threaded, and a large GEMM is split here into one slab of rows
-// (or of columns, when the output is wider than tall) per thread of the pool (core/threading.h);
-// many small GEMMs (the attention products, one per batch and head) go to the threads whole, and
-// linear's dx and dW, independent products of equal size, run side by side (gemm_pair). One
-// pool then serves every op: OpenBLAS's own workers yield in a loop while they wait (sched_yield),
-// and next to a second pool of threads that cost 19 % of a 2-thread training step here.
-// OpenBLAS picks its kernels by matrix size, so a slab's rows can round differently (in the last
-// bits) from the same rows of the whole product: results depend on the thread count.
+// Threads: a large GEMM is split over the library's pool, small batched ones go to the threads
+// whole, and linear's dx and dW run side by side: see ops/gemm.h.
 #include "ops/matmul.h"
 
 #include <cblas.h>
@@ -61,167 +63,10 @@
 #include "core/factory.h"
 #include "core/strided.h"
 #include "core/threading.h"
+#include "ops/gemm.h"
 #include "ops/reduce.h"
 
 namespace qk {
-
-namespace cpu {
-
-// How GEMM reads one operand: as stored (N) or transposed (T), and its leading dimension.
-struct GemmLayout {
-    bool trans = false;
-    int64_t ld = 1;
-};
-
-// y: (M, N) row-major with leading dim ldy; op(a): (M, K); op(b): (K, N).
-//     y = op(a) · op(b) + beta · y          (beta 0: y's old contents are ignored)
-template <class T>
-void gemm_one_thread(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLayout lb,
-                     int64_t M, int64_t N, int64_t K, T beta) {
-    const auto ta = la.trans ? CblasTrans : CblasNoTrans, tb = lb.trans ? CblasTrans : CblasNoTrans;
-    if constexpr (std::is_same_v<T, float>)
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, a, la.ld, b, lb.ld, beta, y, ldy);
-    else
-        cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, a, la.ld, b, lb.ld, beta, y, ldy);
-}
-
-// Below this many multiply-adds (~40 µs) a GEMM stays on one thread: split in slabs, each
-// thread's smaller product runs further from OpenBLAS's peak, which costs more than it saves.
-constexpr int64_t kParallelGemmWork = int64_t{1} << 20;
-
-// y: (M, N) with leading dim ldy; bias: (N).    y[r, :] = bias, the starting value of linear's GEMM
-template <class T>
-void fill_rows(T* y, int64_t ldy, const T* bias, int64_t M, int64_t N) {
-    for (int64_t r = 0; r < M; ++r) std::copy_n(bias, N, y + r * ldy);
-}
-
-// gemm_one_thread, and with a bias (N) first y = bias in every row, then y += op(a) · op(b).
-template <class T>
-void gemm_block(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLayout lb,
-                const T* bias, int64_t M, int64_t N, int64_t K, T beta) {
-    if (bias) {
-        fill_rows(y, ldy, bias, M, N);
-        beta = T(1);
-    }
-    if (K > 0) gemm_one_thread(y, ldy, a, la, b, lb, M, N, K, beta);
-}
-
-// One GEMM's arguments, so that independent GEMMs can share one parallel region.
-//     y = op(a) · op(b) + beta · y, or bias + op(a) · op(b) with a bias (N)
-template <class T>
-struct GemmJob {
-    T* y;
-    int64_t ldy;
-    const T* a;
-    GemmLayout la;
-    const T* b;
-    GemmLayout lb;
-    int64_t M, N, K;
-    T beta = T(0);
-    const T* bias = nullptr;
-};
-
-// Slab s of `slabs` of a job: whole rows of y (or whole columns when N > M). Row i of op(a) starts
-// at a + i·ld when a is stored as is, at a + i when transposed; column j of op(b) at b + j, or
-// b + j·ld when transposed. With a bias each slab writes it first (where the GEMM then finds it in
-// cache; a separate fill of linear's output was ~1 ms of one thread per MLP layer at config B).
-template <class T>
-void gemm_slab(const GemmJob<T>& job, int s, int slabs) {
-    const auto& [y, ldy, a, la, b, lb, M, N, K, beta, bias] = job;
-    const bool by_rows = M >= N;
-    const int64_t extent = by_rows ? M : N;
-    const int64_t slab = (extent + slabs - 1) / slabs;
-    const int64_t first = s * slab, count = std::min(slab, extent - first);
-    if (count <= 0) return;
-    if (by_rows)
-        gemm_block(y + first * ldy, ldy, a + first * (la.trans ? 1 : la.ld), la, b, lb, bias, count,
-                   N, K, beta);
-    else
-        gemm_block(y + first, ldy, a, la, b + first * (lb.trans ? lb.ld : 1), lb,
-                   bias ? bias + first : nullptr, M, count, K, beta);
-}
-
-// (With K = 0 there is only the bias to write: M·N elements, counted as K = 1.)
-template <class T>
-int64_t gemm_work(const GemmJob<T>& job) {
-    return job.M * job.N * std::max<int64_t>(job.K, 1);
-}
-
-// One product, split over the pool's threads in one slab per thread.
-template <class T>
-void gemm(const GemmJob<T>& job) {
-    const int threads = num_threads();
-    if (threads == 1 || in_parallel_region() || gemm_work(job) < kParallelGemmWork) {
-        gemm_slab(job, 0, 1);
-        return;
-    }
-    auto slab_of = [&](int t) { gemm_slab(job, t, threads); };
-    parallel_run(threads, slab_of);
-}
-
-template <class T>
-void gemm(T* y, int64_t ldy, const T* a, GemmLayout la, const T* b, GemmLayout lb, int64_t M,
-          int64_t N, int64_t K, T beta = T(0), const T* bias = nullptr) {
-    gemm(GemmJob<T>{y, ldy, a, la, b, lb, M, N, K, beta, bias});
-}
-
-// Two independent products of equal work (linear's dx and dW: R·N·K multiply-adds each) at once,
-// each on half of the threads. At 2 threads each runs whole on its own core, where splitting each
-// in turn had both threads pack the same shared operand (W for dx, x for dW): OpenBLAS's packing
-// was ~11 % of a config-A step. With an odd thread count, or when both are small, one after the
-// other as gemm() does them.
-template <class T>
-void gemm_pair(const GemmJob<T>& first, const GemmJob<T>& second) {
-    const int threads = num_threads();
-    if (threads % 2 != 0 || in_parallel_region() ||
-        gemm_work(first) + gemm_work(second) < kParallelGemmWork) {
-        gemm(first);
-        gemm(second);
-        return;
-    }
-    const int half = threads / 2;
-    auto slab_of = [&](int t) {
-        if (t < half)
-            gemm_slab(first, t, half);
-        else
-            gemm_slab(second, t - half, half);
-    };
-    parallel_run(threads, slab_of);
-}
-
-// y: (batch..., M, N) contiguous; a, b: one matrix per batch index at the given batch strides
-// (0 where broadcast). One GEMM per batch index, each on pointer offsets: nothing is copied.
-template <class T>
-void batched_gemm(T* y, const T* a, const Shape& a_batch_strides, GemmLayout la, const T* b,
-                  const Shape& b_batch_strides, GemmLayout lb, const Shape& batch, int64_t M,
-                  int64_t N, int64_t K) {
-    Shape y_batch_strides = contiguous_strides(batch);
-    for (int64_t& s : y_batch_strides) s *= M * N;
-    const int64_t count = numel_of(batch);  // 1 for an empty batch
-    // The products go to the threads whole, in one parallel region over the whole batch, when
-    // there are at least as many as threads (attention's B·H: 48 at config B, 64 at config A) or
-    // they are small; only a few large ones split themselves. Both alternatives cost more:
-    // splitting each of 48 (256 x 256 x 64) products was one region apiece (~100 sleeps and
-    // wake-ups of the pool per batched matmul), and one region per run of the batch's last dim
-    // (q·kᵀ's batch (B, H) is not one run: heads are a view into (B, T, H, D)) left config A's
-    // runs of 4 small products on one thread.
-    const bool whole = count >= num_threads() || M * N * K < kParallelGemmWork;
-    auto products = [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            int64_t oy = 0, oa = 0, ob = 0;
-            for (int64_t d = static_cast<int64_t>(batch.size()) - 1, rest = i; d >= 0; --d) {
-                const int64_t index = rest % batch[d];
-                rest /= batch[d];
-                oy += index * y_batch_strides[d], oa += index * a_batch_strides[d],
-                    ob += index * b_batch_strides[d];
-            }
-            gemm(y + oy, N, a + oa, la, b + ob, lb, M, N, K);
-        }
-    };
-    parallel_for(count, products, whole && count * M * N * K >= kParallelGemmWork);
-}
-
-}  // namespace cpu
 
 #ifdef QK_WITH_CUDA
 namespace {
@@ -357,8 +202,8 @@ Tensor matmul_forward(const Tensor& a_in, const Tensor& b_in) {
             dispatch_float(y.dtype(), [&](auto tag) {
                 using T = decltype(tag);
                 if (one_gemm)
-                    cpu::gemm(y.data<T>(), N, a.data<T>(), la, b.data<T>(), lb, numel_of(batch) * M,
-                              N, K);
+                    cpu::gemm(cpu::GemmJob<T, T>{y.data<T>(), N, a.data<T>(), la, b.data<T>(), lb,
+                                                 numel_of(batch) * M, N, K});
                 else
                     cpu::batched_gemm(y.data<T>(), a.data<T>(), batch_strides(a, batch), la,
                                       b.data<T>(), batch_strides(b, batch), lb, batch, M, N, K);
@@ -436,10 +281,10 @@ std::pair<Tensor, Tensor> cpu_linear_grads(const Tensor& dy_rows, const Tensor& 
     auto [wm, lw] = gemm_operand(w);
     dispatch_float(w.dtype(), [&](auto tag) {
         using T = decltype(tag);
-        cpu::gemm_pair(cpu::GemmJob<T>{dx.data<T>(), K, dy_n.template data<T>(), l_dy,
-                                       wm.template data<T>(), lw, R, K, N},
-                       cpu::GemmJob<T>{dw.data<T>(), K, dy_t.template data<T>(), l_dyt,
-                                       x.template data<T>(), lx, N, K, R});
+        cpu::gemm_pair(cpu::GemmJob<T, T>{dx.data<T>(), K, dy_n.template data<T>(), l_dy,
+                                          wm.template data<T>(), lw, R, K, N},
+                       cpu::GemmJob<T, T>{dw.data<T>(), K, dy_t.template data<T>(), l_dyt,
+                                          x.template data<T>(), lx, N, K, R});
     });
     return {dx, dw};
 }
@@ -466,8 +311,78 @@ void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+namespace {
+
+// A float32 (rows, cols) tensor as a contiguous bf16 one (the rounding; a view's elements are
+// gathered on the way).
+Tensor to_bf16(const Tensor& t) { return t.detach().to(kBF16); }
+
+cpu::GemmJob<bf16, float> bf16_job(const Tensor& y, const Tensor& a, bool a_trans, const Tensor& b,
+                                   bool b_trans, const Tensor& bias = {}) {
+    const int64_t M = y.size(0), N = y.size(1), K = a_trans ? a.size(0) : a.size(1);
+    return {y.data<float>(),
+            N,
+            a.data<bf16>(),
+            {a_trans, a.size(1)},
+            b.data<bf16>(),
+            {b_trans, b.size(1)},
+            M,
+            N,
+            K,
+            0.0f,
+            bias.defined() ? bias.data<float>() : nullptr};
+}
+
+Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+    QK_CHECK(x.dtype() == kF32, "linear: bf16 precision needs float32 x and weight, got {} {}",
+             x.dtype(), x.shape());
+    QK_CHECK(x.device() == Device::cpu,
+             "linear: bf16 precision runs on the cpu in this build; x is on {}", x.device());
+    const int64_t K = weight.size(1), N = weight.size(0);
+    const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
+    Shape out_shape = x.shape();
+    out_shape.back() = N;
+    Tensor y = Tensor::empty(out_shape, kF32);
+    const Tensor x_rounded = to_bf16(rows_of(x)), w_rounded = to_bf16(weight);  // (R, K), (N, K)
+    const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
+    if (R * N > 0) {
+        if (K == 0 && !b.defined())
+            std::fill_n(y.data<float>(), R * N, 0.0f);
+        else  // y = b + x̃ · W̃ᵀ
+            cpu::gemm(bf16_job(y.view({R, N}), x_rounded, false, w_rounded, true, b));
+    }
+    const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
+    const bool need_b = bias.defined() && bias.requires_grad();
+    auto backward = [need_x, need_w, need_b, R, N, K, x_shape = x.shape(),
+                     x_saved = need_w ? x_rounded : Tensor(),
+                     w_saved = need_x ? w_rounded : Tensor()](const Tensor& dy) {
+        const Tensor dy_rows = rows_of(dy);  // (R, N)
+        const Tensor dy_rounded = to_bf16(dy_rows);
+        Tensor dx = need_x ? Tensor::empty({R, K}, kF32) : Tensor();
+        Tensor dw = need_w ? Tensor::empty({N, K}, kF32) : Tensor();
+        if (R * N * K > 0) {
+            if (need_x && need_w)
+                cpu::gemm_pair(bf16_job(dx, dy_rounded, false, w_saved, false),  // dỸ · W̃
+                               bf16_job(dw, dy_rounded, true, x_saved, false));  // dỸᵀ · x̃
+            else if (need_x)
+                cpu::gemm(bf16_job(dx, dy_rounded, false, w_saved, false));
+            else if (need_w)
+                cpu::gemm(bf16_job(dw, dy_rounded, true, x_saved, false));
+        } else {  // an empty sum
+            if (need_x) dx = zeros({R, K});
+            if (need_w) dw = zeros({N, K});
+        }
+        Tensor db = need_b ? sum_to(dy_rows, {N}) : Tensor();  // Σ_r dY, in float32
+        return std::vector<Tensor>{need_x ? dx.reshape(x_shape) : dx, dw, db};
+    };
+    return autograd::record("linear", y, {x, weight, bias}, std::move(backward));
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precision precision) {
     check_linear_args(x, weight, bias);
+    if (precision == Precision::bf16) return linear_bf16(x, weight, bias);
     const int64_t K = weight.size(1), N = weight.size(0);
     const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));  // rows of x
     QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape());
@@ -488,8 +403,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                 auto [a, la] = gemm_operand(rows_of(x.detach()));  // (R, K): a view if rows merge
                 auto [w, lw] = gemm_operand(weight.detach().t());  // (K, N): W read transposed
                 // y = b in every row, then += x · Wᵀ (each thread on its own slab)
-                cpu::gemm(yp, N, a.template data<T>(), la, w.template data<T>(), lw, R, N, K, T(0),
-                          b.defined() ? b.template data<T>() : nullptr);
+                cpu::gemm(cpu::GemmJob<T, T>{yp, N, a.template data<T>(), la, w.template data<T>(),
+                                             lw, R, N, K, T(0),
+                                             b.defined() ? b.template data<T>() : nullptr});
             });
             break;
         case Device::cuda:

@@ -15,10 +15,18 @@ namespace qk {
 // made contiguous first. Differentiable in both inputs.
 Tensor matmul(const Tensor& a, const Tensor& b);
 
+// How a GEMM multiplies: `full`, in its inputs' own dtype; `bf16`, mixed precision: float32
+// inputs rounded to bfloat16, their products summed in float32, the result float32.
+enum class Precision { full, bf16 };
+
 // A Linear layer as one op: x: (..., in), weight: (out, in), bias: (out) or undefined ->
 // (..., out) = x · weightᵀ + bias. Same result as matmul(x, weight.t()) + bias, with the bias
 // added inside the GEMM (see ops/matmul.cpp). Differentiable in all three.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+// With Precision::bf16 (float32 x and weight): the forward GEMM and both backward GEMMs (dx, dW)
+// run on bf16 copies of x, weight and the upstream gradient, which is all the op saves (half
+// the bytes of float32); the bias, the result and every gradient stay float32.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
+              Precision precision = Precision::full);
 
 namespace detail {
 // How many operands matmul has copied because GEMM could not read them as stored (for tests).
