@@ -23,6 +23,11 @@ inline constexpr DType kBF16 = DType::bf16;
 
 enum class Device { cpu, cuda };
 
+// How the GEMMs of an op (linear, attention) multiply: `full`, in their inputs' own dtype;
+// `bf16`, mixed precision: float32 inputs rounded to bfloat16, their products summed in float32,
+// the result float32 (the --precision flag of qknorm train).
+enum class Precision { full, bf16 };
+
 constexpr std::size_t dtype_size(DType d) { return d == DType::f64 ? 8 : d == DType::bf16 ? 2 : 4; }
 constexpr std::string_view dtype_name(DType d) {
     switch (d) {

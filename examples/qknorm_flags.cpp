@@ -87,6 +87,10 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool at
               "fused: one kernel, no T x T memory (FlashAttention-2); naive: matmul, softmax, "
               "matmul (the reference). Same math; attention dropout always runs naive")
         ->check(CLI::IsMember({"fused", "naive"}));
+    add_value(cmd, "--precision", flags.precision,
+              "GEMM arithmetic: fp32, or bf16 mixed precision (bf16 inputs, float32 sums; "
+              "weights, optimizer state and checkpoints stay float32)")
+        ->check(CLI::IsMember({"fp32", "bf16"}));
     add_regularisation_flags(cmd, m);
     if (attention_flags) add_attention_flags(cmd, m, flags);
     add_value(cmd, "--lp-p", m.lp_p, "p of the lp variant (>= 1)");
@@ -168,6 +172,7 @@ void apply_model_flags(TrainConfig& cfg, const ModelFlags& flags) {
     cfg.model.qk_norm = parse_qk_norm(flags.qk_norm);
     cfg.model.qk_norm_scope = parse_norm_scope(flags.qk_scope);
     cfg.model.fused_attention = flags.attention == "fused";
+    cfg.model.precision = parse_precision(flags.precision);
 }
 
 // Experiment 1 of the stability lab (README: Stability lab) is the default grid: a 2-layer model

@@ -14,6 +14,7 @@ namespace qk::cli {
 struct ModelFlags {
     std::string norm = "layernorm", qk_norm = "layernorm", qk_scope = "head";
     std::string attention = "fused";
+    std::string precision = "fp32";
 };
 
 // With attention_flags false (the sweep), the variant strings choose the attention instead.

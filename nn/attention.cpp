@@ -63,8 +63,8 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen
     config.validate();
     const int64_t C = config.n_embd, D = config.head_dim();
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-    c_attn = register_module("c_attn",
-                             std::make_shared<Linear>(C, 3 * C, config.bias, 0.02, gen, dtype));
+    c_attn = register_module("c_attn", std::make_shared<Linear>(C, 3 * C, config.bias, 0.02, gen,
+                                                                dtype, config.precision));
     if (config.qk_norm == QKNorm::layernorm || config.qk_norm == QKNorm::rmsnorm) {
         const NormKind kind =
             config.qk_norm == QKNorm::layernorm ? NormKind::layernorm : NormKind::rmsnorm;
@@ -79,8 +79,8 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen
         const int64_t n = config.qk_scale_per_head ? config.n_head : 1;
         qk_scale = register_parameter("qk_scale", full({n}, config.initial_qk_scale(), dtype));
     }
-    c_proj = register_module("c_proj",
-                             std::make_shared<Linear>(C, C, config.bias, proj_std, gen, dtype));
+    c_proj = register_module("c_proj", std::make_shared<Linear>(C, C, config.bias, proj_std, gen,
+                                                                dtype, config.precision));
 }
 
 // Applies this layer's q/k/v normalisation to t: (B, H, T, D) for scope head, (B, T, C) for full.
@@ -117,7 +117,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
         k = normalize(k, k_norm);
         if (config_.qkv_norm) v = normalize(v, v_norm);
     }
-    AttentionOptions options{.causal = true, .softcap = config_.attn_softcap};
+    AttentionOptions options{
+        .causal = true, .softcap = config_.attn_softcap, .precision = config_.precision};
     if (is_lp_family(config_.qk_norm))
         options.scale_tensor = qk_scale;  // (1) or (H); the op takes its gradient
     else

@@ -29,6 +29,8 @@ constexpr std::array<std::pair<const char*, NormScope>, 2> kScopes{
     {{"head", NormScope::head}, {"full", NormScope::full}}};
 constexpr std::array<std::pair<const char*, NormKind>, 2> kNormKinds{
     {{"layernorm", NormKind::layernorm}, {"rmsnorm", NormKind::rmsnorm}}};
+constexpr std::array<std::pair<const char*, Precision>, 2> kPrecisions{
+    {{"fp32", Precision::full}, {"bf16", Precision::bf16}}};
 
 template <typename Enum, size_t N>
 std::string enum_name(Enum v, const std::array<std::pair<const char*, Enum>, N>& names) {
@@ -73,6 +75,8 @@ std::string to_string(NormKind v) { return enum_name(v, kNormKinds); }
 QKNorm parse_qk_norm(const std::string& s) { return parse_enum(s, kQKNorms, "qk_norm"); }
 NormScope parse_norm_scope(const std::string& s) { return parse_enum(s, kScopes, "qk_norm_scope"); }
 NormKind parse_norm_kind(const std::string& s) { return parse_enum(s, kNormKinds, "norm"); }
+std::string to_string(Precision v) { return enum_name(v, kPrecisions); }
+Precision parse_precision(const std::string& s) { return parse_enum(s, kPrecisions, "precision"); }
 
 double GPTConfig::initial_qk_scale() const {
     if (qk_scale_init == "henry") {
@@ -142,7 +146,8 @@ std::map<std::string, std::string> GPTConfig::to_strings() const {
             {"qkv_norm", qkv_norm ? "true" : "false"},
             {"logit_softcap", fmt::format("{}", logit_softcap)},
             {"z_loss", fmt::format("{}", z_loss)},
-            {"attention", fused_attention ? "fused" : "naive"}};
+            {"attention", fused_attention ? "fused" : "naive"},
+            {"precision", to_string(precision)}};
 }
 
 GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fields) {
@@ -183,6 +188,10 @@ GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fiel
                  "config: attention must be fused or naive, got '{}'", it->second);
         c.fused_attention = it->second == "fused";
     }
+    // Absent from checkpoints written before mixed precision (all float32); the weights are
+    // float32 either way, so a checkpoint loads under either precision.
+    if (auto it = fields.find("precision"); it != fields.end())
+        c.precision = parse_precision(it->second);
     c.validate();
     return c;
 }

@@ -43,6 +43,9 @@ struct GPTConfig {
     // How attention is computed (same math): fused (ops/attention.h, no T² memory) or naive
     // (matmul, softmax, matmul). Attention dropout in training takes the naive path either way.
     bool fused_attention = true;
+    // The arithmetic of the GEMMs (Linear layers, attention, the LM head): full (the weights'
+    // dtype) or bf16 mixed precision (ops/gemm_bf16.cpp); weights and optimizer stay float32.
+    Precision precision = Precision::full;
 
     int64_t head_dim() const { return n_embd / n_head; }
     double initial_qk_scale() const;  // g₀ for l2/lp, from qk_scale_init
@@ -53,6 +56,8 @@ struct GPTConfig {
 };
 
 std::string to_string(QKNorm v);
+std::string to_string(Precision v);  // "fp32" (full) or "bf16", as the --precision flag says
+Precision parse_precision(const std::string& s);
 std::string to_string(NormScope v);
 std::string to_string(NormKind v);
 QKNorm parse_qk_norm(const std::string& s);

@@ -27,10 +27,10 @@ class Holder : public Module {
 MLP::MLP(const GPTConfig& config, Generator& gen, DType dtype) {
     const int64_t C = config.n_embd;
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-    c_fc =
-        register_module("c_fc", std::make_shared<Linear>(C, 4 * C, config.bias, 0.02, gen, dtype));
-    c_proj = register_module("c_proj",
-                             std::make_shared<Linear>(4 * C, C, config.bias, proj_std, gen, dtype));
+    c_fc = register_module("c_fc", std::make_shared<Linear>(C, 4 * C, config.bias, 0.02, gen, dtype,
+                                                            config.precision));
+    c_proj = register_module("c_proj", std::make_shared<Linear>(4 * C, C, config.bias, proj_std,
+                                                                gen, dtype, config.precision));
 }
 
 Tensor MLP::forward(const Tensor& x) const { return c_proj->forward(gelu(c_fc->forward(x))); }
@@ -57,6 +57,8 @@ Tensor Block::forward(const Tensor& x_in, AttentionStats* stats, Generator* drop
 GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
     : config_(config), dropout_gen_(seed ^ 0x5eed) {
     config.validate();
+    QK_CHECK(config.precision == Precision::full || dtype == kF32,
+             "GPT: bf16 precision (--precision bf16) trains float32 weights, got dtype {}", dtype);
     Generator gen(seed);
     auto transformer = register_module("transformer", std::make_shared<Holder>());
     wte = transformer->add(
@@ -70,8 +72,8 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
                             std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype));
     if (!config.tie_embeddings)
         lm_head = register_module(
-            "lm_head",
-            std::make_shared<Linear>(config.n_embd, config.vocab_size, false, 0.02, gen, dtype));
+            "lm_head", std::make_shared<Linear>(config.n_embd, config.vocab_size, false, 0.02, gen,
+                                                dtype, config.precision));
 }
 
 GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats) {
@@ -89,7 +91,10 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
     for (size_t i = 0; i < h.size(); ++i)
         x = h[i]->forward(x, with_stats ? &out.stats[i] : nullptr, &dropout_gen_);
     x = ln_f->forward(x);
-    Tensor logits = lm_head ? lm_head->forward(x) : matmul(x, wte->weight.t());
+    Tensor logits = lm_head ? lm_head->forward(x)
+                    : config_.precision == Precision::bf16
+                        ? linear(x, wte->weight, {}, Precision::bf16)
+                        : matmul(x, wte->weight.t());
     if (config_.logit_softcap > 0) logits = softcap(logits, config_.logit_softcap);
     out.logits = logits;
     if (targets.defined()) {

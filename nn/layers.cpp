@@ -9,14 +9,15 @@
 namespace qk::nn {
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, double init_std,
-               Generator& gen, DType dtype) {
+               Generator& gen, DType dtype, Precision precision_in)
+    : precision(precision_in) {
     weight =
         register_parameter("weight", normal({out_features, in_features}, 0, init_std, dtype, gen));
     if (with_bias) bias = register_parameter("bias", zeros({out_features}, dtype));
 }
 
 Tensor Linear::forward(const Tensor& x) const {
-    return linear(x, weight, bias);  // one GEMM with the bias folded in; Wᵀ is a GEMM flag
+    return linear(x, weight, bias, precision);  // one GEMM, the bias folded in; Wᵀ a GEMM flag
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator& gen,

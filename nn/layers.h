@@ -11,10 +11,11 @@ class Linear : public Module {
   public:
     // weight ~ N(0, init_std), bias = 0.
     Linear(int64_t in_features, int64_t out_features, bool bias, double init_std, Generator& gen,
-           DType dtype = kF32);
+           DType dtype = kF32, Precision precision = Precision::full);
     Tensor forward(const Tensor& x) const;  // x: (..., in) -> (..., out) = x Wᵀ + b
 
     Tensor weight, bias;  // bias undefined when built without
+    Precision precision;  // of the GEMMs (bf16: mixed precision, see ops/matmul.h)
 };
 
 class Embedding : public Module {

@@ -109,6 +109,17 @@ void check_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
              "no key",
              op, q.shape(), k.shape(), q.size(2) - k.size(2));
     check_options(op, o, q);
+    QK_CHECK(o.precision == Precision::full || q.dtype() == kF32,
+             "{}: bf16 precision needs float32 q, k, v, got {} {}", op, q.dtype(), q.shape());
+}
+
+// Mixed precision: the values a bf16 GEMM would read, as float32 (the cast's backward passes the
+// gradient through: the straight-through rule of every mixed-precision trainer).
+Tensor round_to_bf16(const Tensor& t) { return t.to(kBF16).to(kF32); }
+
+AttentionOptions full_precision(AttentionOptions o) {
+    o.precision = Precision::full;
+    return o;
 }
 
 AttentionShape shape_of(const Tensor& q, const Tensor& k, bool causal) {
@@ -134,6 +145,9 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                  const AttentionOptions& o, AttentionSignals* signals) {
     constexpr const char* op = "attention";
     check_args(op, q_in, k_in, v_in, o);
+    if (o.precision == Precision::bf16)
+        return attention(round_to_bf16(q_in), round_to_bf16(k_in), round_to_bf16(v_in),
+                         full_precision(o), signals);
     QK_CHECK(o.dropout == 0,
              "attention: the fused kernel does not drop attention probabilities (dropout {}); "
              "use attention_unfused (the model's --attention naive)",
@@ -247,6 +261,9 @@ void measure_rows(const Tensor& s, const Tensor& p, bool causal, AttentionSignal
 Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionOptions& o, AttentionSignals* signals) {
     check_args("attention_unfused", q, k, v, o);
+    if (o.precision == Precision::bf16)
+        return attention_unfused(round_to_bf16(q), round_to_bf16(k), round_to_bf16(v),
+                                 full_precision(o), signals);
     // The scale goes on q (B·H·Tq·D multiplies) rather than on s (B·H·Tq·Tk): same math.
     Tensor q_scaled;
     if (o.scale_tensor.defined())

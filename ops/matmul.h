@@ -15,10 +15,6 @@ namespace qk {
 // made contiguous first. Differentiable in both inputs.
 Tensor matmul(const Tensor& a, const Tensor& b);
 
-// How a GEMM multiplies: `full`, in its inputs' own dtype; `bf16`, mixed precision: float32
-// inputs rounded to bfloat16, their products summed in float32, the result float32.
-enum class Precision { full, bf16 };
-
 // A Linear layer as one op: x: (..., in), weight: (out, in), bias: (out) or undefined ->
 // (..., out) = x · weightᵀ + bias. Same result as matmul(x, weight.t()) + bias, with the bias
 // added inside the GEMM (see ops/matmul.cpp). Differentiable in all three.
