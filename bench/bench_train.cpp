@@ -152,7 +152,7 @@ Timing time_pairs(Raw& raw, Step& step, double min_seconds, int min_pairs) {
 }
 
 struct Result {
-    std::string config, variant;
+    std::string config, variant, precision;
     double ms, tokens_per_s, gflops, raw_gflops, cpu_fraction;
     double switches_per_step, voluntary_per_step, cpu_s_per_step;
     double param_mb, adam_mb, saved_mb, peak_mb, rss_mb;
@@ -165,6 +165,15 @@ bool fused_attention() {
     return !(path && std::string(path) == "naive");
 }
 
+// QK_BENCH_PRECISION=fp32 (the default), bf16 (mixed precision: bf16 GEMMs), or both: each
+// config and variant at both precisions, one after the other in the same run, and their ratio.
+std::vector<Precision> precisions() {
+    const char* p = std::getenv("QK_BENCH_PRECISION");
+    const std::string which = p ? p : "fp32";
+    if (which == "both") return {Precision::full, Precision::bf16};
+    return {which == "bf16" ? Precision::bf16 : Precision::full};
+}
+
 double mb(std::size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
 double rss_high_water_mb() {
@@ -173,8 +182,9 @@ double rss_high_water_mb() {
     return double(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
-Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
+Result bench_one(const Config& c, nn::QKNorm variant, Precision precision, bool profile) {
     nn::GPTConfig cfg;
+    cfg.precision = precision;
     cfg.vocab_size = kVocab;
     cfg.block_size = c.T;
     cfg.n_layer = c.L;
@@ -226,6 +236,7 @@ Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
     const double flops = model_flops(c);
     return {c.name,
             nn::to_string(variant),
+            nn::to_string(precision),
             seconds * 1e3,
             double(c.B * c.T) / seconds,
             flops / seconds / 1e9,
@@ -244,15 +255,17 @@ Result bench_one(const Config& c, nn::QKNorm variant, bool profile) {
 
 void print_table(const std::vector<Result>& rows) {
     fmt::print(
-        "\n| config | qk_norm | ms/step | tokens/s | model GFLOP/s | raw sgemm GFLOP/s | fraction "
+        "\n| config | qk_norm | precision | ms/step | tokens/s | model GFLOP/s | raw sgemm GFLOP/s "
+        "| fraction "
         "| fraction by CPU time | context switches per step (voluntary) | CPU s per step "
         "| params MB | AdamW MB | saved activations MB | peak live MB | RSS high-water MB |\n");
-    fmt::print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    fmt::print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const Result& r : rows)
         fmt::print(
-            "| {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.0f} ({:.0f}) | "
+            "| {} | {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.0f} "
+            "({:.0f}) | "
             "{:.3f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} |\n",
-            r.config, r.variant, r.ms, r.tokens_per_s, r.gflops, r.raw_gflops,
+            r.config, r.variant, r.precision, r.ms, r.tokens_per_s, r.gflops, r.raw_gflops,
             r.gflops / r.raw_gflops, r.cpu_fraction, r.switches_per_step, r.voluntary_per_step,
             r.cpu_s_per_step, r.param_mb, r.adam_mb, r.saved_mb, r.peak_mb, r.rss_mb);
 }
@@ -267,8 +280,8 @@ int main(int argc, char** argv) {
     const Config configs[] = {{"A (L4 C128 H4 T64 B16)", 4, 128, 4, 64, 16},
                               {"B (L6 C384 H6 T256 B8)", 6, 384, 6, 256, 8}};
     fmt::print(
-        "# GPT training step, float32, V = {}, {} thread(s) (QK_NUM_THREADS), {} attention "
-        "(QK_BENCH_ATTENTION)\n",
+        "# GPT training step, float32 weights, V = {}, {} thread(s) (QK_NUM_THREADS), {} "
+        "attention (QK_BENCH_ATTENTION), precision QK_BENCH_PRECISION=fp32|bf16|both\n",
         kVocab, num_threads(), fused_attention() ? "fused" : "naive");
     fmt::print(
         "raw sgemm: x·Wᵀ, dY·W, xᵀ·dY of a Linear C -> 4C on B·T tokens ((B·T, C)·(C, 4C) "
@@ -278,16 +291,23 @@ int main(int argc, char** argv) {
     std::vector<Result> rows;
     for (const Config& c : configs) {
         if (!only.empty() && c.name[0] != only[0]) continue;
-        for (nn::QKNorm v : {nn::QKNorm::none, nn::QKNorm::layernorm}) {
-            if (profile && nn::to_string(v) != profile_variant) continue;
-            rows.push_back(bench_one(c, v, profile));
-            if (profile) return 0;
-            fmt::print(stderr, "{} {}: {:.1f} ms/step, first-step loss {:.3f} (ln {} = {:.3f})\n",
-                       c.name, nn::to_string(v), rows.back().ms, rows.back().first_loss, kVocab,
-                       std::log(double(kVocab)));
-        }
+        for (nn::QKNorm v : {nn::QKNorm::none, nn::QKNorm::layernorm})
+            for (Precision precision : precisions()) {
+                if (profile && nn::to_string(v) != profile_variant) continue;
+                rows.push_back(bench_one(c, v, precision, profile));
+                if (profile) return 0;
+                fmt::print(stderr,
+                           "{} {} {}: {:.1f} ms/step, first-step loss {:.3f} (ln {} = {:.3f})\n",
+                           c.name, nn::to_string(v), nn::to_string(precision), rows.back().ms,
+                           rows.back().first_loss, kVocab, std::log(double(kVocab)));
+            }
     }
     print_table(rows);
+    for (size_t i = 0; i + 1 < rows.size(); ++i)
+        if (rows[i].precision == "fp32" && rows[i + 1].precision == "bf16" &&
+            rows[i].config == rows[i + 1].config && rows[i].variant == rows[i + 1].variant)
+            fmt::print("{} {}: step time fp32 / bf16 = {:.2f}x\n", rows[i].config, rows[i].variant,
+                       rows[i].ms / rows[i + 1].ms);
     fmt::print(
         "\nfraction: model GFLOP/s / raw sgemm GFLOP/s, both wall clock (best of alternated "
         "calls); by CPU time: the same with process CPU time (one thread: the time the step "
