@@ -60,6 +60,23 @@ void gemm(T* y, int64_t ldy, int64_t stride_y, const T* a, bool a_trans, int64_t
                                       static_cast<int>(ldy), stride_y, static_cast<int>(batch)));
 }
 
+// The mixed-precision twin: bf16 operands, float32 result, products summed in float32 on the
+// tensor cores (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F). Same layout trick as above.
+void gemm_bf16(float* y, int64_t ldy, const bf16* a, bool a_trans, int64_t lda, const bf16* b,
+               bool b_trans, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta) {
+    if (M == 0 || N == 0) return;
+    QK_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && ldy <= INT_MAX && lda <= INT_MAX &&
+                 ldb <= INT_MAX,
+             "linear: ({}, {}) x ({}, {}) in bf16 exceeds cuBLAS's int range", M, K, K, N);
+    const float alpha = 1;
+    const cublasOperation_t op_b = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_a = a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    QK_CUDA_CHECK(cublasGemmStridedBatchedEx(
+        blas(), op_b, op_a, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
+        b, CUDA_R_16BF, static_cast<int>(ldb), 0, a, CUDA_R_16BF, static_cast<int>(lda), 0, &beta,
+        y, CUDA_R_32F, static_cast<int>(ldy), 0, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 namespace {
 
 constexpr int kTile = 16;

@@ -333,44 +333,69 @@ cpu::GemmJob<bf16, float> bf16_job(const Tensor& y, const Tensor& a, bool a_tran
             bias.defined() ? bias.data<float>() : nullptr};
 }
 
+// One bf16 GEMM on the tensors' device (the job's pointers are device pointers for cuda). cuBLAS
+// has no bias argument: on cuda the caller writes the bias into y first and sets beta = 1.
+void bf16_gemm(cpu::GemmJob<bf16, float> job, Device device) {
+    switch (device) {
+        case Device::cpu:
+            cpu::gemm(job);
+            break;
+        case Device::cuda:
+#ifdef QK_WITH_CUDA
+            QK_CHECK(!job.bias, "linear: internal: a bias pointer reached the cuda bf16 GEMM");
+            cuda::gemm_bf16(job.y, job.ldy, job.a, job.la.trans, job.la.ld, job.b, job.lb.trans,
+                            job.lb.ld, job.M, job.N, job.K, job.beta);
+#else
+            throw_built_without_cuda("linear");
+#endif
+            break;
+    }
+}
+
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     QK_CHECK(x.dtype() == kF32, "linear: bf16 precision needs float32 x and weight, got {} {}",
              x.dtype(), x.shape());
-    QK_CHECK(x.device() == Device::cpu,
-             "linear: bf16 precision runs on the cpu in this build; x is on {}", x.device());
     const int64_t K = weight.size(1), N = weight.size(0);
     const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
+    const Device device = x.device();
     Shape out_shape = x.shape();
     out_shape.back() = N;
-    Tensor y = Tensor::empty(out_shape, kF32);
+    Tensor y = Tensor::empty(out_shape, kF32, device);
     const Tensor x_rounded = to_bf16(rows_of(x)), w_rounded = to_bf16(weight);  // (R, K), (N, K)
     const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
     if (R * N > 0) {
-        if (K == 0 && !b.defined())
-            std::fill_n(y.data<float>(), R * N, 0.0f);
-        else  // y = b + x̃ · W̃ᵀ
-            cpu::gemm(bf16_job(y.view({R, N}), x_rounded, false, w_rounded, true, b));
+        const Tensor y_rows = y.view({R, N});
+        if (K == 0 && !b.defined()) {
+            copy_into(y_rows, zeros({R, N}, kF32, device));
+        } else if (device == Device::cuda && b.defined()) {  // y = b in every row, then += x̃ · W̃ᵀ
+            copy_into(y_rows, b.expand({R, N}));
+            auto job = bf16_job(y_rows, x_rounded, false, w_rounded, true);
+            job.beta = 1.0f;
+            bf16_gemm(job, device);
+        } else {  // y = b + x̃ · W̃ᵀ (the cpu writes the bias inside the GEMM's slabs)
+            bf16_gemm(bf16_job(y_rows, x_rounded, false, w_rounded, true, b), device);
+        }
     }
     const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
     const bool need_b = bias.defined() && bias.requires_grad();
-    auto backward = [need_x, need_w, need_b, R, N, K, x_shape = x.shape(),
+    auto backward = [need_x, need_w, need_b, R, N, K, device, x_shape = x.shape(),
                      x_saved = need_w ? x_rounded : Tensor(),
                      w_saved = need_x ? w_rounded : Tensor()](const Tensor& dy) {
         const Tensor dy_rows = rows_of(dy);  // (R, N)
         const Tensor dy_rounded = to_bf16(dy_rows);
-        Tensor dx = need_x ? Tensor::empty({R, K}, kF32) : Tensor();
-        Tensor dw = need_w ? Tensor::empty({N, K}, kF32) : Tensor();
+        Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
+        Tensor dw = need_w ? Tensor::empty({N, K}, kF32, device) : Tensor();
         if (R * N * K > 0) {
-            if (need_x && need_w)
+            if (need_x && need_w && device == Device::cpu)
                 cpu::gemm_pair(bf16_job(dx, dy_rounded, false, w_saved, false),  // dỸ · W̃
                                bf16_job(dw, dy_rounded, true, x_saved, false));  // dỸᵀ · x̃
-            else if (need_x)
-                cpu::gemm(bf16_job(dx, dy_rounded, false, w_saved, false));
-            else if (need_w)
-                cpu::gemm(bf16_job(dw, dy_rounded, true, x_saved, false));
+            else {
+                if (need_x) bf16_gemm(bf16_job(dx, dy_rounded, false, w_saved, false), device);
+                if (need_w) bf16_gemm(bf16_job(dw, dy_rounded, true, x_saved, false), device);
+            }
         } else {  // an empty sum
-            if (need_x) dx = zeros({R, K});
-            if (need_w) dw = zeros({N, K});
+            if (need_x) dx = zeros({R, K}, kF32, device);
+            if (need_w) dw = zeros({N, K}, kF32, device);
         }
         Tensor db = need_b ? sum_to(dy_rows, {N}) : Tensor();  // Σ_r dY, in float32
         return std::vector<Tensor>{need_x ? dx.reshape(x_shape) : dx, dw, db};

@@ -80,6 +80,23 @@ TEST_CASE("linear on cuda matches the cpu, with and without bias") {
     }
 }
 
+TEST_CASE("linear in bf16 on cuda (cublasGemmStridedBatchedEx) matches the cpu's bf16 linear") {
+    // Both round the same operands to bf16 and sum exact products in float32, in different
+    // orders: float32 tolerance over K terms, forward and all three gradients.
+    qk::test::ParityOptions options;
+    options.atol_f32 = 2e-5, options.rtol_f32 = 2e-4;
+    check_cuda_parity(
+        "bf16 linear with bias",
+        [](const Inputs& in) { return linear(in[0], in[1], in[2], Precision::bf16); },
+        {randn_seeded({2, 17, K}, 21, kF32), randn_seeded({N, K}, 22, kF32),
+         randn_seeded({N}, 23, kF32)},
+        options);
+    check_cuda_parity(
+        "bf16 linear without bias",
+        [](const Inputs& in) { return linear(in[0], in[1], {}, Precision::bf16); },
+        {randn_seeded({3, 11, K}, 24, kF32), randn_seeded({N, K}, 25, kF32)}, options);
+}
+
 TEST_CASE("matmul on cuda: an empty inner dim gives zeros, an empty output nothing") {
     if (!cuda_runnable()) return;
     const Tensor a = Tensor::empty({4, 0}, kF32, Device::cuda);

@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <mutex>
 #include <set>
+#include <string>
+#include <vector>
 
+#include "core/bfloat16.h"
 #include "core/error.h"
 #include "cuda/emu/emu_internal.h"
 
@@ -44,6 +47,26 @@ void gemm(const double* a, const double* b, double* c, CBLAS_TRANSPOSE ta, CBLAS
     cblas_dgemm(CblasColMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+// A (rows, cols) column-major bf16 matrix with leading dim ld, widened (exactly) to a
+// contiguous float one: how the shim multiplies bf16 (products exact in float, sums in float).
+std::vector<float> widen(const qk::bf16* p, int rows, int cols, int ld) {
+    std::vector<float> out(static_cast<size_t>(rows) * cols);
+    for (int c = 0; c < cols; ++c)
+        for (int r = 0; r < rows; ++r)
+            out[static_cast<size_t>(c) * rows + r] =
+                p[static_cast<long long>(c) * ld + r].to_float();
+    return out;
+}
+
+void gemm(const qk::bf16* a, const qk::bf16* b, float* c, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
+          int m, int n, int k, float alpha, int lda, int ldb, float beta, int ldc) {
+    const int rows_a = ta == CblasNoTrans ? m : k, cols_a = ta == CblasNoTrans ? k : m;
+    const int rows_b = tb == CblasNoTrans ? k : n, cols_b = tb == CblasNoTrans ? n : k;
+    const std::vector<float> wide_a = widen(a, rows_a, cols_a, lda);
+    const std::vector<float> wide_b = widen(b, rows_b, cols_b, ldb);
+    gemm(wide_a.data(), wide_b.data(), c, ta, tb, m, n, k, alpha, rows_a, rows_b, beta, ldc);
+}
+
 // Requires the `count` matrices of a strided batch, each `extent` elements from its start, to lie
 // in one device allocation.
 template <typename T>
@@ -56,10 +79,31 @@ void require_batch(const char* api, const char* what, const T* p, long long exte
     detail::require_device_range(api, what, lo, static_cast<std::size_t>(elements) * sizeof(T));
 }
 
-template <typename T>
+// cuBLAS's argument rules; "" when the arguments are valid, else what is wrong.
+std::string bad_arguments(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+                          const void* alpha, int lda, int ldb, const void* beta, int ldc,
+                          int batch) {
+    const int rows_a = transa == CUBLAS_OP_N ? m : k, rows_b = transb == CUBLAS_OP_N ? k : n;
+    if (!valid_op(transa) || !valid_op(transb))
+        return fmt::format("transa {} / transb {} is not CUBLAS_OP_N, _T or _C", int(transa),
+                           int(transb));
+    if (m < 0 || n < 0 || k < 0)
+        return fmt::format("m {}, n {}, k {} must not be negative", m, n, k);
+    if (lda < std::max(1, rows_a))
+        return fmt::format("lda {} < max(1, {}) (rows of A as stored)", lda, rows_a);
+    if (ldb < std::max(1, rows_b))
+        return fmt::format("ldb {} < max(1, {}) (rows of B as stored)", ldb, rows_b);
+    if (ldc < std::max(1, m)) return fmt::format("ldc {} < max(1, m = {})", ldc, m);
+    if (batch < 0) return fmt::format("batchCount {} is negative", batch);
+    if (!alpha || !beta) return "alpha and beta must not be null";
+    return "";
+}
+
+// In: the element type of A and B (T, or bf16 with T = float); T: C's, alpha's and beta's.
+template <typename In, typename T>
 cublasStatus_t gemm_batched(const char* api, cublasHandle_t handle, cublasOperation_t transa,
                             cublasOperation_t transb, int m, int n, int k, const T* alpha,
-                            const T* A, int lda, long long sa, const T* B, int ldb, long long sb,
+                            const In* A, int lda, long long sa, const In* B, int ldb, long long sb,
                             const T* beta, T* C, int ldc, long long sc, int batch) {
     if (!live(handle)) {
         detail::record_message(fmt::format("{}: the handle is null or destroyed", api));
@@ -67,22 +111,8 @@ cublasStatus_t gemm_batched(const char* api, cublasHandle_t handle, cublasOperat
     }
     const int rows_a = transa == CUBLAS_OP_N ? m : k, cols_a = transa == CUBLAS_OP_N ? k : m;
     const int rows_b = transb == CUBLAS_OP_N ? k : n, cols_b = transb == CUBLAS_OP_N ? n : k;
-    std::string bad;
-    if (!valid_op(transa) || !valid_op(transb))
-        bad = fmt::format("transa {} / transb {} is not CUBLAS_OP_N, _T or _C", int(transa),
-                          int(transb));
-    else if (m < 0 || n < 0 || k < 0)
-        bad = fmt::format("m {}, n {}, k {} must not be negative", m, n, k);
-    else if (lda < std::max(1, rows_a))
-        bad = fmt::format("lda {} < max(1, {}) (rows of A as stored)", lda, rows_a);
-    else if (ldb < std::max(1, rows_b))
-        bad = fmt::format("ldb {} < max(1, {}) (rows of B as stored)", ldb, rows_b);
-    else if (ldc < std::max(1, m))
-        bad = fmt::format("ldc {} < max(1, m = {})", ldc, m);
-    else if (batch < 0)
-        bad = fmt::format("batchCount {} is negative", batch);
-    else if (!alpha || !beta)
-        bad = "alpha and beta must not be null";
+    const std::string bad =
+        bad_arguments(transa, transb, m, n, k, alpha, lda, ldb, beta, ldc, batch);
     if (!bad.empty()) {
         detail::record_message(fmt::format("{}: {}", api, bad));
         return CUBLAS_STATUS_INVALID_VALUE;
@@ -235,4 +265,24 @@ cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_
     return qk::emu::gemm_batched("cublasDgemmStridedBatched", handle, transa, transb, m, n, k,
                                  alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
                                  batchCount);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const void* alpha, const void* A, cudaDataType Atype, int lda, long long strideA, const void* B,
+    cudaDataType Btype, int ldb, long long strideB, const void* beta, void* C, cudaDataType Ctype,
+    int ldc, long long strideC, int batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t) {
+    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_32F ||
+        computeType != CUBLAS_COMPUTE_32F) {
+        qk::emu::detail::record_message(fmt::format(
+            "cublasGemmStridedBatchedEx: the emulation takes A, B CUDA_R_16BF, C CUDA_R_32F and "
+            "CUBLAS_COMPUTE_32F; got types {}, {}, {} and compute {}",
+            int(Atype), int(Btype), int(Ctype), int(computeType)));
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    return qk::emu::gemm_batched("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k,
+                                 static_cast<const float*>(alpha), static_cast<const qk::bf16*>(A),
+                                 lda, strideA, static_cast<const qk::bf16*>(B), ldb, strideB,
+                                 static_cast<const float*>(beta), static_cast<float*>(C), ldc,
+                                 strideC, batchCount);
 }

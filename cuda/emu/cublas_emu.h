@@ -1,5 +1,6 @@
 // The cuBLAS subset of the CUDA emulation (include it through cuda/emu/cublas_compat.h): handles,
-// streams, and single/double GEMM, plain and strided-batched, on column-major cblas.
+// streams, and single/double GEMM, plain and strided-batched, on column-major cblas; and the
+// mixed-precision cublasGemmStridedBatchedEx for bf16 inputs with a float32 result.
 //
 // Argument rules are cuBLAS's: a null or destroyed handle gives CUBLAS_STATUS_NOT_INITIALIZED;
 // m, n, k < 0, an unknown operation, lda < max(1, rows of op(A) as stored), ldb likewise,
@@ -62,3 +63,20 @@ cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long strideA, const double* B, int ldb,
                                          long long strideB, const double* beta, double* C, int ldc,
                                          long long strideC, int batchCount);
+
+// The mixed-precision GEMM: the types are named at run time. The shim takes what the library
+// uses, A and B CUDA_R_16BF, C CUDA_R_32F, computeType CUBLAS_COMPUTE_32F (bf16 products summed
+// in float32, as tensor cores do), and answers CUBLAS_STATUS_NOT_SUPPORTED to anything else.
+// alpha and beta point to floats. (Enum values are cuBLAS's own.)
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
+using cudaDataType = cudaDataType_t;
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 };
+enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long strideA, const void* B,
+                                          cudaDataType Btype, int ldb, long long strideB,
+                                          const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo);
