@@ -60,6 +60,10 @@ void gemm(T* y, int64_t ldy, int64_t stride_y, const T* a, bool a_trans, int64_t
                                       static_cast<int>(ldy), stride_y, static_cast<int>(batch)));
 }
 
+void set_tf32_math(bool on) {
+    QK_CUDA_CHECK(cublasSetMathMode(blas(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
 // The mixed-precision twin: bf16 operands, float32 result, products summed in float32 on the
 // tensor cores (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F). Same layout trick as above.
 void gemm_bf16(float* y, int64_t ldy, const bf16* a, bool a_trans, int64_t lda, const bf16* b,

@@ -109,6 +109,9 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
               "cpu, or cuda: the CUDA backend (a GPU, or in an emulation build the CUDA "
               "kernels run on the cpu: correct but slow, for tests)")
         ->check(CLI::IsMember({"cpu", "cuda"}));
+    add_value(cmd, "--tf32", cfg.tf32,
+              "with --device cuda: float32 GEMMs on TF32 tensor cores (inputs rounded to 10 "
+              "mantissa bits, float32 sums); --precision bf16 GEMMs are unaffected");
     add_value(cmd, "--batch-size", cfg.batch_size,
               "sequences per step (B), over all ranks and micro-batches");
     add_value(cmd, "--grad-accum", cfg.grad_accum,

@@ -77,6 +77,10 @@ void TrainConfig::validate() const {
              "train: --tokenizer must be 'char' or 'byte', got '{}'", tokenizer);
     QK_CHECK(device == "cpu" || device == "cuda",
              "train: --device must be 'cpu' or 'cuda', got '{}'", device);
+    QK_CHECK(!tf32 || device == "cuda",
+             "train: --tf32 changes the float32 GEMMs of cuBLAS and needs --device cuda, got "
+             "--device {}",
+             device);
 }
 
 std::string TrainConfig::to_json() const {
@@ -85,6 +89,7 @@ std::string TrainConfig::to_json() const {
     j["data_path"] = data_path;
     j["tokenizer"] = tokenizer;
     j["device"] = device;
+    j["tf32"] = tf32;
     j["batch_size"] = batch_size;
     j["grad_accum"] = grad_accum;
     j["steps"] = steps;
@@ -124,6 +129,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
         j.at("data_path").get_to(c.data_path);
         j.at("tokenizer").get_to(c.tokenizer);
         c.device = j.value("device", std::string("cpu"));  // runs saved before devices existed
+        c.tf32 = j.value("tf32", false);                   // and before TF32
         get_integer(j, "batch_size", c.batch_size);
         if (j.contains("grad_accum")) get_integer(j, "grad_accum", c.grad_accum);  // added later
         get_integer(j, "steps", c.steps);

@@ -14,6 +14,7 @@ struct TrainConfig {
     std::string data_path;           // empty: the bundled Tiny Shakespeare
     std::string tokenizer = "char";  // char | byte
     std::string device = "cpu";      // cpu | cuda: where the weights, batches and steps live
+    bool tf32 = false;               // cuda: float32 GEMMs on TF32 tensor cores (set_tf32)
     int64_t batch_size = 32;         // the global batch: split over the ranks and micro-batches
     int64_t grad_accum = 1;  // micro-batches per optimizer step (gradients summed in between)
     int64_t steps = 2000;

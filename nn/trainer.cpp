@@ -20,6 +20,7 @@
 #include "nn/plot.h"
 #include "nn/sample.h"
 #include "ops/elementwise.h"
+#include "ops/matmul.h"
 
 namespace qk::nn {
 
@@ -340,6 +341,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     const TextDataset data(tokenizer.encode(text), cfg.model.block_size);
 
     const Device device = cfg.device == "cuda" ? Device::cuda : Device::cpu;
+    if (device == Device::cuda) set_tf32(cfg.tf32);
     GPT model(cfg.model, cfg.seed);  // initialised on the cpu: the same weights on every device
     model.to(device);
     AdamWOptions adam{.lr = cfg.lr,

@@ -475,6 +475,18 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precisi
     return autograd::record("linear", y, {x, weight, bias}, std::move(backward));
 }
 
+namespace {
+std::atomic<bool> tf32_on{false};
+}
+
+void set_tf32(bool on) {
+#ifdef QK_WITH_CUDA
+    cuda::set_tf32_math(on);
+#endif
+    tf32_on = on;
+}
+bool tf32_enabled() { return tf32_on; }
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
     check_args(a, b);
     Tensor y = matmul_forward(a.detach(), b.detach());

@@ -24,6 +24,12 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
               Precision precision = Precision::full);
 
+// TF32 for float32 GEMMs on CUDA (cuBLAS's CUBLAS_TF32_TENSOR_OP_MATH): tensor cores read the
+// inputs rounded to 10 mantissa bits (TF32) and sum in float32, several times faster than float32
+// FMA. Off by default (qknorm train --tf32). The cpu's GEMMs never change; bf16 GEMMs neither.
+void set_tf32(bool on);
+bool tf32_enabled();
+
 namespace detail {
 // How many operands matmul has copied because GEMM could not read them as stored (for tests).
 int64_t matmul_operand_copies();
@@ -43,6 +49,8 @@ template <class T>
 void gemm(T* y, int64_t ldy, int64_t stride_y, const T* a, bool a_trans, int64_t lda,
           int64_t stride_a, const T* b, bool b_trans, int64_t ldb, int64_t stride_b, int64_t M,
           int64_t N, int64_t K, int64_t batch, T beta);
+// Sets cuBLAS's math mode for float32 GEMMs: TF32 tensor ops or the default.
+void set_tf32_math(bool on);
 // The bf16 twin (one matrix): y float32, a and b bfloat16, float32 accumulation.
 //     y = op(a) · op(b) + beta · y
 void gemm_bf16(float* y, int64_t ldy, const bf16* a, bool a_trans, int64_t lda, const bf16* b,

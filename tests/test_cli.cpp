@@ -86,6 +86,8 @@ TEST_CASE("every numeric flag is checked where it enters, naming the flag, value
         {{"--eval-every", "0"}, {"--eval-every", "0"}},
         {{"--qk-norm", "l2", "--qk-scale-init", "-3"}, {"--qk-scale-init", "-3"}},
         {{"--sample-tokens", "1000000000"}, {"--sample-tokens", "1000000000"}},
+        {{"--tf32", "true"}, {"--tf32", "--device cuda", "--device cpu"}},
+        {{"--precision", "fp16"}, {"--precision", "fp16", "fp32", "bf16"}},
     };
     for (const Case& c : cases) {
         CAPTURE(c.flags[0]);

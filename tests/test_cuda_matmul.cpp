@@ -97,6 +97,26 @@ TEST_CASE("linear in bf16 on cuda (cublasGemmStridedBatchedEx) matches the cpu's
         {randn_seeded({3, 11, K}, 24, kF32), randn_seeded({N, K}, 25, kF32)}, options);
 }
 
+TEST_CASE("TF32 on cuda: float32 GEMMs read 10-bit inputs; switched off, float32 parity again") {
+    if (!cuda_runnable()) return;
+    struct Off {
+        ~Off() { set_tf32(false); }
+    } off;
+    const Tensor a = randn_seeded({37, 45}, 31, kF32), b = randn_seeded({45, 29}, 32, kF32);
+    const Tensor exact = matmul(a.to(kF64), b.to(kF64));
+    const Tensor bound = matmul(abs(a.to(kF64)), abs(b.to(kF64)));  // Σ_k |a_ik| |b_kj|
+    set_tf32(true);
+    CHECK(tf32_enabled());
+    const Tensor y_tf32 = matmul(a.to(Device::cuda), b.to(Device::cuda)).to(Device::cpu);
+    // Each input within 2^-10 of itself (relative; 2^-11 when rounded to nearest): the products
+    // within 2 · 2^-10 of theirs, plus float32 sums.
+    const Tensor error = abs(y_tf32.to(kF64) - exact) - bound * (2 * 0x1p-10 + 45 * 0x1p-24);
+    CHECK(max(error).item() <= 0);
+    CHECK(max_abs_diff(y_tf32, matmul(a, b)) > 1e-4);  // the rounding is real
+    set_tf32(false);
+    CHECK(max_abs_diff(matmul(a.to(Device::cuda), b.to(Device::cuda)), matmul(a, b)) < 1e-5);
+}
+
 TEST_CASE("matmul on cuda: an empty inner dim gives zeros, an empty output nothing") {
     if (!cuda_runnable()) return;
     const Tensor a = Tensor::empty({4, 0}, kF32, Device::cuda);

@@ -5,9 +5,11 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/bfloat16.h"
@@ -16,6 +18,7 @@
 
 struct cublasContext {
     cudaStream_t stream = nullptr;
+    cublasMath_t math = CUBLAS_DEFAULT_MATH;
 };
 
 namespace qk::emu {
@@ -65,6 +68,29 @@ void gemm(const qk::bf16* a, const qk::bf16* b, float* c, CBLAS_TRANSPOSE ta, CB
     const std::vector<float> wide_a = widen(a, rows_a, cols_a, lda);
     const std::vector<float> wide_b = widen(b, rows_b, cols_b, ldb);
     gemm(wide_a.data(), wide_b.data(), c, ta, tb, m, n, k, alpha, rows_a, rows_b, beta, ldc);
+}
+
+// TF32: float32 with 10 mantissa bits, rounded to nearest even on the bits (NaN and Inf kept).
+float round_to_tf32(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    if ((u & 0x7F800000u) == 0x7F800000u) return x;
+    u = (u + 0xFFFu + ((u >> 13) & 1u)) & ~0x1FFFu;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+// A float GEMM under TF32 math: A and B rounded to TF32 first (column-major, leading dims kept).
+void gemm_tf32(const float* a, const float* b, float* c, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
+               int m, int n, int k, float alpha, int lda, int ldb, float beta, int ldc) {
+    const int rows_a = ta == CblasNoTrans ? m : k, cols_a = ta == CblasNoTrans ? k : m;
+    const int rows_b = tb == CblasNoTrans ? k : n, cols_b = tb == CblasNoTrans ? n : k;
+    // Every element up to the last one read (the last column is only `rows` long).
+    std::vector<float> ra(a, a + static_cast<size_t>(lda) * (cols_a - 1) + rows_a);
+    std::vector<float> rb(b, b + static_cast<size_t>(ldb) * (cols_b - 1) + rows_b);
+    for (float& v : ra) v = round_to_tf32(v);
+    for (float& v : rb) v = round_to_tf32(v);
+    gemm(ra.data(), rb.data(), c, ta, tb, m, n, k, alpha, lda, ldb, beta, ldc);
 }
 
 // Requires the `count` matrices of a strided batch, each `extent` elements from its start, to lie
@@ -139,6 +165,12 @@ cublasStatus_t gemm_batched(const char* api, cublasHandle_t handle, cublasOperat
                 }
             continue;
         }
+        if constexpr (std::is_same_v<In, float>)
+            if (handle->math == CUBLAS_TF32_TENSOR_OP_MATH) {
+                gemm_tf32(A + i * sa, B + i * sb, c, to_cblas(transa), to_cblas(transb), m, n, k, a,
+                          lda, ldb, b, ldc);
+                continue;
+            }
         gemm(A + i * sa, B + i * sb, c, to_cblas(transa), to_cblas(transb), m, n, k, a, lda, ldb, b,
              ldc);
     }
@@ -226,6 +258,21 @@ cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream) {
     if (!qk::emu::live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (!stream) return CUBLAS_STATUS_INVALID_VALUE;
     *stream = handle->stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+    if (!qk::emu::live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (mode != CUBLAS_DEFAULT_MATH && mode != CUBLAS_TF32_TENSOR_OP_MATH)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    handle->math = mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
+    if (!qk::emu::live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!mode) return CUBLAS_STATUS_INVALID_VALUE;
+    *mode = handle->math;
     return CUBLAS_STATUS_SUCCESS;
 }
 

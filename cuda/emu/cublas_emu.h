@@ -40,6 +40,13 @@ cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
 cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream);
+// The math mode: with CUBLAS_TF32_TENSOR_OP_MATH, the shim's float GEMMs round A and B to TF32
+// (10 mantissa bits, to nearest even) before multiplying, as tensor cores read them; the sums
+// stay float32. (The hardware's rounding of the inputs may differ in ties: the precision is what
+// the shim reproduces.)
+enum cublasMath_t { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 };
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
+cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode);
 
 // C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C, all column-major.
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
