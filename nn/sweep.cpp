@@ -54,7 +54,7 @@ Variant parse_variant(const std::string& spec) {
     QK_CHECK(std::find(presets.begin(), presets.end(), v.preset) != presets.end(),
              "sweep: unknown variant '{}' in '{}'; expected one of {}", v.preset, spec,
              fmt::join(presets, ", "));
-    static const std::set<std::string> keys{"p", "g0", "cap", "scope", "L", "H", "C"};
+    static const std::set<std::string> keys{"p", "g0", "cap", "scope", "L", "H", "C", "precision"};
     while (at != std::string::npos) {
         const size_t next = spec.find(':', at + 1);
         const std::string item = spec.substr(at + 1, next - at - 1);
@@ -62,7 +62,7 @@ Variant parse_variant(const std::string& spec) {
         QK_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size() &&
                      keys.count(item.substr(0, eq)),
                  "sweep: bad override '{}' in variant '{}'; expected key=value with key one of "
-                 "p, g0, cap, scope, L, H, C",
+                 "p, g0, cap, scope, L, H, C, precision",
                  item, spec);
         v.overrides.emplace_back(item.substr(0, eq), item.substr(eq + 1));
         at = next;
@@ -104,6 +104,7 @@ void apply_variant(const Variant& variant, GPTConfig& m) {
         if (key == "L") m.n_layer = static_cast<int64_t>(parse_number(value, what));
         if (key == "H") m.n_head = static_cast<int64_t>(parse_number(value, what));
         if (key == "C") m.n_embd = static_cast<int64_t>(parse_number(value, what));
+        if (key == "precision") m.precision = parse_precision(value);  // fp32 | bf16
     }
     m.validate();
 }

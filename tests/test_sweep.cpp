@@ -79,6 +79,9 @@ TEST_CASE("variant strings: presets, overrides and errors") {
     CHECK((wide.n_embd == 256 && wide.n_head == 8 && wide.n_layer == 3));
     CHECK(variant_model("qk_rmsnorm:scope=full").qk_norm_scope == NormScope::full);
     CHECK(variant_model("softcap:cap=30").attn_softcap == 30.0);
+    CHECK(variant_model("baseline:precision=bf16").precision == Precision::bf16);
+    CHECK(variant_model("baseline").precision == Precision::full);
+    CHECK(throws_with([] { variant_model("baseline:precision=fp16"); }, {"precision", "fp16"}));
     CHECK(parse_variant("lp:p=3").spec == "lp:p=3");
 
     CHECK(throws_with([] { parse_variant("qknorm"); }, {"unknown variant 'qknorm'"}));
