@@ -66,7 +66,7 @@ QK_HOST_DEVICE inline uint16_t round_double(uint64_t u) {
     if (e >= 128) return sign | 0x7F80;
     const uint64_t s = (uint64_t{1} << 52) | fraction;
     const int shift = e >= -126 ? 52 - 7 : -e - 81;  // bits of s below the last kept one
-    if (shift >= 60) return sign;                    // below a quarter of the smallest subnormal
+    if (shift >= 60) return sign;  // |x| < 2^-140, far below half the smallest subnormal (2^-134)
     uint64_t kept = s >> shift;
     const uint64_t rest = s & ((uint64_t{1} << shift) - 1), half = uint64_t{1} << (shift - 1);
     if (rest > half || (rest == half && (kept & 1))) ++kept;

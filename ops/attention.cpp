@@ -113,9 +113,14 @@ void check_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
              "{}: bf16 precision needs float32 q, k, v, got {} {}", op, q.dtype(), q.shape());
 }
 
-// Mixed precision: the values a bf16 GEMM would read, as float32 (the cast's backward passes the
-// gradient through: the straight-through rule of every mixed-precision trainer).
-Tensor round_to_bf16(const Tensor& t) { return t.to(kBF16).to(kF32); }
+// Mixed precision: the values a bf16 GEMM would read, as float32. The backward passes dq, dk, dv
+// through unrounded (the straight-through rule; two casts would round the gradient to bf16 on
+// its way back), as linear's bf16 path keeps dx in float32.
+Tensor round_to_bf16(const Tensor& t) {
+    Tensor rounded = t.detach().to(kBF16).to(kF32);
+    return autograd::record("round_to_bf16", rounded, {t},
+                            [](const Tensor& dy) { return std::vector<Tensor>{dy}; });
+}
 
 AttentionOptions full_precision(AttentionOptions o) {
     o.precision = Precision::full;

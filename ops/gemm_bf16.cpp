@@ -21,7 +21,7 @@
 //       float32 (exactly) and multiplied by cblas_sgemm. Same sums, float32 speed.
 //
 // Threads. oneDNN's cpu runtime in Debian is OpenMP; here it runs on one thread per call
-// (omp_set_num_threads(1) on each calling thread, before any primitive is made, since a
+// (omp_set_num_threads(1) on the calling thread while oneDNN makes or runs a primitive, since a
 // primitive fixes its thread count when created), and ops/gemm.cpp splits a GEMM over the
 // library's pool exactly as it does for sgemm. A second pool of OpenMP threads next to the
 // library's would spin on the same two cores (core/threading.h says why that is ruinous).
@@ -100,37 +100,50 @@ struct Primitive {
     dnnl::matmul matmul;
 };
 
+// oneDNN's OpenMP team on the calling thread: one thread while oneDNN runs here, and the
+// caller's own setting (a program's main thread may use OpenMP itself) restored afterwards.
+class OneOpenMpThread {
+  public:
+    OneOpenMpThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+    ~OneOpenMpThread() { omp_set_num_threads(saved_); }
+    OneOpenMpThread(const OneOpenMpThread&) = delete;
+    OneOpenMpThread& operator=(const OneOpenMpThread&) = delete;
+
+  private:
+    int saved_;
+};
+
 class OneDnnGemm {
   public:
     void run(float* y, int64_t ldy, const bf16* a, GemmLayout la, const bf16* b, GemmLayout lb,
              int64_t M, int64_t N, int64_t K, float beta) {
-        one_openmp_thread();
-        const Primitive& p = primitive({M, N, K, la.ld, lb.ld, ldy, la.trans, lb.trans, beta != 0});
+        OneOpenMpThread one_thread;
+        const std::shared_ptr<const Primitive> p =
+            primitive({M, N, K, la.ld, lb.ld, ldy, la.trans, lb.trans, beta != 0});
         thread_local dnnl::stream stream(engine_);
         thread_local std::vector<unsigned char> scratchpad;
-        const dnnl::memory::desc scratch_desc = p.desc.scratchpad_desc();
+        const dnnl::memory::desc scratch_desc = p->desc.scratchpad_desc();
         scratchpad.resize(std::max<size_t>(scratch_desc.get_size(), 1));
         using dnnl::memory;
         std::unordered_map<int, memory> args = {
-            {DNNL_ARG_SRC, memory(p.desc.src_desc(), engine_, const_cast<bf16*>(a))},
-            {DNNL_ARG_WEIGHTS, memory(p.desc.weights_desc(), engine_, const_cast<bf16*>(b))},
-            {DNNL_ARG_DST, memory(p.desc.dst_desc(), engine_, y)},
+            {DNNL_ARG_SRC, memory(p->desc.src_desc(), engine_, const_cast<bf16*>(a))},
+            {DNNL_ARG_WEIGHTS, memory(p->desc.weights_desc(), engine_, const_cast<bf16*>(b))},
+            {DNNL_ARG_DST, memory(p->desc.dst_desc(), engine_, y)},
             {DNNL_ARG_SCRATCHPAD, memory(scratch_desc, engine_, scratchpad.data())}};
-        p.matmul.execute(stream, args);
+        p->matmul.execute(stream, args);
     }
 
   private:
-    // The calling thread's OpenMP team: one thread (see the header).
-    static void one_openmp_thread() {
-        thread_local bool done = false;
-        if (!done) omp_set_num_threads(1);
-        done = true;
-    }
+    // Shapes seen in training are few (a dozen per model and thread count), but sampling grows
+    // the context token by token and makes new ones: past kMaxPrimitives the cache starts over.
+    // Callers hold their primitive by shared_ptr, so one being executed outlives the clearing.
+    static constexpr size_t kMaxPrimitives = 256;
 
-    const Primitive& primitive(const ShapeKey& key) {
+    std::shared_ptr<const Primitive> primitive(const ShapeKey& key) {
         std::lock_guard lock(mutex_);
         auto it = cache_.find(key);
-        if (it != cache_.end()) return *it->second;
+        if (it != cache_.end()) return it->second;
+        if (cache_.size() >= kMaxPrimitives) cache_.clear();
         using dnnl::memory;
         auto strides = [](bool trans, int64_t ld) {
             return trans ? memory::dims{1, ld} : memory::dims{ld, 1};
@@ -147,14 +160,19 @@ class OneDnnGemm {
             ops.append_sum(1.0f);
             attr.set_post_ops(ops);
         }
+#if DNNL_VERSION_MAJOR >= 3
+        dnnl::matmul::primitive_desc desc(engine_, a, b, y, attr);
+#else
         dnnl::matmul::primitive_desc desc(dnnl::matmul::desc(a, b, y), attr, engine_);
-        auto made = std::make_unique<Primitive>(Primitive{desc, dnnl::matmul(desc)});
-        return *cache_.emplace(key, std::move(made)).first->second;
+#endif
+        auto made = std::make_shared<const Primitive>(Primitive{desc, dnnl::matmul(desc)});
+        cache_.emplace(key, made);
+        return made;
     }
 
     dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
     std::mutex mutex_;
-    std::map<ShapeKey, std::unique_ptr<Primitive>> cache_;
+    std::map<ShapeKey, std::shared_ptr<const Primitive>> cache_;
 };
 
 OneDnnGemm& onednn() {

@@ -51,18 +51,14 @@
 // whole, and linear's dx and dW run side by side: see ops/gemm.h.
 #include "ops/matmul.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <atomic>
 #include <climits>
 #include <optional>
-#include <type_traits>
 
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "core/strided.h"
-#include "core/threading.h"
 #include "ops/gemm.h"
 #include "ops/reduce.h"
 
@@ -317,6 +313,17 @@ namespace {
 // gathered on the way).
 Tensor to_bf16(const Tensor& t) { return t.detach().to(kBF16); }
 
+// t = 0 on its device (t contiguous).
+void fill_zeros(const Tensor& t) {
+    if (t.device() == Device::cpu) {
+        std::fill_n(t.data<float>(), t.numel(), 0.0f);
+        return;
+    }
+#ifdef QK_WITH_CUDA
+    cuda::fill(t.raw_data(), t.dtype(), t.numel(), 0.0);
+#endif
+}
+
 cpu::GemmJob<bf16, float> bf16_job(const Tensor& y, const Tensor& a, bool a_trans, const Tensor& b,
                                    bool b_trans, const Tensor& bias = {}) {
     const int64_t M = y.size(0), N = y.size(1), K = a_trans ? a.size(0) : a.size(1);
@@ -357,16 +364,20 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              x.dtype(), x.shape());
     const int64_t K = weight.size(1), N = weight.size(0);
     const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
+    QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape());
     const Device device = x.device();
     Shape out_shape = x.shape();
     out_shape.back() = N;
     Tensor y = Tensor::empty(out_shape, kF32, device);
-    const Tensor x_rounded = to_bf16(rows_of(x)), w_rounded = to_bf16(weight);  // (R, K), (N, K)
+    const Tensor x_rounded = to_bf16(rows_of(x.detach())), w_rounded = to_bf16(weight);
     const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
     if (R * N > 0) {
         const Tensor y_rows = y.view({R, N});
-        if (K == 0 && !b.defined()) {
-            copy_into(y_rows, zeros({R, N}, kF32, device));
+        if (K == 0) {  // an empty sum: y is the bias, or 0
+            if (b.defined())
+                copy_into(y_rows, b.expand({R, N}));
+            else
+                fill_zeros(y_rows);
         } else if (device == Device::cuda && b.defined()) {  // y = b in every row, then += x̃ · W̃ᵀ
             copy_into(y_rows, b.expand({R, N}));
             auto job = bf16_job(y_rows, x_rounded, false, w_rounded, true);
@@ -382,7 +393,7 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                      x_saved = need_w ? x_rounded : Tensor(),
                      w_saved = need_x ? w_rounded : Tensor()](const Tensor& dy) {
         const Tensor dy_rows = rows_of(dy);  // (R, N)
-        const Tensor dy_rounded = to_bf16(dy_rows);
+        const Tensor dy_rounded = need_x || need_w ? to_bf16(dy_rows) : Tensor();
         Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
         Tensor dw = need_w ? Tensor::empty({N, K}, kF32, device) : Tensor();
         if (R * N * K > 0) {

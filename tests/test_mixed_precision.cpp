@@ -86,6 +86,19 @@ TEST_CASE("bf16 attention measures the logits of the rounded q and k") {
             test::max_abs_diff(y16, y32));
     CHECK(logit_shift < 0.01 * max(s32.max_abs_logit).item());
     CHECK(test::max_abs_diff(y16, y32) < 0.1);
+    // The gradients pass the rounding straight through, unrounded: those of float32 attention
+    // at the rounded point, bit for bit.
+    Tensor r = normal({2, 2, 9, 8}, 0, 1, kF32, gen);
+    Tensor ql = q.detach().requires_grad_(), kl = k.detach().requires_grad_();
+    Tensor vl = v.detach().requires_grad_();
+    sum(attention(ql, kl, vl, bf16) * r).backward();
+    Tensor qr = round(q).requires_grad_(), kr = round(k).requires_grad_();
+    Tensor vr = round(v).requires_grad_();
+    sum(attention(qr, kr, vr, full) * r).backward();
+    CHECK(test::max_abs_diff(ql.grad(), qr.grad()) == 0);
+    CHECK(test::max_abs_diff(kl.grad(), kr.grad()) == 0);
+    CHECK(test::max_abs_diff(vl.grad(), vr.grad()) == 0);
+    CHECK(test::max_abs_diff(ql.grad(), round(ql.grad())) > 0);  // not rounded to bf16
     CHECK(test::throws_with([&] { (void)attention(q.to(kF64), k.to(kF64), v.to(kF64), bf16); },
                             {"attention", "bf16", "float32"}));
 }
