@@ -56,19 +56,22 @@ std::vector<double> train(const GPTConfig& config, Device device, int steps) {
     return losses;
 }
 
-// first_steps_rtol: how closely the first 5 losses must agree. float32 runs: 1e-4. bf16 runs:
-// 1e-3, because a float32 value one ulp apart on the two devices now and then rounds to the
-// other bf16 neighbour, a 2^-9 (2e-3) relative step of that element (measured: 1.5e-4 at step 3,
-// the end points within 1e-4).
-void check_variant(const GPTConfig& config, double first_steps_rtol = 1e-4) {
+// The first `close_steps` losses must agree within `close_rtol`. float32 runs: 5 steps, 1e-4.
+// bf16 runs: 3 steps, 1e-3. There a float32 value one ulp apart on the two devices now and then
+// rounds to the other bf16 neighbour (a 2^-9 relative step of that element), and AdamW's first
+// steps, nearly sign-like, turn such differences into whole-lr updates: measured on this model,
+// the cpu against itself with the other bf16 engine (oneDNN vs the float32 fallback, the same
+// math summed in another order) already differs by 2.4e-3 at step 4 and 3e-3 at step 5, while
+// steps 0-2 agree within 3e-4 on every engine and device.
+void check_variant(const GPTConfig& config, int close_steps = 5, double close_rtol = 1e-4) {
     const int steps = 30;
     const std::vector<double> cpu = train(config, Device::cpu, steps);
     const std::vector<double> dev = train(config, Device::cuda, steps);
-    // The first steps: the same trajectory. Later the two drift apart slowly, as two f32 runs
-    // that sum in different orders do, so only the end point is compared there.
-    for (int step = 0; step < 5; ++step) {
+    // The first steps: the same trajectory. Later the two drift apart slowly, as two runs that
+    // sum in different orders do, so only the end point is compared there.
+    for (int step = 0; step < close_steps; ++step) {
         CAPTURE(step);
-        CHECK(dev[step] == doctest::Approx(cpu[step]).epsilon(first_steps_rtol));
+        CHECK(dev[step] == doctest::Approx(cpu[step]).epsilon(close_rtol));
     }
     CHECK(dev[0] == doctest::Approx(std::log(16.0)).epsilon(0.05));  // uniform at init
     CHECK(cpu.back() < 0.1 * cpu[0]);
@@ -103,7 +106,7 @@ TEST_CASE("the tiny GPT in bf16 mixed precision on cuda follows the cpu's bf16 l
     GPTConfig c = tiny_config();
     c.qk_norm = QKNorm::layernorm;
     c.precision = Precision::bf16;
-    check_variant(c, 1e-3);
+    check_variant(c, 3, 1e-3);
 }
 
 TEST_CASE("train() on cuda: the same losses as on the cpu, checkpoints that load on the cpu") {
