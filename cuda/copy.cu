@@ -2,6 +2,9 @@
 // (core/factory.cpp). Built as CUDA by nvcc, or as C++ against cuda/emu in the emulation build (see
 // cuda/runtime.h).
 //
+// float32 -> bf16 casts use the device's conversion instruction (cuda/bf16_convert.h), which
+// rounds every non-NaN float to the cpu's bf16.
+//
 // Work split: one thread per element, 256 threads per block, a grid-stride loop past 65535
 // blocks. Each thread turns its logical index into the two operands' offsets (StridedIndex), so a
 // transposed, narrowed or expanded view is gathered in one pass with no intermediate copy.
@@ -13,6 +16,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "cuda/bf16_convert.h"
 #include "cuda/runtime.h"
 #include "cuda/strided_index.h"
 
@@ -28,7 +32,7 @@ __global__ void copy_strided_kernel(D* dst, const S* src, StridedIndex<2> index,
          i += step) {
         int64_t off[2];
         index.offsets(i, off);
-        dst[off[0]] = static_cast<D>(src[off[1]]);
+        dst[off[0]] = convert_element<D>(src[off[1]]);
     }
 }
 

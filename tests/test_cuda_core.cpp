@@ -2,6 +2,8 @@
 // copy_into in every direction, item/to_vector/printing, device-mismatch errors, gradient
 // accumulation into cuda leaves, and the caching allocator. Runs in the emulation build (or on a
 // real GPU); sizes are ragged and span several 256-thread blocks.
+#include <algorithm>
+
 #include "cuda_parity.h"
 
 using namespace qk;
@@ -219,6 +221,37 @@ TEST_CASE("parity harness: a composite of views and casts matches the cpu in eve
                           return in[0].transpose(0, 1).narrow(0, 2, 30).to(kF64).contiguous() * 2.0;
                       },
                       {randn_seeded({37, 45}, 12, kF32)});
+}
+
+// float -> bf16 on the device runs on the device's conversion instruction (cuda/bf16_convert.h):
+// the same bits as the cpu's qk::bf16 for every float, NaN included. On a GPU every one of the
+// 2^32 patterns is checked; in the emulator (whose __float2bfloat16_rn is cuda/emu/cuda_bf16.h)
+// a spread-out sample plus every tie, every NaN/Inf-adjacent pattern and the subnormals' ties.
+TEST_CASE("bf16 on the device: the float -> bf16 cast rounds every pattern as the cpu does") {
+    if (!cuda_runnable()) return;
+    std::vector<uint32_t> patterns;
+#ifdef QK_CUDA_EMULATION
+    for (uint32_t i = 0; i < (1u << 18); ++i) patterns.push_back(i * 0x9E3779B1u);
+    for (uint32_t hi = 0; hi < (1u << 16); ++hi)
+        for (uint32_t lo : {0x7FFFu, 0x8000u, 0x8001u}) patterns.push_back((hi << 16) | lo);
+    const uint64_t total = patterns.size(), chunk = total;
+#else
+    const uint64_t total = uint64_t{1} << 32, chunk = uint64_t{1} << 26;
+#endif
+    uint64_t mismatches = 0, first_bad = 0;
+    for (uint64_t start = 0; start < total; start += chunk) {
+        const int64_t n = static_cast<int64_t>(std::min(chunk, total - start));
+        Tensor x = zeros({n}, kF32);
+        auto* bits = reinterpret_cast<uint32_t*>(x.data<float>());
+        for (int64_t i = 0; i < n; ++i)
+            bits[i] = patterns.empty() ? static_cast<uint32_t>(start + i) : patterns[start + i];
+        const auto on_cpu = x.to(kBF16).to_vector<bf16>();
+        const auto on_dev = x.to(Device::cuda).to(kBF16).to(Device::cpu).to_vector<bf16>();
+        for (int64_t i = 0; i < n; ++i)
+            if (on_cpu[i].bits != on_dev[i].bits && mismatches++ == 0) first_bad = bits[i];
+    }
+    INFO("first float pattern rounded differently: " << fmt::format("{:#010x}", first_bad));
+    CHECK(mismatches == 0);
 }
 
 TEST_CASE("bf16 on the device: copies and casts give the cpu's bits") {

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Pairs each bf16 run of a `qknorm sweep` with its float32 twin and says where they part.
+
+Usage: tools/precision_twins.py SWEEP_DIR [--threshold NATS] [--window STEPS] [--csv OUT]
+
+A bf16 run is a variant with the override `precision=bf16` (run directory
+`<variant>_precision-bf16__lr<lr>__s<seed>`); its twin is `<variant>__lr<lr>__s<seed>`: same
+seed, same batches, same initial weights, so every difference in their training losses comes from
+the precision. The training loss is compared in windows of --window steps (mean of bf16 − fp32);
+"departs at" is the first window from which that mean stays beyond ±threshold to the end of the
+run (a transient gap that closes again is not a departure). Also printed: each twin's final
+validation loss and largest max |attention logit| over the run. Standard library only.
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import sys
+
+RUN_NAME = re.compile(r"^(?P<variant>.+?)_precision-bf16__lr(?P<lr>[^_]+)__s(?P<seed>\d+)$")
+
+
+def load_run(path):
+    """Training loss per step, final val loss, largest max |s| over layers and steps."""
+    losses, val, max_logit = {}, None, 0.0
+    with open(os.path.join(path, "metrics.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            if "loss" in row:
+                losses[row["step"]] = row["loss"]
+            if "val_loss" in row:
+                val = row["val_loss"]
+            for layer in row.get("layers", []):
+                max_logit = max(max_logit, layer["max_logit"])
+    return losses, val, max_logit
+
+
+def departure(fp32, bf16, threshold, window):
+    """First step of the window from which |mean(bf16 - fp32)| stays above threshold, or None."""
+    steps = sorted(set(fp32) & set(bf16))
+    means = []
+    for i in range(0, len(steps) - window + 1, window):
+        chunk = steps[i:i + window]
+        means.append((chunk[0], sum(bf16[s] - fp32[s] for s in chunk) / window))
+    for i, (step, _) in enumerate(means):
+        if all(abs(m) > threshold for _, m in means[i:]):
+            return step, means
+    return None, means
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir")
+    parser.add_argument("--threshold", type=float, default=0.02)
+    parser.add_argument("--window", type=int, default=50)
+    parser.add_argument("--csv", help="also write the table here")
+    args = parser.parse_args()
+    runs_dir = os.path.join(args.sweep_dir, "runs")
+    if not os.path.isdir(runs_dir):
+        sys.exit(f"precision_twins: {runs_dir} is not a directory (expected a qknorm sweep's output)")
+
+    rows = []
+    for name in sorted(os.listdir(runs_dir)):
+        match = RUN_NAME.match(name)
+        if not match:
+            continue
+        twin = f"{match['variant']}__lr{match['lr']}__s{match['seed']}"
+        if not os.path.isdir(os.path.join(runs_dir, twin)):
+            print(f"precision_twins: {name} has no float32 twin {twin}; skipped", file=sys.stderr)
+            continue
+        fp32, val32, logit32 = load_run(os.path.join(runs_dir, twin))
+        bf16, val16, logit16 = load_run(os.path.join(runs_dir, name))
+        step, _ = departure(fp32, bf16, args.threshold, args.window)
+        rows.append({"variant": match["variant"], "lr": float(match["lr"]),
+                     "seed": int(match["seed"]), "val_fp32": val32, "val_bf16": val16,
+                     "val_diff": val16 - val32, "max_logit_fp32": logit32,
+                     "max_logit_bf16": logit16, "departs_at": "" if step is None else step})
+    rows.sort(key=lambda r: (r["variant"], r["lr"], r["seed"]))
+
+    print(f"{'variant':<16}{'lr':>7}{'val fp32':>10}{'val bf16':>10}{'bf16-fp32':>11}"
+          f"{'max|s| fp32':>13}{'max|s| bf16':>13}  departs at (|mean gap| > {args.threshold})")
+    for r in rows:
+        print(f"{r['variant']:<16}{r['lr']:>7g}{r['val_fp32']:>10.4f}{r['val_bf16']:>10.4f}"
+              f"{r['val_diff']:>+11.4f}{r['max_logit_fp32']:>13.4g}{r['max_logit_bf16']:>13.4g}"
+              f"  {r['departs_at'] if r['departs_at'] != '' else '-'}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["variant"])
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
