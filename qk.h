@@ -17,4 +17,5 @@
 #include "ops/matmul.h"
 #include "ops/norm.h"
 #include "ops/reduce.h"
+#include "ops/rope.h"
 #include "ops/softmax.h"

@@ -91,6 +91,15 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool at
               "GEMM arithmetic: fp32, or bf16 mixed precision (bf16 inputs, float32 sums; "
               "weights, optimizer state and checkpoints stay float32)")
         ->check(CLI::IsMember({"fp32", "bf16"}));
+    add_value(cmd, "--pos-emb", flags.pos_emb,
+              "positions: learned (a wpe table added to the embeddings) or rope (q and k rotated "
+              "per head, no wpe)")
+        ->check(CLI::IsMember({"learned", "rope"}));
+    add_value(cmd, "--rope-theta", m.rope_theta, "RoPE base theta (pair i turns theta^(-2i/D))");
+    add_value(cmd, "--qk-norm-order", flags.qk_norm_order,
+              "with rope: before_rope normalises q and k, then rotates (OLMo 2, Qwen3); "
+              "after_rope the other way (qk-norm-scope head only)")
+        ->check(CLI::IsMember({"before_rope", "after_rope"}));
     add_regularisation_flags(cmd, m);
     if (attention_flags) add_attention_flags(cmd, m, flags);
     add_value(cmd, "--lp-p", m.lp_p, "p of the lp variant (>= 1)");
@@ -167,6 +176,9 @@ std::string describe_attention(const GPTConfig& m) {
                                      : fmt::format(" (g0={})", m.qk_scale_init);
     if (m.attn_softcap > 0) s += fmt::format(", soft-cap {}", m.attn_softcap);
     if (m.qkv_norm) s += ", qkv-norm";
+    if (m.pos_emb == PosEmb::rope)
+        s += fmt::format(", rope (theta {}{})", m.rope_theta,
+                         m.qk_norm_order == QKNormOrder::after_rope ? ", norm after" : "");
     return s;
 }
 
@@ -176,6 +188,8 @@ void apply_model_flags(TrainConfig& cfg, const ModelFlags& flags) {
     cfg.model.qk_norm_scope = parse_norm_scope(flags.qk_scope);
     cfg.model.fused_attention = flags.attention == "fused";
     cfg.model.precision = parse_precision(flags.precision);
+    cfg.model.pos_emb = parse_pos_emb(flags.pos_emb);
+    cfg.model.qk_norm_order = parse_qk_norm_order(flags.qk_norm_order);
 }
 
 // Experiment 1 of the stability lab (README: Stability lab) is the default grid: a 2-layer model

@@ -15,6 +15,7 @@ struct ModelFlags {
     std::string norm = "layernorm", qk_norm = "layernorm", qk_scope = "head";
     std::string attention = "fused";
     std::string precision = "fp32";
+    std::string pos_emb = "learned", qk_norm_order = "before_rope";
 };
 
 // With attention_flags false (the sweep), the variant strings choose the attention instead.

@@ -7,6 +7,8 @@
 //   l2 / lp:           s = g · (q/‖q‖_p)·(k/‖k‖_p), g learnable, no 1/sqrt(D)
 //   soft-cap:          s <- c·tanh(s/c) after the scaling, before the mask
 //   qkv_norm:          v is normalised like q and k (and the block drops ln_1)
+//   RoPE:              q and k rotated per head by their position (ops/rope.h), after the
+//                      normalisation (before_rope, OLMo 2 and Qwen3) or before it (after_rope)
 // then A = softmax(mask(s)), y = A v, heads merged, y = c_proj(y).
 //
 // The scaled dot-product, mask, cap and softmax are one op, ops/attention.h: the fused kernel by
@@ -23,6 +25,7 @@
 #include "ops/join.h"
 #include "ops/norm.h"
 #include "ops/reduce.h"
+#include "ops/rope.h"
 
 namespace qk::nn {
 
@@ -90,6 +93,20 @@ Tensor CausalSelfAttention::normalize(const Tensor& t, const std::shared_ptr<Nor
     return norm ? norm->forward(t) : t;
 }
 
+// t: (B, H, T, D) rotated by positions 0…T−1. The tables are made once per device and dtype for
+// block_size positions (the angles in float64) and narrowed to T.
+Tensor CausalSelfAttention::rotate(const Tensor& t) const {
+    if (!rope_cos_.defined() || rope_cos_.device() != t.device() ||
+        rope_cos_.dtype() != t.dtype()) {
+        RopeTables tables = rope_tables(config_.block_size, config_.head_dim(), config_.rope_theta,
+                                        t.dtype(), t.device());
+        rope_cos_ = tables.cos;
+        rope_sin_ = tables.sin;
+    }
+    const int64_t T = t.size(2);
+    return rope(t, rope_cos_.narrow(0, 0, T), rope_sin_.narrow(0, 0, T));
+}
+
 Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
                                     Generator* dropout_gen) {
     QK_CHECK(x.dim() == 3 && x.size(2) == config_.n_embd,
@@ -112,10 +129,20 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
     q = split_heads(q, H);
     k = split_heads(k, H);
     v = split_heads(v, H);
+    const bool use_rope = config_.pos_emb == PosEmb::rope;
+    const bool rotate_first = use_rope && config_.qk_norm_order == QKNormOrder::after_rope;
+    if (rotate_first) {
+        q = rotate(q);
+        k = rotate(k);
+    }
     if (!full_scope) {
         q = normalize(q, q_norm);
         k = normalize(k, k_norm);
         if (config_.qkv_norm) v = normalize(v, v_norm);
+    }
+    if (use_rope && !rotate_first) {
+        q = rotate(q);
+        k = rotate(k);
     }
     AttentionOptions options{
         .causal = true, .softcap = config_.attn_softcap, .precision = config_.precision};

@@ -31,8 +31,10 @@ class CausalSelfAttention : public Module {
 
   private:
     Tensor normalize(const Tensor& t, const std::shared_ptr<Norm>& norm) const;  // per variant
+    Tensor rotate(const Tensor& t) const;  // RoPE by position, t: (B, H, T, D)
 
     GPTConfig config_;
+    mutable Tensor rope_cos_, rope_sin_;  // (block_size, D/2), made on first use per device
 };
 
 }  // namespace qk::nn

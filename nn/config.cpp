@@ -29,6 +29,10 @@ constexpr std::array<std::pair<const char*, NormScope>, 2> kScopes{
     {{"head", NormScope::head}, {"full", NormScope::full}}};
 constexpr std::array<std::pair<const char*, NormKind>, 2> kNormKinds{
     {{"layernorm", NormKind::layernorm}, {"rmsnorm", NormKind::rmsnorm}}};
+constexpr std::array<std::pair<const char*, PosEmb>, 2> kPosEmbs{
+    {{"learned", PosEmb::learned}, {"rope", PosEmb::rope}}};
+constexpr std::array<std::pair<const char*, QKNormOrder>, 2> kQKNormOrders{
+    {{"before_rope", QKNormOrder::before_rope}, {"after_rope", QKNormOrder::after_rope}}};
 constexpr std::array<std::pair<const char*, Precision>, 2> kPrecisions{
     {{"fp32", Precision::full}, {"bf16", Precision::bf16}}};
 
@@ -76,6 +80,12 @@ QKNorm parse_qk_norm(const std::string& s) { return parse_enum(s, kQKNorms, "qk_
 NormScope parse_norm_scope(const std::string& s) { return parse_enum(s, kScopes, "qk_norm_scope"); }
 NormKind parse_norm_kind(const std::string& s) { return parse_enum(s, kNormKinds, "norm"); }
 std::string to_string(Precision v) { return enum_name(v, kPrecisions); }
+std::string to_string(PosEmb v) { return enum_name(v, kPosEmbs); }
+std::string to_string(QKNormOrder v) { return enum_name(v, kQKNormOrders); }
+PosEmb parse_pos_emb(const std::string& s) { return parse_enum(s, kPosEmbs, "pos_emb"); }
+QKNormOrder parse_qk_norm_order(const std::string& s) {
+    return parse_enum(s, kQKNormOrders, "qk_norm_order");
+}
 Precision parse_precision(const std::string& s) { return parse_enum(s, kPrecisions, "precision"); }
 
 double GPTConfig::initial_qk_scale() const {
@@ -118,6 +128,24 @@ void GPTConfig::validate() const {
     QK_CHECK(block_size >= 2 || (qk_norm != QKNorm::l2 && qk_norm != QKNorm::lp) ||
                  qk_scale_init != "henry",
              "config: the henry scale log2(T²−T) needs block_size >= 2, got {}", block_size);
+    if (pos_emb == PosEmb::rope) {
+        QK_CHECK(head_dim() % 2 == 0,
+                 "config: rope rotates pairs of a head's dimensions, so the head dim n_embd / "
+                 "n_head must be even, got {} / {} = {}",
+                 n_embd, n_head, head_dim());
+        QK_CHECK(std::isfinite(rope_theta) && rope_theta > 1,
+                 "config: rope_theta (--rope-theta) must be a finite number > 1, got {}",
+                 rope_theta);
+    }
+    // after_rope normalises each head's rotated vector; a norm over the full width runs before
+    // the heads are split, where there is nothing rotated yet.
+    const bool norm_family = qk_norm == QKNorm::layernorm || qk_norm == QKNorm::rmsnorm;
+    QK_CHECK(qk_norm_order == QKNormOrder::before_rope || pos_emb == PosEmb::rope,
+             "config: qk_norm_order (--qk-norm-order) after_rope needs pos_emb rope");
+    QK_CHECK(qk_norm_order == QKNormOrder::before_rope || !norm_family ||
+                 qk_norm_scope == NormScope::head,
+             "config: qk_norm_order after_rope needs qk_norm_scope head (a full-width norm runs "
+             "before the heads exist to be rotated), got qk_norm_scope full");
     if (qk_norm == QKNorm::l2 || qk_norm == QKNorm::lp) {
         const double g0 = initial_qk_scale();
         QK_CHECK(
@@ -147,7 +175,10 @@ std::map<std::string, std::string> GPTConfig::to_strings() const {
             {"logit_softcap", fmt::format("{}", logit_softcap)},
             {"z_loss", fmt::format("{}", z_loss)},
             {"attention", fused_attention ? "fused" : "naive"},
-            {"precision", to_string(precision)}};
+            {"precision", to_string(precision)},
+            {"pos_emb", to_string(pos_emb)},
+            {"rope_theta", fmt::format("{}", rope_theta)},
+            {"qk_norm_order", to_string(qk_norm_order)}};
 }
 
 GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fields) {
@@ -192,6 +223,12 @@ GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fiel
     // float32 either way, so a checkpoint loads under either precision.
     if (auto it = fields.find("precision"); it != fields.end())
         c.precision = parse_precision(it->second);
+    // Absent from checkpoints written before RoPE: those had learned positions.
+    if (auto it = fields.find("pos_emb"); it != fields.end()) c.pos_emb = parse_pos_emb(it->second);
+    if (auto it = fields.find("rope_theta"); it != fields.end())
+        c.rope_theta = parse_number(it->second, "rope_theta");
+    if (auto it = fields.find("qk_norm_order"); it != fields.end())
+        c.qk_norm_order = parse_qk_norm_order(it->second);
     c.validate();
     return c;
 }

@@ -19,6 +19,11 @@ enum class QKNorm {
     lp,         // s = g · q̂·k̂,  q̂ = q/‖q‖_p      (Lopez-Rubio et al.)
 };
 enum class NormScope { head, full };  // statistics over D per head, or over all C channels
+// Where positions come from: a learned table added to the token embeddings (wpe, GPT-2), or q and
+// k rotated per head by their position (RoPE, ops/rope.h; no wpe).
+enum class PosEmb { learned, rope };
+// With RoPE and a QK-norm: normalise q and k, then rotate (OLMo 2, Qwen3), or the other way.
+enum class QKNormOrder { before_rope, after_rope };
 
 struct GPTConfig {
     int64_t vocab_size = 65;
@@ -30,6 +35,9 @@ struct GPTConfig {
     bool tie_embeddings = true;
     NormKind norm = NormKind::layernorm;  // the block norms ln_1, ln_2, ln_f
     double dropout = 0.0;
+    PosEmb pos_emb = PosEmb::learned;
+    double rope_theta = 10000.0;  // RoPE's base θ: pair i turns by θ^(−2i/D) per position
+    QKNormOrder qk_norm_order = QKNormOrder::before_rope;
 
     QKNorm qk_norm = QKNorm::none;
     NormScope qk_norm_scope = NormScope::head;
@@ -60,6 +68,10 @@ std::string to_string(Precision v);  // "fp32" (full) or "bf16", as the --precis
 Precision parse_precision(const std::string& s);
 std::string to_string(NormScope v);
 std::string to_string(NormKind v);
+std::string to_string(PosEmb v);
+std::string to_string(QKNormOrder v);
+PosEmb parse_pos_emb(const std::string& s);
+QKNormOrder parse_qk_norm_order(const std::string& s);
 QKNorm parse_qk_norm(const std::string& s);
 NormScope parse_norm_scope(const std::string& s);
 NormKind parse_norm_kind(const std::string& s);

@@ -63,8 +63,9 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
     auto transformer = register_module("transformer", std::make_shared<Holder>());
     wte = transformer->add(
         "wte", std::make_shared<Embedding>(config.vocab_size, config.n_embd, 0.02, gen, dtype));
-    wpe = transformer->add(
-        "wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, 0.02, gen, dtype));
+    if (config.pos_emb == PosEmb::learned)  // with RoPE, attention rotates q and k instead
+        wpe = transformer->add(
+            "wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, 0.02, gen, dtype));
     auto blocks = transformer->add("h", std::make_shared<Holder>());
     for (int64_t i = 0; i < config.n_layer; ++i)
         h.push_back(blocks->add(std::to_string(i), std::make_shared<Block>(config, gen, dtype)));
@@ -85,8 +86,8 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
     GPTOutput out;
     if (with_stats) out.stats.resize(config_.n_layer);
 
-    Tensor positions = arange(T, kI32).to(ids.device());
-    Tensor x = wte->forward(ids) + wpe->forward(positions);  // (B, T, C) + (T, C)
+    Tensor x = wte->forward(ids);                                     // (B, T, C)
+    if (wpe) x = x + wpe->forward(arange(T, kI32).to(ids.device()));  // + (T, C)
     if (config_.dropout > 0 && training()) x = dropout(x, config_.dropout, true, dropout_gen_);
     for (size_t i = 0; i < h.size(); ++i)
         x = h[i]->forward(x, with_stats ? &out.stats[i] : nullptr, &dropout_gen_);

@@ -45,7 +45,7 @@ class GPT : public Module {
     const GPTConfig& config() const { return config_; }
     Generator& dropout_generator() { return dropout_gen_; }
 
-    std::shared_ptr<Embedding> wte, wpe;
+    std::shared_ptr<Embedding> wte, wpe;  // wpe: learned positions only (null with RoPE)
     std::vector<std::shared_ptr<Block>> h;
     std::shared_ptr<Norm> ln_f;
     std::shared_ptr<Linear> lm_head;  // null when tie_embeddings

@@ -508,6 +508,7 @@ TEST_CASE("GPTConfig round-trips through to_strings / from_strings") {
     c.qk_norm_scope = NormScope::full, c.lp_p = 3.5, c.qk_scale_init = "2.75",
     c.qk_scale_per_head = true;
     c.attn_softcap = 50, c.qkv_norm = true, c.logit_softcap = 30, c.z_loss = 1e-4;
+    c.pos_emb = PosEmb::rope, c.rope_theta = 500000, c.qk_norm_order = QKNormOrder::after_rope;
     const auto fields = c.to_strings();
     GPTConfig back = GPTConfig::from_strings(fields);
     CHECK(back.to_strings() == fields);
@@ -516,6 +517,15 @@ TEST_CASE("GPTConfig round-trips through to_strings / from_strings") {
     CHECK(back.lp_p == 3.5);
     CHECK(back.qk_norm == QKNorm::lp);
     CHECK(back.norm == NormKind::rmsnorm);
+    CHECK(back.pos_emb == PosEmb::rope);
+    CHECK(back.rope_theta == 500000);
+    CHECK(back.qk_norm_order == QKNormOrder::after_rope);
+    // Checkpoints from before RoPE have none of its fields: learned positions.
+    auto old_fields = fields;
+    for (const char* key : {"pos_emb", "rope_theta", "qk_norm_order"}) old_fields.erase(key);
+    const GPTConfig old = GPTConfig::from_strings(old_fields);
+    CHECK(old.pos_emb == PosEmb::learned);
+    CHECK(old.qk_norm_order == QKNormOrder::before_rope);
     for (auto v : {QKNorm::none, QKNorm::layernorm, QKNorm::rmsnorm, QKNorm::l2, QKNorm::lp})
         CHECK(parse_qk_norm(to_string(v)) == v);
     double third = 1.0 / 3;  // a double that needs all 17 digits survives too
@@ -538,6 +548,18 @@ TEST_CASE("GPTConfig::validate and from_strings name the offending field") {
     CHECK(bad([](GPTConfig& c) { c.qk_norm = QKNorm::l2, c.qk_scale_init = "big"; },
               {"qk_scale_init", "big"}));
     CHECK(bad([](GPTConfig& c) { c.qk_norm = QKNorm::l2, c.block_size = 1; }, {"block_size"}));
+    CHECK(bad([](GPTConfig& c) { c.pos_emb = PosEmb::rope, c.n_embd = 12, c.n_head = 4; },
+              {"rope", "even", "12 / 4 = 3"}));
+    CHECK(bad([](GPTConfig& c) { c.pos_emb = PosEmb::rope, c.rope_theta = 0.5; },
+              {"rope_theta", "0.5"}));
+    CHECK(bad([](GPTConfig& c) { c.qk_norm_order = QKNormOrder::after_rope; },
+              {"qk_norm_order", "after_rope", "rope"}));
+    CHECK(bad(
+        [](GPTConfig& c) {
+            c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::layernorm;
+            c.qk_norm_scope = NormScope::full, c.qk_norm_order = QKNormOrder::after_rope;
+        },
+        {"after_rope", "qk_norm_scope full"}));
 
     const auto good = GPTConfig().to_strings();
     auto with = [&](const std::string& key, const std::string& value) {
@@ -552,6 +574,8 @@ TEST_CASE("GPTConfig::validate and from_strings name the offending field") {
     CHECK(throws_with([&] { GPTConfig::from_strings(with("bias", "yes")); }, {"bias", "yes"}));
     CHECK(throws_with([&] { GPTConfig::from_strings(with("qk_norm", "l3")); },
                       {"qk_norm", "l3", "lp"}));
+    CHECK(throws_with([&] { GPTConfig::from_strings(with("pos_emb", "alibi")); },
+                      {"pos_emb", "alibi", "learned, rope"}));
     CHECK(throws_with([&] { GPTConfig::from_strings(with("dropout", "0.1x")); },
                       {"dropout", "0.1x"}));
     CHECK(

@@ -88,6 +88,10 @@ TEST_CASE("every numeric flag is checked where it enters, naming the flag, value
         {{"--sample-tokens", "1000000000"}, {"--sample-tokens", "1000000000"}},
         {{"--tf32", "true"}, {"--tf32", "--device cuda", "--device cpu"}},
         {{"--precision", "fp16"}, {"--precision", "fp16", "fp32", "bf16"}},
+        {{"--pos-emb", "alibi"}, {"--pos-emb", "alibi", "learned", "rope"}},
+        {{"--pos-emb", "rope", "--rope-theta", "0"}, {"rope_theta", "--rope-theta", "0"}},
+        {{"--qk-norm-order", "after_rope"}, {"after_rope", "rope"}},
+        {{"--pos-emb", "rope", "--n-embd", "18", "--n-head", "6"}, {"rope", "even", "18 / 6"}},
     };
     for (const Case& c : cases) {
         CAPTURE(c.flags[0]);
@@ -164,6 +168,28 @@ TEST_CASE("sample: options checked, tokens streamed, non-finite logits refused")
     const std::string broken = dir / "broken.safetensors";
     save_safetensors(broken, tensors, file.metadata);
     check_refused(run_qknorm({"sample", "--ckpt", broken, "--tokens", "5"}), 1, {"not finite"});
+}
+
+TEST_CASE("--pos-emb rope: no wpe in the checkpoint, the switch in its metadata, and it samples") {
+    TempDir dir("cli_rope");
+    const std::string run = dir / "run";
+    const Outcome trained = run_qknorm(tiny(dir, {"--steps", "3", "--run-dir", run, "--pos-emb",
+                                                  "rope", "--qk-norm-order", "after_rope"}));
+    CAPTURE(trained.output);
+    REQUIRE(trained.exit_code == 0);
+    SafetensorsFile file = load_safetensors(nn::latest_model_checkpoint(run));
+    bool has_wpe = false;
+    for (const auto& [name, t] : file.tensors)
+        has_wpe = has_wpe || name == "transformer.wpe.weight";
+    CHECK(!has_wpe);
+    CHECK(file.metadata.at("pos_emb") == "rope");
+    CHECK(file.metadata.at("qk_norm_order") == "after_rope");
+    CHECK(file.metadata.at("rope_theta") == "10000");
+    const Outcome sampled =
+        run_qknorm({"sample", "--run", run, "--prompt", "All:", "--tokens", "20"});
+    CAPTURE(sampled.output);
+    CHECK(sampled.exit_code == 0);
+    CHECK(sampled.output.size() == 4 + 20 + 1);
 }
 
 TEST_CASE("a diverging run exits with status 3 and says why") {

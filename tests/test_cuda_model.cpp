@@ -101,6 +101,16 @@ TEST_CASE("the tiny GPT with QK-LayerNorm and dropout on cuda follows the cpu's 
     check_variant(c);
 }
 
+TEST_CASE("the tiny GPT with RoPE on cuda follows the cpu's losses, in both norm orders") {
+    if (!cuda_runnable()) return;
+    for (QKNormOrder order : {QKNormOrder::before_rope, QKNormOrder::after_rope}) {
+        CAPTURE(to_string(order));
+        GPTConfig c = tiny_config();
+        c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::rmsnorm, c.qk_norm_order = order;
+        check_variant(c);
+    }
+}
+
 TEST_CASE("the tiny GPT in bf16 mixed precision on cuda follows the cpu's bf16 losses") {
     if (!cuda_runnable()) return;
     GPTConfig c = tiny_config();

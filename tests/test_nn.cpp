@@ -3,6 +3,7 @@
 // stability signals), causality, and every variant overfitting a fixed batch that needs attention.
 // The optimisers and data are in test_train.cpp, the config's string form in test_checkpoint.cpp.
 #include <cmath>
+#include <complex>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -64,6 +65,26 @@ const std::vector<Variant>& variants() {
              c.logit_softcap = 2.0, c.z_loss = 0.1, c.tie_embeddings = false;
              c.norm = NormKind::rmsnorm;
          }},
+        {"rope, none", [](GPTConfig& c) { c.pos_emb = PosEmb::rope; }},
+        {"rope, layernorm head before rope (theta 7)",
+         [](GPTConfig& c) {
+             c.pos_emb = PosEmb::rope, c.rope_theta = 7, c.qk_norm = QKNorm::layernorm;
+         }},
+        {"rope, rmsnorm head after rope",
+         [](GPTConfig& c) {
+             c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::rmsnorm;
+             c.qk_norm_order = QKNormOrder::after_rope;
+         }},
+        {"rope, layernorm full before rope, qkv_norm",
+         [](GPTConfig& c) {
+             c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::layernorm;
+             c.qk_norm_scope = NormScope::full, c.qkv_norm = true;
+         }},
+        {"rope, l2 after rope",
+         [](GPTConfig& c) {
+             c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::l2;
+             c.qk_norm_order = QKNormOrder::after_rope;
+         }},
     };
     return list;
 }
@@ -75,8 +96,8 @@ bool ends_with(const std::string& s, const std::string& tail) {
 // Parameter name -> shape, as the model spec's table says, written out independently of nn/.
 std::map<std::string, Shape> expected_shapes(const GPTConfig& c) {
     const int64_t C = c.n_embd, V = c.vocab_size, D = c.head_dim();
-    std::map<std::string, Shape> m{{"transformer.wte.weight", {V, C}},
-                                   {"transformer.wpe.weight", {c.block_size, C}}};
+    std::map<std::string, Shape> m{{"transformer.wte.weight", {V, C}}};
+    if (c.pos_emb == PosEmb::learned) m["transformer.wpe.weight"] = {c.block_size, C};
     auto norm = [&](const std::string& name, int64_t width, bool layernorm) {
         m[name + ".weight"] = {width};
         if (c.bias && layernorm) m[name + ".bias"] = {width};
@@ -364,6 +385,16 @@ void naive_norm(double* v, int64_t n, const GPTConfig& c, const Values& w, const
 
 Values values(const Tensor& t) { return t.defined() ? t.to_vector<double>() : Values{}; }
 
+// RoPE on one head vector v[0..D) at position t, as complex numbers: pair i is v_i + i·v_{i+D/2},
+// multiplied by e^{i·t·θ^(−2i/D)}.
+void naive_rope(double* v, int64_t D, int64_t t, double theta) {
+    for (int64_t i = 0; i < D / 2; ++i) {
+        const std::complex<double> z(v[i], v[i + D / 2]);
+        const std::complex<double> turned = z * std::polar(1.0, t * std::pow(theta, -2.0 * i / D));
+        v[i] = turned.real(), v[i + D / 2] = turned.imag();
+    }
+}
+
 // y = x Wᵀ + b over rows of x: (rows, in) -> (rows, out).
 Values naive_linear(const Values& x, const Linear& lin) {
     const Values w = values(lin.weight), b = values(lin.bias);
@@ -396,6 +427,15 @@ Values naive_attention(const CausalSelfAttention& a, const GPTConfig& c, const V
                     (part == 0 ? qn : kn) += std::sqrt(s) / (B * T * H);
                 }
     st.q_norm = qn, st.k_norm = kn;
+    auto rotate_q_and_k = [&] {
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t t = 0; t < T; ++t)
+                for (int64_t h = 0; h < H; ++h)
+                    for (int64_t part : {0, 1})
+                        naive_rope(at(part, b, t) + h * D, D, t, c.rope_theta);
+    };
+    const bool rope = c.pos_emb == PosEmb::rope;
+    if (rope && c.qk_norm_order == QKNormOrder::after_rope) rotate_q_and_k();
     if (c.qk_norm != QKNorm::none) {
         const bool full = c.qk_norm_scope == NormScope::full && c.qk_norm != QKNorm::l2 &&
                           c.qk_norm != QKNorm::lp;
@@ -410,6 +450,7 @@ Values naive_attention(const CausalSelfAttention& a, const GPTConfig& c, const V
                         naive_norm(at(part, b, t) + h * D, full ? C : D, c, w, bias, eps);
         }
     }
+    if (rope && c.qk_norm_order == QKNormOrder::before_rope) rotate_q_and_k();
     const Values g = values(a.qk_scale);
     Values y(B * T * C, 0.0);
     double max_logit = 0, entropy = 0;
