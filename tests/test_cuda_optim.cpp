@@ -1,11 +1,12 @@
 // The `cuda_optim` suite: AdamW's fused update on cuda (cuda/adamw.cu) against the cpu loop of
-// nn/optim.cpp, and SGD (tensor ops, so it runs wherever its parameters live), float32 and
-// float64, under every run order of the emulator. The same parameters and the same sequence of
+// nn/optim.cpp, and SGD and Muon (tensor ops, so they run wherever their parameters live), float32
+// and float64, under every run order of the emulator. The same parameters and the same sequence of
 // gradients are fed to a cpu and a cuda optimiser for several steps: the weights and moments must
 // agree within the dtype's tolerance (not bitwise: nvcc contracts to fma where g++ does not).
 // Parameter sizes are ragged (37, 3 x 45, 1) and the largest spans several 256-thread blocks.
 #include "cuda_kernel_check.h"
 #include "cuda_parity.h"
+#include "nn/muon.h"
 #include "nn/optim.h"
 
 using namespace qk;
@@ -123,6 +124,37 @@ TEST_CASE("SGD with momentum and weight decay on cuda parameters matches the cpu
             }
             opt_cpu.step(0.05);
             opt_dev.step(0.05);
+        }
+        for (size_t i = 0; i < p_cpu.size(); ++i) {
+            CHECK(p_dev[i].device() == Device::cuda);
+            check_close(p_dev[i].detach(), p_cpu[i].detach(), fmt::format("p{}", i));
+        }
+    }
+}
+
+TEST_CASE("Muon on cuda parameters matches the cpu: Newton-Schulz on cuBLAS, row blocks") {
+    if (!cuda_runnable()) return;
+    for (DType dt : {kF32, kF64}) {
+        CAPTURE(dt);
+        auto params = [&](Device device) {  // a (45, 37) matrix and a (3·12, 12) like c_attn
+            Tensor a = randn_seeded({45, 37}, 4, dt).to(device).requires_grad_();
+            Tensor b = randn_seeded({36, 12}, 5, dt).to(device).requires_grad_();
+            return std::vector<Tensor>{a, b};
+        };
+        auto matrices = [](const std::vector<Tensor>& p) {
+            return std::vector<nn::MuonMatrix>{
+                {p[0], 0, -1, "a"}, {p[1], 0, 12, "q"}, {p[1], 12, 12, "k"}, {p[1], 24, 12, "v"}};
+        };
+        std::vector<Tensor> p_cpu = params(Device::cpu), p_dev = params(Device::cuda);
+        nn::Muon opt_cpu(matrices(p_cpu), {}), opt_dev(matrices(p_dev), {});
+        for (int step = 0; step < 3; ++step) {
+            for (size_t i = 0; i < p_cpu.size(); ++i) {
+                const Tensor g = gradient(p_cpu[i], step, i);
+                p_cpu[i].set_grad(g);
+                p_dev[i].set_grad(g.to(Device::cuda));
+            }
+            opt_cpu.step(0.02);
+            opt_dev.step(0.02);
         }
         for (size_t i = 0; i < p_cpu.size(); ++i) {
             CHECK(p_dev[i].device() == Device::cuda);

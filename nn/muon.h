@@ -1,0 +1,65 @@
+// Muon: momentum orthogonalised by a Newton–Schulz iteration, for the 2-D hidden weights of a
+// transformer (Keller Jordan 2024), with the update scaled to AdamW's RMS (Moonlight, 2025).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace qk::nn {
+
+// The quintic Newton–Schulz iteration, `steps` times on X₀ = G / max(‖G‖_F, 1e-7):
+//   A = X Xᵀ,   X ← a·X + (b·A + c·A²)·X,   (a, b, c) = (3.4445, −4.7750, 2.0315)
+// run on Gᵀ when G has more rows than columns (so that A is the smaller Gram matrix), and
+// transposed back. On the singular values it is the scalar map φ(σ) = aσ + bσ³ + cσ⁵ applied
+// `steps` times: the coefficients make φ steep at 0 (a = 3.4445) so that small singular values
+// grow fast, at the price of not converging to 1: after 5 steps every σ/‖G‖_F ≥ 0.002 lands in
+// [0.68, 1.21] (tests/test_muon.cpp checks both facts). G: (m, n), float32 or float64, any
+// device (the iteration is GEMMs). Not differentiable (an optimizer's tool).
+Tensor newton_schulz5(const Tensor& G, int steps = 5);
+
+struct MuonOptions {
+    double momentum = 0.95;  // μ
+    double weight_decay = 0.1;
+    int ns_steps = 5;
+};
+
+// One matrix Muon updates: rows [row_begin, row_begin + rows) of a 2-D parameter (the whole of
+// it when rows = -1). A transformer's c_attn.weight (3C, C) is given as three C × C blocks, q, k
+// and v, each orthogonalised on its own (as modded-nanogpt does).
+struct MuonMatrix {
+    Tensor param;
+    int64_t row_begin = 0, rows = -1;
+    std::string name;  // for error messages and checkpoints
+};
+
+// Per matrix W (m × n) with gradient G, each step:
+//   M ← μ·M + G               momentum, sum form (torch keeps (1−μ)·M: only the buffer differs)
+//   U = G + μ·M               Nesterov
+//   O = newton_schulz5(U)
+//   W ← W − lr·wd·W           decoupled weight decay
+//   W ← W − lr·0.2·sqrt(max(m, n))·O   the RMS of O is about 1/sqrt(max(m, n)), so the update's
+//                             RMS is about 0.2·lr, AdamW's typical update RMS (Moonlight)
+// Matrices whose parameter has no gradient are skipped.
+class Muon {
+  public:
+    Muon(std::vector<MuonMatrix> matrices, MuonOptions options);
+    void step(double lr);
+    void zero_grad();
+
+    int64_t steps() const { return step_; }
+    const MuonOptions& options() const { return options_; }
+    const std::vector<MuonMatrix>& matrices() const { return matrices_; }
+    // The momentum buffers, one per matrix in order, for checkpoints.
+    std::vector<Tensor> state() const { return momentum_; }
+    void load_state(const std::vector<Tensor>& state, int64_t steps);
+
+  private:
+    std::vector<MuonMatrix> matrices_;
+    std::vector<Tensor> momentum_;
+    MuonOptions options_;
+    int64_t step_ = 0;
+};
+
+}  // namespace qk::nn

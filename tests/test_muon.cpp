@@ -1,0 +1,195 @@
+// Muon: Newton–Schulz acts on singular values as the scalar quintic φ applied 5 times (checked
+// against eigenvalues computed here by Jacobi rotations, float64), and lands them in its band;
+// one and two Muon steps against a float64 reference written with plain loops (momentum,
+// Nesterov, the q/k/v row blocks of one parameter, weight decay, the RMS scale); bad inputs.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "helpers.h"
+#include "nn/muon.h"
+
+using namespace qk;
+using namespace qk::nn;
+using qk::test::throws_with;
+
+namespace {
+
+using Matrix = std::vector<double>;  // row-major
+
+// Eigenvalues of the symmetric n × n matrix S, by cyclic Jacobi rotations.
+std::vector<double> symmetric_eigenvalues(Matrix S, int64_t n) {
+    for (int sweep = 0; sweep < 100; ++sweep) {
+        double off = 0;
+        for (int64_t p = 0; p < n; ++p)
+            for (int64_t q = p + 1; q < n; ++q) off += S[p * n + q] * S[p * n + q];
+        if (off < 1e-30) break;
+        for (int64_t p = 0; p < n; ++p)
+            for (int64_t q = p + 1; q < n; ++q) {
+                if (std::abs(S[p * n + q]) < 1e-300) continue;
+                const double theta = (S[q * n + q] - S[p * n + p]) / (2 * S[p * n + q]);
+                const double t =
+                    (theta >= 0 ? 1 : -1) / (std::abs(theta) + std::sqrt(theta * theta + 1));
+                const double c = 1 / std::sqrt(t * t + 1), s = t * c;
+                for (int64_t k = 0; k < n; ++k) {  // S ← Jᵀ S J, columns then rows
+                    const double a = S[k * n + p], b = S[k * n + q];
+                    S[k * n + p] = c * a - s * b, S[k * n + q] = s * a + c * b;
+                }
+                for (int64_t k = 0; k < n; ++k) {
+                    const double a = S[p * n + k], b = S[q * n + k];
+                    S[p * n + k] = c * a - s * b, S[q * n + k] = s * a + c * b;
+                }
+            }
+    }
+    std::vector<double> eig(n);
+    for (int64_t i = 0; i < n; ++i) eig[i] = S[i * n + i];
+    return eig;
+}
+
+// Singular values of the (m, n) matrix t, ascending: sqrt of the eigenvalues of the smaller Gram.
+std::vector<double> singular_values(const Tensor& t) {
+    const int64_t m = t.size(0), n = t.size(1), k = std::min(m, n);
+    const Matrix a = t.to_vector<double>();
+    Matrix gram(k * k, 0.0);
+    for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < k; ++j)
+            for (int64_t l = 0; l < std::max(m, n); ++l)
+                gram[i * k + j] +=
+                    m <= n ? a[i * n + l] * a[j * n + l] : a[l * n + i] * a[l * n + j];
+    std::vector<double> s = symmetric_eigenvalues(gram, k);
+    for (double& v : s) v = std::sqrt(std::max(v, 0.0));
+    std::sort(s.begin(), s.end());
+    return s;
+}
+
+double quintic_5(double x) {
+    for (int i = 0; i < 5; ++i) x = 3.4445 * x - 4.7750 * x * x * x + 2.0315 * std::pow(x, 5);
+    return x;
+}
+
+// C (m, p) = A (m, n) · B (n, p), with the transposes spelled out by the caller.
+Matrix mul(const Matrix& A, const Matrix& B, int64_t m, int64_t n, int64_t p) {
+    Matrix C(m * p, 0.0);
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t k = 0; k < n; ++k)
+            for (int64_t j = 0; j < p; ++j) C[i * p + j] += A[i * n + k] * B[k * p + j];
+    return C;
+}
+Matrix transpose(const Matrix& A, int64_t m, int64_t n) {
+    Matrix T(n * m);
+    for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) T[j * m + i] = A[i * n + j];
+    return T;
+}
+
+// The reference Newton–Schulz on an (m, n) matrix, in float64 loops.
+Matrix newton_schulz_reference(Matrix G, int64_t m, int64_t n) {
+    const bool tall = m > n;
+    if (tall) G = transpose(G, m, n), std::swap(m, n);
+    double f = 0;
+    for (double v : G) f += v * v;
+    f = std::max(std::sqrt(f), 1e-7);
+    for (double& v : G) v /= f;
+    for (int i = 0; i < 5; ++i) {
+        const Matrix A = mul(G, transpose(G, m, n), m, n, m), AA = mul(A, A, m, m, m);
+        Matrix B(m * m);
+        for (size_t j = 0; j < B.size(); ++j) B[j] = -4.7750 * A[j] + 2.0315 * AA[j];
+        const Matrix BG = mul(B, G, m, m, n);
+        for (size_t j = 0; j < G.size(); ++j) G[j] = 3.4445 * G[j] + BG[j];
+    }
+    return tall ? transpose(G, m, n) : G;
+}
+
+}  // namespace
+
+TEST_CASE("Newton-Schulz maps each singular value σ to φ⁵(σ/‖G‖_F), inside the band") {
+    for (Shape shape : {Shape{48, 20}, Shape{20, 48}, Shape{16, 16}}) {
+        CAPTURE(shape);
+        Generator gen(shape[0] * 100 + shape[1]);
+        const Tensor G = normal(shape, 0, 3, kF64, gen);
+        const Tensor O = newton_schulz5(G);
+        CHECK(O.shape() == G.shape());
+        const std::vector<double> sigma = singular_values(G), out = singular_values(O);
+        const double frobenius = std::sqrt(sum(G * G).item());
+        std::vector<double> want;
+        for (double s : sigma) want.push_back(quintic_5(s / frobenius));
+        std::sort(want.begin(), want.end());
+        for (size_t i = 0; i < out.size(); ++i) {
+            CHECK(out[i] == doctest::Approx(want[i]).epsilon(1e-9));
+            if (sigma[i] / frobenius >= 0.002) {  // the band: φ⁵ of [0.002, 1] is [0.68, 1.21]
+                CHECK(out[i] > 0.68);
+                CHECK(out[i] < 1.21);
+            }
+        }
+    }
+    // float32 on a larger matrix: the same band, to float32's precision.
+    Generator gen(5);
+    const std::vector<double> s32 = singular_values(newton_schulz5(randn({96, 64}, kF32, gen)));
+    CHECK(s32.front() > 0.68 - 1e-3);
+    CHECK(s32.back() < 1.21 + 1e-3);
+}
+
+TEST_CASE("two Muon steps match a float64 reference: momentum, Nesterov, row blocks, decay") {
+    const int64_t m1 = 6, n1 = 10, C = 4;
+    Generator gen(7);
+    Tensor W1 = normal({m1, n1}, 0, 1, kF64, gen).requires_grad_();
+    Tensor W2 = normal({3 * C, C}, 0, 1, kF64, gen).requires_grad_();  // like c_attn: 3 blocks
+    Muon opt({{W1, 0, -1, "w1"}, {W2, 0, C, "q"}, {W2, C, C, "k"}, {W2, 2 * C, C, "v"}},
+             {.momentum = 0.9, .weight_decay = 0.3});
+    struct Ref {
+        Matrix w, momentum;
+        int64_t rows, cols;
+    };
+    std::vector<Ref> ref{{W1.to_vector<double>(), Matrix(m1 * n1, 0.0), m1, n1}};
+    const Matrix w2 = W2.to_vector<double>();
+    for (int b = 0; b < 3; ++b)
+        ref.push_back({Matrix(w2.begin() + b * C * C, w2.begin() + (b + 1) * C * C),
+                       Matrix(C * C, 0.0), C, C});
+    const double lrs[2] = {0.02, 0.05};
+    for (int step = 0; step < 2; ++step) {
+        const Tensor g1 = normal({m1, n1}, 0, 1, kF64, gen),
+                     g2 = normal({3 * C, C}, 0, 1, kF64, gen);
+        W1.zero_grad(), W2.zero_grad();
+        sum(W1 * g1).backward();  // grads = g1, g2 exactly
+        sum(W2 * g2).backward();
+        opt.step(lrs[step]);
+        const Matrix gv1 = g1.to_vector<double>(), gv2 = g2.to_vector<double>();
+        for (size_t r = 0; r < ref.size(); ++r) {
+            Ref& R = ref[r];
+            const Matrix G =
+                r == 0 ? gv1 : Matrix(gv2.begin() + (r - 1) * C * C, gv2.begin() + r * C * C);
+            Matrix U(G.size());
+            for (size_t i = 0; i < G.size(); ++i) {
+                R.momentum[i] = 0.9 * R.momentum[i] + G[i];
+                U[i] = G[i] + 0.9 * R.momentum[i];
+            }
+            const Matrix O = newton_schulz_reference(U, R.rows, R.cols);
+            const double scale = 0.2 * std::sqrt(double(std::max(R.rows, R.cols)));
+            for (size_t i = 0; i < G.size(); ++i)
+                R.w[i] = R.w[i] - lrs[step] * 0.3 * R.w[i] - lrs[step] * scale * O[i];
+        }
+    }
+    Matrix want2;
+    for (int b = 1; b <= 3; ++b) want2.insert(want2.end(), ref[b].w.begin(), ref[b].w.end());
+    auto close = [](const Matrix& a, const Matrix& b) {
+        double worst = 0;
+        for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+        return worst;
+    };
+    CHECK(close(W1.to_vector<double>(), ref[0].w) < 1e-13);
+    CHECK(close(W2.to_vector<double>(), want2) < 1e-13);
+    CHECK(opt.steps() == 2);
+    // The momentum buffers are the state a checkpoint keeps.
+    CHECK(close(opt.state()[2].to_vector<double>(), ref[2].momentum) < 1e-13);
+}
+
+TEST_CASE("Muon and Newton-Schulz refuse bad input with the name and shape") {
+    Tensor v = randn({5}).requires_grad_(), w = randn({4, 3}).requires_grad_();
+    CHECK(throws_with([&] { Muon({{v, 0, -1, "gain"}}, {}); }, {"Muon", "gain", "2-D", "[5]"}));
+    CHECK(throws_with([&] { Muon({{w, 2, 3, "q"}}, {}); }, {"Muon", "q", "[2, 5)", "4 rows"}));
+    CHECK(throws_with([&] { Muon({{w, 0, -1, "w"}}, {.momentum = 1}); }, {"momentum", "1"}));
+    CHECK(throws_with([&] { newton_schulz5(randn({2, 3, 4})); }, {"newton_schulz5", "[2, 3, 4]"}));
+    Tensor bad = randn({3, 3});
+    bad.set({1, 1}, NAN);
+    CHECK(throws_with([&] { newton_schulz5(bad); }, {"newton_schulz5", "not finite"}));
+}
