@@ -144,6 +144,14 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
     add_value(cmd, "--weight-decay", cfg.weight_decay, "AdamW weight decay (2-D weights only)");
     add_value(cmd, "--independent-wd", cfg.independent_weight_decay,
               "decay by (lr/lr_max)*wd per step, independent of the peak lr (Wortsman et al.)");
+    add_value(cmd, "--optimizer", cfg.optimizer,
+              "adamw, or muon: Muon (orthogonalised momentum) for the blocks' 2-D weights and "
+              "AdamW for embeddings, gains and biases; same lr schedule")
+        ->check(CLI::IsMember({"adamw", "muon"}));
+    add_value(cmd, "--muon-momentum", cfg.muon_momentum, "Muon's momentum (Nesterov)");
+    add_value(cmd, "--qk-clip", cfg.qk_clip,
+              "QK-Clip threshold tau (Kimi K2): after each step, scale the q and k rows of every "
+              "head whose max |logit| passed tau by sqrt(tau/max); --qk-norm none only; 0 = off");
     add_value(cmd, "--diverge-factor", cfg.diverge_factor,
               "stop as diverged when the loss exceeds this multiple of the run's lowest loss (or "
               "is NaN/Inf); 0 = on NaN/Inf only");

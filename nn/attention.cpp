@@ -42,18 +42,29 @@ Tensor split_heads(const Tensor& t, int64_t n_head) {
 // Mean Euclidean norm of the D-vectors of t: (B, H, T, D).
 double mean_vector_norm(const Tensor& t) { return mean(sqrt(sum(t * t, {-1}))).item(); }
 
-// Reduces the per-row signals (B, H, T) of ops/attention.h to the layer's: the max |s| and the
-// mean entropy over every row; a NaN anywhere makes both NaN (a max would skip it).
+// Reduces the per-row signals (B, H, T) of ops/attention.h to the layer's: the max |s| per head
+// and over all of them, and the mean entropy over every row; a NaN anywhere makes them NaN (a
+// max would skip it).
 void reduce_signals(const AttentionSignals& rows, AttentionStats& stats) {
     const auto max_abs = rows.max_abs_logit.to_vector<double>();
     const auto entropy = rows.entropy.to_vector<double>();
-    double max_logit = 0, entropy_sum = 0;
+    const size_t H = static_cast<size_t>(rows.max_abs_logit.size(1));
+    const size_t T = static_cast<size_t>(rows.max_abs_logit.size(2));
+    std::vector<double> head_max(H, 0.0);
+    double entropy_sum = 0;
     bool nan_seen = false;
     for (size_t r = 0; r < max_abs.size(); ++r) {
         nan_seen = nan_seen || std::isnan(max_abs[r]) || std::isnan(entropy[r]);
-        max_logit = std::max(max_logit, max_abs[r]);
+        double& head = head_max[(r / T) % H];
+        head = std::max(head, max_abs[r]);
         entropy_sum += entropy[r];
     }
+    double max_logit = 0;
+    for (double& head : head_max) {
+        max_logit = std::max(max_logit, head);
+        if (nan_seen) head = NAN;
+    }
+    stats.head_max_logit = std::move(head_max);
     stats.max_logit = nan_seen ? NAN : max_logit;
     stats.entropy =
         nan_seen ? NAN : entropy_sum / static_cast<double>(std::max<size_t>(1, max_abs.size()));

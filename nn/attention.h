@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "nn/config.h"
 #include "nn/layers.h"
@@ -15,6 +16,8 @@ struct AttentionStats {
     double q_norm = 0;     // mean ‖q‖₂ per head vector, before normalisation
     double k_norm = 0;
     double qk_scale = 0;  // mean g for l2/lp, 0 otherwise
+    // Per head, the max |s| over the batch and the unmasked positions (QK-Clip's S_h).
+    std::vector<double> head_max_logit;
 };
 
 class CausalSelfAttention : public Module {

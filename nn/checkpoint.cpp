@@ -92,45 +92,32 @@ LoadedModel load_model(const std::string& path) {
     return out;
 }
 
-void save_training_state(const std::string& path, const GPT& model, const AdamW& optimizer,
+void save_training_state(const std::string& path, const OptimizerState& optimizer,
                          const TrainingState& state) {
-    auto params = model.named_parameters();
-    auto moments = optimizer.state();
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    for (size_t i = 0; i < params.size(); ++i) {
-        tensors.emplace_back("exp_avg." + params[i].first, moments[2 * i]);
-        tensors.emplace_back("exp_avg_sq." + params[i].first, moments[2 * i + 1]);
-    }
     std::map<std::string, std::string> metadata = state.extra;
     metadata["step"] = std::to_string(state.step);
-    metadata["optimizer_steps"] = std::to_string(optimizer.steps());
+    metadata["optimizer_steps"] = std::to_string(optimizer.steps);
     metadata["data_seed"] = std::to_string(state.data_seed);
     metadata["data_counter"] = std::to_string(state.data_counter);
     metadata["dropout_seed"] = std::to_string(state.dropout_seed);
     metadata["dropout_counter"] = std::to_string(state.dropout_counter);
-    save_safetensors(path, tensors, metadata);
+    save_safetensors(path, optimizer.tensors, metadata);
 }
 
-TrainingState load_training_state(const std::string& path, GPT& model, AdamW& optimizer) {
+TrainingState load_training_state(const std::string& path, OptimizerState& optimizer) {
     SafetensorsFile file = load_safetensors(path);
-    auto params = model.named_parameters();
-    std::vector<Tensor> moments;
-    for (auto& [name, param] : params)
-        for (const char* kind : {"exp_avg.", "exp_avg_sq."}) {
-            const std::string key = kind + name;
-            QK_CHECK(file.contains(key), "checkpoint {}: optimizer tensor '{}' is missing", path,
-                     key);
-            check_matches(path, key, file.get(key), param);
-            moments.push_back(file.get(key));
-        }
+    for (auto& [key, expected] : optimizer.tensors) {
+        QK_CHECK(file.contains(key), "checkpoint {}: optimizer tensor '{}' is missing", path, key);
+        check_matches(path, key, file.get(key), expected);
+        expected = file.get(key);
+    }
     TrainingState state;
     state.step = static_cast<int64_t>(parse_u64(file.metadata, "step", path));
     state.data_seed = parse_u64(file.metadata, "data_seed", path);
     state.data_counter = parse_u64(file.metadata, "data_counter", path);
     state.dropout_seed = parse_u64(file.metadata, "dropout_seed", path);
     state.dropout_counter = parse_u64(file.metadata, "dropout_counter", path);
-    optimizer.load_state(moments,
-                         static_cast<int64_t>(parse_u64(file.metadata, "optimizer_steps", path)));
+    optimizer.steps = static_cast<int64_t>(parse_u64(file.metadata, "optimizer_steps", path));
     state.extra = file.metadata;
     return state;
 }

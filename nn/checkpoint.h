@@ -1,14 +1,16 @@
 // Checkpoints of a run: the model (standard safetensors, nanoGPT names, config and tokenizer in
-// __metadata__) and the training state (AdamW moments, step, sampler and dropout RNG states).
+// __metadata__) and the training state (the optimizer's named tensors, step, sampler and dropout
+// RNG states).
 #pragma once
 
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "nn/data.h"
 #include "nn/gpt.h"
-#include "nn/optim.h"
 
 namespace qk::nn {
 
@@ -34,8 +36,18 @@ struct LoadedModel {
 LoadedModel load_model(const std::string& path);
 void load_weights_into(GPT& model, const std::string& path);
 
-void save_training_state(const std::string& path, const GPT& model, const AdamW& optimizer,
+// An optimizer's state as a checkpoint holds it: named tensors (AdamW's moments
+// `exp_avg.<parameter>` and `exp_avg_sq.<parameter>`, Muon's `muon_momentum.<matrix>`) and the
+// number of steps it has taken.
+struct OptimizerState {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    int64_t steps = 0;
+};
+
+void save_training_state(const std::string& path, const OptimizerState& optimizer,
                          const TrainingState& state);
-TrainingState load_training_state(const std::string& path, GPT& model, AdamW& optimizer);
+// Reads the state saved at path. `optimizer` says which tensors to expect (names, shapes, dtypes:
+// a missing or mismatched one is an error naming it) and receives their saved values and steps.
+TrainingState load_training_state(const std::string& path, OptimizerState& optimizer);
 
 }  // namespace qk::nn

@@ -7,6 +7,7 @@
 #include "autograd/grad_mode.h"
 #include "core/error.h"
 #include "core/factory.h"
+#include "nn/zero.h"
 #include "ops/elementwise.h"
 
 namespace qk::nn {
@@ -103,85 +104,6 @@ void GradientSync::finish() {
         bucket.started = false;
     }
     last_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-RunOptimizer::RunOptimizer(std::vector<Tensor> params, const AdamWOptions& options, int zero,
-                           int64_t bucket_bytes, bool overlap)
-    : params_(std::move(params)) {
-    QK_CHECK(zero == 0 || zero == 1, "train: --zero must be 0 or 1, got {}", zero);
-    if (zero == 1) {
-        sharded_ = std::make_unique<ShardedAdamW>(params_, options);
-        return;
-    }
-    adamw_ = std::make_unique<AdamW>(params_, options);
-    if (dist::world_size() > 1)
-        sync_ = std::make_unique<GradientSync>(params_, bucket_bytes, overlap);
-}
-
-void RunOptimizer::set_sync(bool on) {
-    if (sync_) sync_->set_enabled(on);
-}
-
-void RunOptimizer::finish_gradients() {
-    if (sync_) sync_->finish();
-    if (sharded_) sharded_->reduce_gradients();
-}
-
-double RunOptimizer::clip(double max_norm) {
-    if (sharded_) return sharded_->clip_grad_norm(max_norm);
-    return clip_grad_norm(params_, max_norm, /*throw_on_nonfinite=*/false);
-}
-
-void RunOptimizer::step(double lr) {
-    if (sharded_)
-        sharded_->step(lr);
-    else
-        adamw_->step(lr);
-}
-
-void RunOptimizer::zero_grad() {
-    if (sharded_)
-        sharded_->zero_grad();
-    else
-        adamw_->zero_grad();
-}
-
-namespace {
-// No NaN or Inf in any of the tensors (a checkpoint is never written from such weights).
-bool finite(const std::vector<Tensor>& tensors) {
-    for (const Tensor& t : tensors) {
-        bool ok = true;
-        const Tensor c = t.to(Device::cpu).contiguous();
-        dispatch_float(c.dtype(), [&](auto tag) {
-            const auto* data = c.data<decltype(tag)>();
-            for (int64_t i = 0; i < c.numel() && ok; ++i) ok = std::isfinite(data[i]);
-        });
-        if (!ok) return false;
-    }
-    return true;
-}
-}  // namespace
-
-bool RunOptimizer::all_finite() const {
-    const bool mine = finite(params_) && finite(sharded_ ? sharded_->state() : adamw_->state());
-    return dist::all_reduce_max(mine ? 0.0 : 1.0) == 0.0;  // a shard's NaN stops every rank
-}
-
-AdamW RunOptimizer::whole() const { return sharded_ ? sharded_->gather_full() : *adamw_; }
-
-void RunOptimizer::load(const AdamW& whole) {
-    if (sharded_)
-        sharded_->load_full(whole);
-    else if (&whole != adamw_.get())
-        adamw_->load_state(whole.state(), whole.steps());
-}
-
-int64_t RunOptimizer::moment_bytes() const {
-    if (sharded_) return sharded_->moment_bytes();
-    int64_t bytes = 0;
-    for (const Tensor& p : params_)
-        bytes += 2 * p.numel() * static_cast<int64_t>(dtype_size(p.dtype()));
-    return bytes;
 }
 
 namespace {

@@ -17,8 +17,6 @@
 
 #include "core/distributed.h"
 #include "core/tensor.h"
-#include "nn/optim.h"
-#include "nn/zero.h"
 
 namespace qk::nn {
 
@@ -57,33 +55,6 @@ class GradientSync {
     bool overlap_, enabled_ = true;
     int64_t bytes_ = 0;
     double last_wait_ = 0;
-};
-
-// The optimizer of a training run, on one rank or many: AdamW over every parameter, with its
-// gradients averaged over the ranks by a GradientSync when there are several; or, with zero = 1,
-// ShardedAdamW (nn/zero.h). The trainer drives all three the same way, per step:
-//     set_sync(last micro-batch) ... backward ... finish_gradients(); clip(); step(lr); zero_grad()
-class RunOptimizer {
-  public:
-    RunOptimizer(std::vector<Tensor> params, const AdamWOptions& options, int zero,
-                 int64_t bucket_bytes, bool overlap);
-    void set_sync(bool on);  // whether this backward is the step's last (it starts the average)
-    void finish_gradients();
-    double clip(double max_norm);  // the global norm before clipping (as clip_grad_norm)
-    void step(double lr);
-    void zero_grad();
-    // True when every weight and every optimizer moment, on every rank, is finite (collective).
-    bool all_finite() const;
-    // The whole AdamW state (collective with zero = 1: it gathers the shards), and its inverse.
-    AdamW whole() const;
-    void load(const AdamW& whole);
-    int64_t moment_bytes() const;  // this rank's AdamW moments
-
-  private:
-    std::vector<Tensor> params_;
-    std::unique_ptr<AdamW> adamw_;           // zero = 0
-    std::unique_ptr<GradientSync> sync_;     // zero = 0, several ranks
-    std::unique_ptr<ShardedAdamW> sharded_;  // zero = 1
 };
 
 // Stops every rank with a qk::Error when the ranks were not started alike: `settings` (a JSON

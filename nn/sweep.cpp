@@ -54,16 +54,16 @@ Variant parse_variant(const std::string& spec) {
     QK_CHECK(std::find(presets.begin(), presets.end(), v.preset) != presets.end(),
              "sweep: unknown variant '{}' in '{}'; expected one of {}", v.preset, spec,
              fmt::join(presets, ", "));
-    static const std::set<std::string> keys{"p", "g0", "cap", "scope", "L", "H", "C", "precision"};
+    static const std::set<std::string> keys{"p",         "g0",  "cap", "scope", "L",    "H",    "C",
+                                            "precision", "opt", "pos", "order", "clip", "gclip"};
     while (at != std::string::npos) {
         const size_t next = spec.find(':', at + 1);
         const std::string item = spec.substr(at + 1, next - at - 1);
         const size_t eq = item.find('=');
         QK_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size() &&
                      keys.count(item.substr(0, eq)),
-                 "sweep: bad override '{}' in variant '{}'; expected key=value with key one of "
-                 "p, g0, cap, scope, L, H, C, precision",
-                 item, spec);
+                 "sweep: bad override '{}' in variant '{}'; expected key=value with key one of {}",
+                 item, spec, fmt::join(keys, ", "));
         v.overrides.emplace_back(item.substr(0, eq), item.substr(eq + 1));
         at = next;
     }
@@ -86,7 +86,8 @@ double parse_number(const std::string& text, const std::string& what) {
 
 }  // namespace
 
-void apply_variant(const Variant& variant, GPTConfig& m) {
+void apply_variant(const Variant& variant, TrainConfig& cfg) {
+    GPTConfig& m = cfg.model;
     const std::string& p = variant.preset;
     m.qk_norm = p == "qk_layernorm" || p == "qk_norm_cap" || p == "qkv_norm" ? QKNorm::layernorm
                 : p == "qk_rmsnorm"                                          ? QKNorm::rmsnorm
@@ -105,8 +106,16 @@ void apply_variant(const Variant& variant, GPTConfig& m) {
         if (key == "H") m.n_head = static_cast<int64_t>(parse_number(value, what));
         if (key == "C") m.n_embd = static_cast<int64_t>(parse_number(value, what));
         if (key == "precision") m.precision = parse_precision(value);  // fp32 | bf16
+        if (key == "opt") cfg.optimizer = value;                       // adamw | muon
+        if (key == "pos") m.pos_emb = parse_pos_emb(value);            // learned | rope
+        if (key == "order") m.qk_norm_order = parse_qk_norm_order(value);
+        if (key == "clip") cfg.qk_clip = parse_number(value, what);  // QK-Clip's tau
+        if (key == "gclip") cfg.grad_clip = parse_number(value, what);
     }
     m.validate();
+    QK_CHECK(cfg.optimizer == "adamw" || cfg.optimizer == "muon",
+             "sweep: opt in variant '{}' must be adamw or muon, got '{}'", variant.spec,
+             cfg.optimizer);
 }
 
 std::string run_dir_name(const std::string& variant, double lr, uint64_t seed) {
@@ -225,7 +234,7 @@ Start prepare_run(const Cell& cell) {
 
 TrainConfig cell_config(const SweepSpec& spec, const Cell& cell) {
     TrainConfig cfg = spec.base;
-    apply_variant(parse_variant(cell.variant), cfg.model);
+    apply_variant(parse_variant(cell.variant), cfg);
     cfg.lr = cell.lr;
     cfg.lr_min = cell.lr * spec.lr_min_ratio;
     cfg.seed = cell.seed;

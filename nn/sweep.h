@@ -16,8 +16,10 @@ namespace qk::nn {
 // A variant is a preset name with optional overrides, written `name` or `name:key=value:...`:
 //   baseline, qk_layernorm, qk_rmsnorm, l2, lp, softcap, qk_norm_cap, qkv_norm
 //   keys: p (lp's p), g0 (qk_scale_init), cap (attention soft-cap c), scope (head|full),
-//         L, H, C (n_layer, n_head, n_embd)
-// e.g. `lp:p=3:g0=1`, `baseline:C=256`, `qk_rmsnorm:scope=full`.
+//         L, H, C (n_layer, n_head, n_embd), precision (fp32|bf16), opt (adamw|muon),
+//         pos (learned|rope), order (before_rope|after_rope), clip (QK-Clip's tau),
+//         gclip (the gradient-norm clip; 0 = off)
+// e.g. `lp:p=3:g0=1`, `baseline:C=256`, `qk_rmsnorm:scope=full`, `baseline:opt=muon:clip=100`.
 struct Variant {
     std::string spec;  // as written: the variant's label in tables and plots
     std::string preset;
@@ -25,7 +27,7 @@ struct Variant {
 };
 
 Variant parse_variant(const std::string& spec);  // throws qk::Error on an unknown name or key
-void apply_variant(const Variant& variant, GPTConfig& model);
+void apply_variant(const Variant& variant, TrainConfig& config);  // model and training keys
 const std::vector<std::string>& variant_presets();
 
 struct SweepSpec {

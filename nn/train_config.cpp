@@ -63,6 +63,19 @@ void TrainConfig::validate() const {
     require(finite_at_least(beta1, 0) && beta1 < 1, "beta1", beta1, "in [0, 1)");
     require(finite_at_least(beta2, 0) && beta2 < 1, "beta2", beta2, "in [0, 1)");
     require(finite_at_least(weight_decay, 0), "weight-decay", weight_decay, "a finite number >= 0");
+    QK_CHECK(optimizer == "adamw" || optimizer == "muon",
+             "train: --optimizer must be 'adamw' or 'muon', got '{}'", optimizer);
+    require(finite_at_least(muon_momentum, 0) && muon_momentum < 1, "muon-momentum", muon_momentum,
+            "in [0, 1)");
+    QK_CHECK(!(optimizer == "muon" && zero == 1),
+             "train: --optimizer muon does not combine with --zero 1 (ZeRO-1 shards AdamW's "
+             "moments; Muon orthogonalises whole matrices on every rank): use --zero 0");
+    require(qk_clip == 0 || (std::isfinite(qk_clip) && qk_clip > 0), "qk-clip", qk_clip,
+            "0 (off) or a finite number > 0");
+    QK_CHECK(qk_clip == 0 || model.qk_norm == QKNorm::none,
+             "train: --qk-clip {} needs --qk-norm none (QK-Clip bounds the logits of an "
+             "unnormalised attention; with a QK-norm they are bounded already), got --qk-norm {}",
+             qk_clip, to_string(model.qk_norm));
     require(finite_at_least(grad_clip, 0), "grad-clip", grad_clip,
             "a finite number >= 0 (0 = no clipping)");
     require(diverge_factor == 0 || (std::isfinite(diverge_factor) && diverge_factor > 1),
@@ -100,6 +113,9 @@ std::string TrainConfig::to_json() const {
     j["beta2"] = beta2;
     j["weight_decay"] = weight_decay;
     j["independent_weight_decay"] = independent_weight_decay;
+    j["optimizer"] = optimizer;
+    j["muon_momentum"] = muon_momentum;
+    j["qk_clip"] = qk_clip;
     j["grad_clip"] = grad_clip;
     j["diverge_factor"] = diverge_factor;
     j["eval_every"] = eval_every;
@@ -140,6 +156,9 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
         j.at("beta2").get_to(c.beta2);
         j.at("weight_decay").get_to(c.weight_decay);
         j.at("independent_weight_decay").get_to(c.independent_weight_decay);
+        c.optimizer = j.value("optimizer", c.optimizer);  // added with Muon
+        c.muon_momentum = j.value("muon_momentum", c.muon_momentum);
+        c.qk_clip = j.value("qk_clip", c.qk_clip);  // and QK-Clip
         j.at("grad_clip").get_to(c.grad_clip);
         c.diverge_factor = j.value("diverge_factor", c.diverge_factor);  // added later
         get_integer(j, "eval_every", c.eval_every);

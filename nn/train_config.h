@@ -21,7 +21,14 @@ struct TrainConfig {
     int64_t warmup = 100;
     double lr = 1e-3, lr_min = 1e-4;
     double beta1 = 0.9, beta2 = 0.95, weight_decay = 0.1;
-    bool independent_weight_decay = false;
+    bool independent_weight_decay = false;  // AdamW's parameters only
+    // adamw | muon: Muon (nn/muon.h) for the blocks' 2-D weights, AdamW for the rest
+    // (nn/run_optimizer.h). Both take the same lr schedule and weight decay.
+    std::string optimizer = "adamw";
+    double muon_momentum = 0.95;
+    // QK-Clip threshold τ (nn/qk_clip.h): after each step, the q and k rows of every head whose
+    // max |s| in that step passed τ are scaled down. qk_norm none only; 0 = off.
+    double qk_clip = 0;
     double grad_clip = 1.0;
     // A training loss above diverge_factor × the lowest loss of the run so far stops it as
     // diverged, as a NaN or Inf does; 0 = stop on non-finite losses only.

@@ -18,6 +18,8 @@
 #include "nn/checkpoint.h"
 #include "nn/data_parallel.h"
 #include "nn/plot.h"
+#include "nn/qk_clip.h"
+#include "nn/run_optimizer.h"
 #include "nn/sample.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
@@ -68,10 +70,10 @@ std::vector<int64_t> checkpoint_steps(const std::string& run_dir) {
 // Collective (with --zero 1 the moments are gathered first); rank 0 writes.
 void write_checkpoint(const TrainConfig& cfg, const GPT& model, const RunOptimizer& optimizer,
                       const Tokenizer& tok, const TrainingState& state) {
-    const AdamW opt = optimizer.whole();
+    const OptimizerState opt = optimizer.state();
     if (!dist::is_root()) return;
     const std::string prefix = checkpoint_prefix(cfg.run_dir, state.step);
-    save_training_state(prefix + ".state.safetensors", model, opt, state);
+    save_training_state(prefix + ".state.safetensors", opt, state);
     save_model(prefix + ".model.safetensors", model, tok, {{"step", std::to_string(state.step)}});
     std::vector<int64_t> steps = checkpoint_steps(cfg.run_dir);
     for (size_t i = 0;
@@ -216,6 +218,7 @@ void reduce_stats(std::vector<AttentionStats>& stats) {
         s.entropy = dist::all_reduce_sum(s.entropy) * inverse_ranks;
         s.q_norm = dist::all_reduce_sum(s.q_norm) * inverse_ranks;
         s.k_norm = dist::all_reduce_sum(s.k_norm) * inverse_ranks;
+        for (double& head : s.head_max_logit) head = dist::all_reduce_max(head);
     }
 }
 
@@ -252,6 +255,37 @@ void inject_fault(int64_t step) {
 }
 
 // One step's gradients, in .grad of every parameter.
+// The stats of micro-batch k joined to those of the earlier ones: the per-head max |s| (what
+// QK-Clip reads) over all of them; the other signals are the last micro-batch's.
+void merge_stats(std::vector<AttentionStats>& so_far, std::vector<AttentionStats> micro,
+                 bool first) {
+    if (!first)
+        for (size_t layer = 0; layer < micro.size(); ++layer)
+            for (size_t h = 0; h < micro[layer].head_max_logit.size(); ++h)
+                micro[layer].head_max_logit[h] =
+                    std::max(micro[layer].head_max_logit[h], so_far[layer].head_max_logit[h]);
+    so_far = std::move(micro);
+}
+
+// The optimizer a config asks for: AdamW, or Muon for the blocks' matrices and AdamW for the
+// rest, on this process's ranks.
+RunOptimizerOptions run_optimizer_options(const TrainConfig& cfg) {
+    RunOptimizerOptions options;
+    options.adamw = {.lr = cfg.lr,
+                     .beta1 = cfg.beta1,
+                     .beta2 = cfg.beta2,
+                     .eps = 1e-8,
+                     .weight_decay = cfg.weight_decay,
+                     .independent_weight_decay = cfg.independent_weight_decay,
+                     .lr_max = cfg.lr};
+    options.muon = cfg.optimizer == "muon";
+    options.muon_options = {.momentum = cfg.muon_momentum, .weight_decay = cfg.weight_decay};
+    options.zero = static_cast<int>(cfg.zero);
+    options.bucket_bytes = static_cast<int64_t>(cfg.bucket_mb * (1 << 20));
+    options.overlap = cfg.overlap;
+    return options;
+}
+
 struct StepGradients {
     double loss = NAN;  // the cross-entropy of the global batch: the mean over all its sequences
     bool backward_done = false;
@@ -275,10 +309,10 @@ StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const Tr
         const bool last = k + 1 == K;
         const Tensor micro_ids = micro_rows(ids, k, micro_size).to(model.device());
         const Tensor micro_targets = micro_rows(targets, k, micro_size).to(model.device());
-        GPTOutput out = model.forward(micro_ids, micro_targets, stats && last);
+        GPTOutput out = model.forward(micro_ids, micro_targets, stats != nullptr);
         loss_sum += out.cross_entropy.item();
         finite = finite && std::isfinite(out.loss.item());
-        if (stats && last) *stats = std::move(out.stats);
+        if (stats) merge_stats(*stats, std::move(out.stats), k == 0);
         // A non-finite loss ends the run after this step. Alone, its backward is skipped; with
         // other ranks it runs anyway, so that every rank makes the same collectives.
         if (!finite && !many) continue;
@@ -344,20 +378,12 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     if (device == Device::cuda) set_tf32(cfg.tf32);
     GPT model(cfg.model, cfg.seed);  // initialised on the cpu: the same weights on every device
     model.to(device);
-    AdamWOptions adam{.lr = cfg.lr,
-                      .beta1 = cfg.beta1,
-                      .beta2 = cfg.beta2,
-                      .eps = 1e-8,
-                      .weight_decay = cfg.weight_decay,
-                      .independent_weight_decay = cfg.independent_weight_decay,
-                      .lr_max = cfg.lr};
     check_replicas_agree(replica_settings(cfg), model.parameters());
-    RunOptimizer optimizer(model.parameters(), adam, static_cast<int>(cfg.zero),
-                           static_cast<int64_t>(cfg.bucket_mb * (1 << 20)), cfg.overlap);
+    RunOptimizer optimizer(model.named_parameters(), run_optimizer_options(cfg));
     if (root && (ranks > 1 || cfg.zero))
-        fmt::print("AdamW moments: {:.1f} MB on each of {} rank(s){}\n",
-                   static_cast<double>(optimizer.moment_bytes()) / (1 << 20), ranks,
-                   cfg.zero ? " (ZeRO-1: sharded)" : "");
+        fmt::print("optimizer state: {:.1f} MB on each of {} rank(s){}\n",
+                   static_cast<double>(optimizer.state_bytes()) / (1 << 20), ranks,
+                   cfg.zero ? " (ZeRO-1: AdamW's moments sharded)" : "");
     Generator data_gen(cfg.seed + 1);
     int64_t start_step = 0;
     MetricsSoFar so_far;
@@ -365,14 +391,14 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         // Rank 0 reads the checkpoint and hands it to the others: they need no copy of the run
         // directory, and the checkpoint does not depend on how many ranks wrote or read it.
         json resumed;
-        AdamW whole = optimizer.whole();  // the whole moments, also with --zero 1
+        OptimizerState whole = optimizer.state();  // the whole state, also with --zero 1
         if (root) {
             const std::vector<int64_t> steps = checkpoint_steps(cfg.run_dir);
             QK_CHECK(!steps.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
             const std::string prefix = checkpoint_prefix(cfg.run_dir, steps.back());
             load_weights_into(model, prefix + ".model.safetensors");
             const std::string state_path = prefix + ".state.safetensors";
-            TrainingState state = load_training_state(state_path, model, whole);
+            TrainingState state = load_training_state(state_path, whole);
             QK_CHECK(state.step == steps.back(),
                      "resume: {} says step {}, but its name says step {}", state_path, state.step,
                      steps.back());
@@ -383,9 +409,9 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         }
         resumed = json::parse(broadcast_string(resumed.dump()));
         broadcast_tensors(model.parameters());
-        broadcast_tensors(whole.state());
+        for (const auto& [name, t] : whole.tensors) dist::broadcast(t);
         start_step = resumed["step"].get<int64_t>();
-        whole.load_state(whole.state(), start_step);
+        whole.steps = start_step;
         optimizer.load(whole);
         data_gen.set_state(resumed["data"][0].get<uint64_t>(), resumed["data"][1].get<uint64_t>());
         model.dropout_generator().set_state(resumed["dropout"][0].get<uint64_t>(),
@@ -421,9 +447,10 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         const double lr = cosine_lr(step, cfg.warmup, cfg.steps, cfg.lr, cfg.lr_min);
         inject_fault(step);
         const bool with_stats = step % cfg.stats_every == 0 || step + 1 == cfg.steps;
-        std::vector<AttentionStats> stats;
-        const StepGradients grads = accumulate_gradients(model, data, cfg, data_gen, optimizer,
-                                                         with_stats ? &stats : nullptr);
+        std::vector<AttentionStats> stats;  // every step with QK-Clip: it reads S_h from them
+        const bool measure = with_stats || cfg.qk_clip > 0;
+        const StepGradients grads =
+            accumulate_gradients(model, data, cfg, data_gen, optimizer, measure ? &stats : nullptr);
         const double loss = grads.loss;
         double grad_norm = NAN;
         if (grads.backward_done) grad_norm = optimizer.clip(cfg.grad_clip);
@@ -450,6 +477,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         pending.reset();
         optimizer.step(lr);
         optimizer.zero_grad();
+        const int64_t heads_clipped = cfg.qk_clip > 0 ? qk_clip(model, stats, cfg.qk_clip) : 0;
         const double seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         step_seconds_total += seconds;
@@ -464,6 +492,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
             line["val_loss"] = last_val;
         }
         if (with_stats) line["layers"] = stats_to_json(stats);
+        if (cfg.qk_clip > 0) line["heads_clipped"] = heads_clipped;
         if (root) metrics << line.dump() << "\n" << std::flush;
         result.final_loss = loss;
         result.steps_done = step + 1;

@@ -15,6 +15,7 @@
 #include "error_in_child.h"
 #include "helpers.h"
 #include "nn/checkpoint.h"
+#include "nn/run_optimizer.h"
 
 using namespace qk;
 using namespace qk::nn;
@@ -463,38 +464,60 @@ TEST_CASE("loading into another config, or a file missing a tensor, names the te
     CHECK(throws_with([&] { load_model(dir / "field.safetensors"); }, {"qk_norm", "missing"}));
 }
 
-TEST_CASE("training state round trip: moments, step counts and generator states") {
+TEST_CASE("training state round trip: optimizer tensors, step counts and generator states") {
     TempDir dir("ckpt_state");
-    GPT model(small_config(), 5);
-    AdamW opt(model.parameters(), {});
-    Tensor ids = from_ids({1, 2, 3, 4, 5, 6}, {2, 3}),
-           targets = from_ids({2, 3, 4, 5, 6, 7}, {2, 3});
-    for (int i = 0; i < 3; ++i) {
-        model.forward(ids, targets).loss.backward();
-        opt.step(1e-2);
-        opt.zero_grad();
+    for (const bool muon : {false, true}) {
+        CAPTURE(muon);
+        GPT model(small_config(), 5);
+        RunOptimizerOptions options;
+        options.muon = muon;
+        RunOptimizer opt(model.named_parameters(), options);
+        Tensor ids = from_ids({1, 2, 3, 4, 5, 6}, {2, 3}),
+               targets = from_ids({2, 3, 4, 5, 6, 7}, {2, 3});
+        for (int i = 0; i < 3; ++i) {
+            model.forward(ids, targets).loss.backward();
+            opt.step(1e-2);
+            opt.zero_grad();
+        }
+        TrainingState state{3, 77, 123, 88, 456, {{"train_config", "{}"}}};
+        const OptimizerState saved = opt.state();
+        CHECK(saved.steps == 3);
+        save_training_state(dir / "s.safetensors", saved, state);
+        GPT fresh(small_config(), 9);
+        RunOptimizer opt2(fresh.named_parameters(), options);
+        OptimizerState back_state = opt2.state();
+        TrainingState back = load_training_state(dir / "s.safetensors", back_state);
+        opt2.load(back_state);
+        CHECK(back.step == 3);
+        CHECK(back.data_seed == 77);
+        CHECK(back.data_counter == 123);
+        CHECK(back.dropout_seed == 88);
+        CHECK(back.dropout_counter == 456);
+        CHECK(back.extra.at("train_config") == "{}");
+        const OptimizerState reloaded = opt2.state();
+        CHECK(reloaded.steps == 3);
+        REQUIRE(reloaded.tensors.size() == saved.tensors.size());
+        for (size_t i = 0; i < saved.tensors.size(); ++i) {
+            CHECK(reloaded.tensors[i].first == saved.tensors[i].first);
+            CHECK(bit_identical(reloaded.tensors[i].second, saved.tensors[i].second));
+        }
+        // The state file of another model is rejected, naming the optimizer tensor.
+        GPTConfig narrow = small_config();
+        narrow.n_embd = 8;
+        GPT other(narrow, 5);
+        OptimizerState other_state = RunOptimizer(other.named_parameters(), options).state();
+        CHECK(throws_with([&] { load_training_state(dir / "s.safetensors", other_state); },
+                          {"exp_avg.transformer.wte.weight", "[11, 8]"}));
     }
-    TrainingState state{3, 77, 123, 88, 456, {{"train_config", "{}"}}};
-    save_training_state(dir / "s.safetensors", model, opt, state);
-    GPT fresh(small_config(), 9);
-    AdamW opt2(fresh.parameters(), {});
-    TrainingState back = load_training_state(dir / "s.safetensors", fresh, opt2);
-    CHECK(back.step == 3);
-    CHECK(back.data_seed == 77);
-    CHECK(back.data_counter == 123);
-    CHECK(back.dropout_seed == 88);
-    CHECK(back.dropout_counter == 456);
-    CHECK(back.extra.at("train_config") == "{}");
-    CHECK(opt2.steps() == 3);
-    for (size_t i = 0; i < opt.state().size(); ++i)
-        CHECK(bit_identical(opt2.state()[i], opt.state()[i]));
-    // The state file of another model is rejected, naming the optimizer tensor.
-    GPTConfig narrow = small_config();
-    narrow.n_embd = 8;
-    GPT other(narrow, 5);
-    AdamW opt3(other.parameters(), {});
-    CHECK(throws_with([&] { load_training_state(dir / "s.safetensors", other, opt3); },
-                      {"exp_avg.transformer.wte.weight", "[11, 8]"}));
+    // AdamW's state does not resume a Muon run: Muon's momentum is missing, by name.
+    GPT model(small_config(), 5);
+    save_training_state(dir / "adamw.safetensors",
+                        RunOptimizer(model.named_parameters(), {}).state(), TrainingState{});
+    RunOptimizerOptions with_muon;
+    with_muon.muon = true;
+    OptimizerState muon_state = RunOptimizer(model.named_parameters(), with_muon).state();
+    CHECK(throws_with([&] { load_training_state(dir / "adamw.safetensors", muon_state); },
+                      {"muon_momentum.transformer.h.0.attn.c_attn.weight.q", "missing"}));
 }
 
 // ---- the config's string form (checkpoint metadata)

@@ -92,6 +92,11 @@ TEST_CASE("every numeric flag is checked where it enters, naming the flag, value
         {{"--pos-emb", "rope", "--rope-theta", "0"}, {"rope_theta", "--rope-theta", "0"}},
         {{"--qk-norm-order", "after_rope"}, {"after_rope", "rope"}},
         {{"--pos-emb", "rope", "--n-embd", "18", "--n-head", "6"}, {"rope", "even", "18 / 6"}},
+        {{"--optimizer", "sgd"}, {"--optimizer", "sgd", "adamw", "muon"}},
+        {{"--muon-momentum", "1"}, {"--muon-momentum", "1", "[0, 1)"}},
+        {{"--qk-clip", "-5", "--qk-norm", "none"}, {"--qk-clip", "-5", "> 0"}},
+        {{"--qk-clip", "100"}, {"--qk-clip", "--qk-norm none", "layernorm"}},
+        {{"--optimizer", "muon", "--zero", "1"}, {"--optimizer muon", "--zero 1"}},
     };
     for (const Case& c : cases) {
         CAPTURE(c.flags[0]);
@@ -190,6 +195,24 @@ TEST_CASE("--pos-emb rope: no wpe in the checkpoint, the switch in its metadata,
     CAPTURE(sampled.output);
     CHECK(sampled.exit_code == 0);
     CHECK(sampled.output.size() == 4 + 20 + 1);
+}
+
+TEST_CASE("--optimizer muon --qk-clip: recorded in config.json, clips reported, and it resumes") {
+    TempDir dir("cli_muon");
+    const std::string run = dir / "run";
+    const Outcome trained =
+        run_qknorm(tiny(dir, {"--steps", "4", "--run-dir", run, "--optimizer", "muon", "--qk-norm",
+                              "none", "--qk-clip", "0.01", "--checkpoint-every", "2"}));
+    CAPTURE(trained.output);
+    REQUIRE(trained.exit_code == 0);
+    const nn::TrainConfig saved = nn::load_run_config(run);
+    CHECK(saved.optimizer == "muon");
+    CHECK(saved.qk_clip == 0.01);
+    CHECK(read_file(run + "/metrics.jsonl").find("\"heads_clipped\":") != std::string::npos);
+    SafetensorsFile state = load_safetensors(run + "/step-000004.state.safetensors");
+    CHECK(state.contains("muon_momentum.transformer.h.0.mlp.c_fc.weight"));
+    CHECK(!state.contains("exp_avg.transformer.h.0.mlp.c_fc.weight"));
+    CHECK(state.contains("exp_avg.transformer.wte.weight"));
 }
 
 TEST_CASE("a diverging run exits with status 3 and says why") {

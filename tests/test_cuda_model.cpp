@@ -121,29 +121,36 @@ TEST_CASE("the tiny GPT in bf16 mixed precision on cuda follows the cpu's bf16 l
 
 TEST_CASE("train() on cuda: the same losses as on the cpu, checkpoints that load on the cpu") {
     if (!cuda_runnable()) return;
-    qk::test::TempDir dir("cuda_train");
-    TrainConfig cfg;
-    cfg.model.block_size = 8, cfg.model.n_layer = 1, cfg.model.n_head = 2, cfg.model.n_embd = 16;
-    cfg.model.qk_norm = QKNorm::layernorm;
-    cfg.data_path = qk::test::write_corpus(dir);
-    cfg.batch_size = 2, cfg.steps = 4, cfg.warmup = 1, cfg.lr = 1e-2, cfg.lr_min = 1e-3;
-    cfg.eval_every = 2, cfg.eval_batches = 1, cfg.stats_every = 2;
-    cfg.checkpoint_every = 2, cfg.keep_checkpoints = 1, cfg.sample_tokens = 5;
-    cfg.progress = false;
-    TrainConfig on_cuda = cfg;
-    cfg.run_dir = dir / "cpu";
-    on_cuda.run_dir = dir / "cuda", on_cuda.device = "cuda";
-    const TrainResult a = qk::nn::train(cfg), b = qk::nn::train(on_cuda);
-    REQUIRE((!a.diverged && !b.diverged && b.steps_done == 4));
-    CHECK(b.final_loss == doctest::Approx(a.final_loss).epsilon(1e-4));
-    CHECK(b.final_val_loss == doctest::Approx(a.final_val_loss).epsilon(1e-4));
-    CHECK(b.sample.size() == 6);
-    CHECK(load_run_config(on_cuda.run_dir).device == "cuda");
-    // The checkpoint is an ordinary file: it loads into a cpu model with the cuda run's weights.
-    LoadedModel loaded = load_model(latest_model_checkpoint(on_cuda.run_dir));
-    CHECK(loaded.model->device() == Device::cpu);
-    // Resuming the cuda run from its step-4 checkpoint changes nothing and reports its losses.
-    TrainConfig again = load_run_config(on_cuda.run_dir);
-    again.progress = false;
-    CHECK(qk::nn::train(again, true).final_val_loss == b.final_val_loss);
+    // The second case: Muon (Newton-Schulz on cuBLAS) and QK-Clip (scaling rows of c_attn).
+    for (const bool muon : {false, true}) {
+        CAPTURE(muon);
+        qk::test::TempDir dir("cuda_train");
+        TrainConfig cfg;
+        cfg.model.block_size = 8, cfg.model.n_layer = 1, cfg.model.n_head = 2,
+        cfg.model.n_embd = 16;
+        cfg.model.qk_norm = QKNorm::layernorm;
+        if (muon) cfg.model.qk_norm = QKNorm::none, cfg.optimizer = "muon", cfg.qk_clip = 0.02;
+        cfg.data_path = qk::test::write_corpus(dir);
+        cfg.batch_size = 2, cfg.steps = 4, cfg.warmup = 1, cfg.lr = 1e-2, cfg.lr_min = 1e-3;
+        cfg.eval_every = 2, cfg.eval_batches = 1, cfg.stats_every = 2;
+        cfg.checkpoint_every = 2, cfg.keep_checkpoints = 1, cfg.sample_tokens = 5;
+        cfg.progress = false;
+        TrainConfig on_cuda = cfg;
+        cfg.run_dir = dir / "cpu";
+        on_cuda.run_dir = dir / "cuda", on_cuda.device = "cuda";
+        const TrainResult a = qk::nn::train(cfg), b = qk::nn::train(on_cuda);
+        REQUIRE((!a.diverged && !b.diverged && b.steps_done == 4));
+        CHECK(b.final_loss == doctest::Approx(a.final_loss).epsilon(1e-4));
+        CHECK(b.final_val_loss == doctest::Approx(a.final_val_loss).epsilon(1e-4));
+        CHECK(b.sample.size() == 6);
+        CHECK(load_run_config(on_cuda.run_dir).device == "cuda");
+        // The checkpoint is an ordinary file: it loads into a cpu model with the cuda run's
+        // weights.
+        LoadedModel loaded = load_model(latest_model_checkpoint(on_cuda.run_dir));
+        CHECK(loaded.model->device() == Device::cpu);
+        // Resuming the cuda run from its step-4 checkpoint changes nothing and reports its losses.
+        TrainConfig again = load_run_config(on_cuda.run_dir);
+        again.progress = false;
+        CHECK(qk::nn::train(again, true).final_val_loss == b.final_val_loss);
+    }
 }

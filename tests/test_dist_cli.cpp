@@ -114,7 +114,16 @@ TEST_CASE("2 ranks x B/2 train like 1 process x B; --grad-accum 2 like the whole
     const Outcome zero =
         run_program(mpirun(2, tiny_train(dir, "two_zero", {"--zero", "1"})), kMpiEnv, 120);
     require_ok(zero);
-    CHECK(zero.output.find("AdamW moments: 0.0 MB on each of 2 rank(s) (ZeRO-1: sharded)") !=
+    CHECK(zero.output.find("optimizer state: 0.0 MB on each of 2 rank(s) (ZeRO-1: AdamW's "
+                           "moments sharded)") != std::string::npos);
+    // Muon and QK-Clip: every rank orthogonalises the same averaged gradient and clips the heads
+    // by the maxima of the whole batch (a max over the ranks).
+    const std::vector<std::string> muon_clip = {"--optimizer", "muon", "--qk-norm", "none",
+                                                "--qk-clip", "0.05"};
+    require_ok(run_program(tiny_train(dir, "one_muon", muon_clip), {}, 120));
+    require_ok(run_program(mpirun(2, tiny_train(dir, "two_muon", muon_clip)), kMpiEnv, 120));
+    check_same_losses(dir / "one_muon", dir / "two_muon", 1e-5);
+    CHECK(read_file(dir / "two_muon/metrics.jsonl").find("\"heads_clipped\":1") !=
           std::string::npos);
     // float32: the sums run in another order (per rank, then over ranks)
     check_same_losses(dir / "one", dir / "two", 1e-5);

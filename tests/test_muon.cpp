@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "helpers.h"
+#include "nn/gpt.h"
 #include "nn/muon.h"
+#include "nn/run_optimizer.h"
 
 using namespace qk;
 using namespace qk::nn;
@@ -192,4 +194,63 @@ TEST_CASE("Muon and Newton-Schulz refuse bad input with the name and shape") {
     Tensor bad = randn({3, 3});
     bad.set({1, 1}, NAN);
     CHECK(throws_with([&] { newton_schulz5(bad); }, {"newton_schulz5", "not finite"}));
+}
+
+TEST_CASE("split_for_muon: the blocks' matrices to Muon (c_attn as q, k, v), the rest to AdamW") {
+    GPTConfig c;
+    c.vocab_size = 11, c.block_size = 8, c.n_layer = 2, c.n_head = 2, c.n_embd = 8;
+    c.tie_embeddings = false;
+    GPT model(c, 1);
+    const ParameterSplit split = split_for_muon(model.named_parameters());
+    std::vector<std::string> muon_names, adamw_2d;
+    for (const MuonMatrix& m : split.muon) muon_names.push_back(m.name);
+    for (const auto& [name, p] : split.adamw)
+        if (p.dim() == 2) adamw_2d.push_back(name);
+    CHECK(muon_names ==
+          std::vector<std::string>{
+              "transformer.h.0.attn.c_attn.weight.q", "transformer.h.0.attn.c_attn.weight.k",
+              "transformer.h.0.attn.c_attn.weight.v", "transformer.h.0.attn.c_proj.weight",
+              "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
+              "transformer.h.1.attn.c_attn.weight.q", "transformer.h.1.attn.c_attn.weight.k",
+              "transformer.h.1.attn.c_attn.weight.v", "transformer.h.1.attn.c_proj.weight",
+              "transformer.h.1.mlp.c_fc.weight", "transformer.h.1.mlp.c_proj.weight"});
+    CHECK(split.muon[1].row_begin == 8);
+    CHECK(split.muon[1].rows == 8);
+    CHECK(adamw_2d == std::vector<std::string>{"transformer.wte.weight", "transformer.wpe.weight",
+                                               "lm_head.weight"});
+    // Every parameter lands on exactly one side.
+    CHECK(split.adamw.size() + split.muon.size() - 4 == model.named_parameters().size());
+}
+
+TEST_CASE("RunOptimizer with Muon: Muon on the matrices and AdamW on the rest, bit for bit") {
+    GPTConfig c;
+    c.vocab_size = 11, c.block_size = 8, c.n_layer = 1, c.n_head = 2, c.n_embd = 8;
+    GPT a(c, 2), b(c, 2);
+    RunOptimizerOptions options;
+    options.muon = true;
+    options.adamw.weight_decay = 0.2;
+    options.muon_options = {.momentum = 0.9, .weight_decay = 0.2};
+    RunOptimizer run(a.named_parameters(), options);
+    const ParameterSplit split = split_for_muon(b.named_parameters());
+    Muon muon(split.muon, options.muon_options);
+    std::vector<Tensor> rest;
+    for (const auto& [name, p] : split.adamw) rest.push_back(p);
+    AdamW adamw(rest, options.adamw);
+    const Tensor ids = from_ids({1, 2, 3, 4, 5, 6}, {2, 3}),
+                 targets = from_ids({2, 3, 4, 5, 6, 7}, {2, 3});
+    for (double lr : {1e-2, 3e-3}) {
+        a.forward(ids, targets).loss.backward();
+        b.forward(ids, targets).loss.backward();
+        run.step(lr), run.zero_grad();
+        muon.step(lr), adamw.step(lr), muon.zero_grad(), adamw.zero_grad();
+    }
+    const auto pa = a.named_parameters(), pb = b.named_parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+        CAPTURE(pa[i].first);
+        CHECK(pa[i].second.to_vector<double>() == pb[i].second.to_vector<double>());
+    }
+    // Muon's momentum is in the state, by matrix name, after AdamW's moments.
+    const OptimizerState state = run.state();
+    CHECK(state.tensors.back().first == "muon_momentum.transformer.h.0.mlp.c_proj.weight");
+    CHECK(state.tensors.size() == 2 * split.adamw.size() + split.muon.size());
 }

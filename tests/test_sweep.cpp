@@ -17,12 +17,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-GPTConfig variant_model(const std::string& spec) {
-    GPTConfig m;
-    m.block_size = 64, m.n_embd = 128, m.n_head = 4;
-    apply_variant(parse_variant(spec), m);
-    return m;
+TrainConfig variant_config(const std::string& spec) {
+    TrainConfig cfg;
+    cfg.model.block_size = 64, cfg.model.n_embd = 128, cfg.model.n_head = 4;
+    apply_variant(parse_variant(spec), cfg);
+    return cfg;
 }
+
+GPTConfig variant_model(const std::string& spec) { return variant_config(spec).model; }
 
 SweepSpec tiny_grid(const TempDir& dir) {
     SweepSpec spec;
@@ -83,6 +85,21 @@ TEST_CASE("variant strings: presets, overrides and errors") {
     CHECK(variant_model("baseline").precision == Precision::full);
     CHECK(throws_with([] { variant_model("baseline:precision=fp16"); }, {"precision", "fp16"}));
     CHECK(parse_variant("lp:p=3").spec == "lp:p=3");
+    // The training keys: optimizer, positions, norm order, QK-Clip, gradient clipping.
+    const TrainConfig muon = variant_config("baseline:opt=muon:clip=100:gclip=0:pos=rope");
+    CHECK((muon.optimizer == "muon" && muon.qk_clip == 100.0 && muon.grad_clip == 0.0));
+    CHECK(muon.model.pos_emb == PosEmb::rope);
+    CHECK(variant_config("baseline").optimizer == "adamw");
+    CHECK(variant_config("baseline").grad_clip == TrainConfig{}.grad_clip);
+    CHECK(variant_model("qk_layernorm:pos=rope:order=after_rope").qk_norm_order ==
+          QKNormOrder::after_rope);
+    CHECK(throws_with([] { variant_config("baseline:opt=sgd"); }, {"opt", "adamw or muon", "sgd"}));
+    CHECK(throws_with([] { variant_config("baseline:pos=alibi"); }, {"alibi"}));
+    CHECK(
+        throws_with([] { variant_config("baseline:clip=big"); }, {"must be a number, got 'big'"}));
+    // QK-Clip with a QK-norm: refused by the run's checks (check_sweep runs them on every cell).
+    CHECK(throws_with([] { variant_config("qk_layernorm:clip=100").validate(); },
+                      {"--qk-clip", "--qk-norm none"}));
 
     CHECK(throws_with([] { parse_variant("qknorm"); }, {"unknown variant 'qknorm'"}));
     CHECK(throws_with([] { parse_variant("lp:q=3"); }, {"bad override 'q=3'"}));

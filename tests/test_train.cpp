@@ -11,6 +11,7 @@
 #include "core/safetensors.h"
 #include "helpers.h"
 #include "nn/checkpoint.h"
+#include "nn/optim.h"
 #include "nn/sample.h"
 #include "nn/trainer.h"
 #include "train_helpers.h"
@@ -136,14 +137,17 @@ TEST_CASE("a run writes config.json, metrics.jsonl, plot.svg and the last K chec
 }
 
 TEST_CASE("resuming gives bit-identical losses to a run that never stopped, dropout or not") {
-    for (double dropout : {0.0, 0.2}) {
+    // The third case: Muon's momentum in the state, and QK-Clip acting at every step.
+    for (const auto& [dropout, muon] : {std::pair{0.0, false}, {0.2, false}, {0.0, true}}) {
         CAPTURE(dropout);
+        CAPTURE(muon);
         TempDir dir("train_resume");
         TrainConfig a = tiny_run(dir, "straight");
         a.steps = 12, a.checkpoint_every = 4, a.keep_checkpoints = 1;
         a.eval_every = 3, a.stats_every = 3;
         a.model.dropout = dropout;
         a.model.qk_norm = QKNorm::l2;  // a learnable g in the optimizer state too
+        if (muon) a.model.qk_norm = QKNorm::none, a.optimizer = "muon", a.qk_clip = 0.03;
         a.sample_tokens = 0;
         train(a);
 
@@ -161,6 +165,7 @@ TEST_CASE("resuming gives bit-identical losses to a run that never stopped, drop
 
         const std::vector<json> ma = read_metrics(a.run_dir), mb = read_metrics(b.run_dir);
         REQUIRE(mb.size() == 12);  // steps 5 and 6 of the first attempt were dropped
+        int clips = 0;
         for (size_t i = 0; i < 12; ++i) {
             CAPTURE(i);
             CHECK(mb[i]["step"] == ma[i]["step"]);
@@ -168,7 +173,10 @@ TEST_CASE("resuming gives bit-identical losses to a run that never stopped, drop
             CHECK(mb[i]["grad_norm"].get<double>() == ma[i]["grad_norm"].get<double>());
             CHECK(mb[i].value("val_loss", -1.0) == ma[i].value("val_loss", -1.0));
             if (ma[i].contains("layers")) CHECK(mb[i]["layers"] == ma[i]["layers"]);
+            CHECK(mb[i].value("heads_clipped", -1) == ma[i].value("heads_clipped", -1));
+            if (muon && i > 0) clips += ma[i]["heads_clipped"].get<int>();
         }
+        if (muon) CHECK(clips > 0);
         // Resuming a finished run changes nothing.
         const TrainResult again = train(reloaded, true);
         CHECK(again.steps_done == 12);
