@@ -200,6 +200,16 @@ void apply_model_flags(TrainConfig& cfg, const ModelFlags& flags) {
     cfg.model.qk_norm_order = parse_qk_norm_order(flags.qk_norm_order);
 }
 
+ModelFlags model_flags_of(const GPTConfig& m) {
+    return {.norm = to_string(m.norm),
+            .qk_norm = to_string(m.qk_norm),
+            .qk_scope = to_string(m.qk_norm_scope),
+            .attention = m.fused_attention ? "fused" : "naive",
+            .precision = to_string(m.precision),
+            .pos_emb = to_string(m.pos_emb),
+            .qk_norm_order = to_string(m.qk_norm_order)};
+}
+
 // Experiment 1 of the stability lab (README: Stability lab) is the default grid: a 2-layer model
 // that trains in about a minute, the QK-norm family, learning rates 1e-3 ... 3e-1.
 void set_sweep_defaults(SweepSpec& spec) {

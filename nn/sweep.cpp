@@ -185,10 +185,12 @@ std::vector<VariantSummary> summarize_variants(const std::vector<RunSummary>& ru
         VariantSummary v{variant};
         // Per LR: the seed mean of min(L, L0), with a diverged or unfinished run counting as L0.
         std::map<double, std::pair<double, int>> capped;  // lr -> (sum, count)
+        std::map<double, bool> any_diverged;              // lr -> some seed diverged
         for (const RunSummary& r : runs) {
             if (r.variant != variant || !r.finished) continue;
             ++v.runs;
             v.diverged += r.diverged;
+            any_diverged[r.lr] = any_diverged[r.lr] || r.diverged;
             const double l0 = r.init_val_loss;
             const double loss =
                 std::isfinite(r.final_val_loss) ? std::min(r.final_val_loss, l0) : l0;
@@ -207,6 +209,11 @@ std::vector<VariantSummary> summarize_variants(const std::vector<RunSummary>& ru
         double total = 0;
         for (const auto& [lr, sum_count] : capped) total += sum_count.first / sum_count.second;
         v.lr_sensitivity = total / static_cast<double>(capped.size()) - v.best_loss;
+        // The edge of stability: every seed stable at this LR and at every smaller one.
+        for (const auto& [lr, diverged] : any_diverged) {
+            if (diverged) break;
+            v.max_stable_lr = lr;
+        }
         out.push_back(v);
     }
     return out;

@@ -63,6 +63,9 @@ struct VariantSummary {
     std::string variant;
     double best_loss = NAN, best_lr = NAN;  // seed-mean final val loss at the best LR
     double lr_sensitivity = NAN;            // Wortsman et al. 2023, see sweep.cpp
+    // The largest grid LR at which no seed diverged, nor at any smaller LR (NaN: the smallest
+    // LR diverged already). A run diverges as train() says (--diverge-factor).
+    double max_stable_lr = NAN;
     int runs = 0, diverged = 0;
 };
 

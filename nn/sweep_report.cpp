@@ -74,10 +74,11 @@ std::string results_jsonl(const std::vector<RunSummary>& runs) {
 }
 
 std::string sensitivity_csv(const std::vector<VariantSummary>& variants) {
-    std::string csv = "variant,best_loss,best_lr,lr_sensitivity,runs,diverged\n";
+    std::string csv = "variant,best_loss,best_lr,lr_sensitivity,runs,diverged,max_stable_lr\n";
     for (const VariantSummary& v : variants)
-        csv += fmt::format("{},{},{},{},{},{}\n", v.variant, csv_number(v.best_loss),
-                           csv_number(v.best_lr), csv_number(v.lr_sensitivity), v.runs, v.diverged);
+        csv += fmt::format("{},{},{},{},{},{},{}\n", v.variant, csv_number(v.best_loss),
+                           csv_number(v.best_lr), csv_number(v.lr_sensitivity), v.runs, v.diverged,
+                           csv_number(v.max_stable_lr));
     return csv;
 }
 

@@ -90,7 +90,7 @@ TEST_CASE("every numeric flag is checked where it enters, naming the flag, value
         {{"--precision", "fp16"}, {"--precision", "fp16", "fp32", "bf16"}},
         {{"--pos-emb", "alibi"}, {"--pos-emb", "alibi", "learned", "rope"}},
         {{"--pos-emb", "rope", "--rope-theta", "0"}, {"rope_theta", "--rope-theta", "0"}},
-        {{"--qk-norm-order", "after_rope"}, {"after_rope", "rope"}},
+        {{"--pos-emb", "learned", "--qk-norm-order", "after_rope"}, {"after_rope", "rope"}},
         {{"--pos-emb", "rope", "--n-embd", "18", "--n-head", "6"}, {"rope", "even", "18 / 6"}},
         {{"--optimizer", "sgd"}, {"--optimizer", "sgd", "adamw", "muon"}},
         {{"--muon-momentum", "1"}, {"--muon-momentum", "1", "[0, 1)"}},

@@ -54,6 +54,8 @@ std::vector<std::string> tiny_train(const TempDir& dir, const std::string& run,
                                      "10",
                                      "--sample-tokens",
                                      "0",
+                                     "--precision",  // the float32 sums these tests compare
+                                     "fp32",
                                      "--quiet",
                                      "--run-dir",
                                      dir / run};
@@ -118,8 +120,8 @@ TEST_CASE("2 ranks x B/2 train like 1 process x B; --grad-accum 2 like the whole
                            "moments sharded)") != std::string::npos);
     // Muon and QK-Clip: every rank orthogonalises the same averaged gradient and clips the heads
     // by the maxima of the whole batch (a max over the ranks).
-    const std::vector<std::string> muon_clip = {"--optimizer", "muon", "--qk-norm", "none",
-                                                "--qk-clip", "0.05"};
+    const std::vector<std::string> muon_clip = {"--optimizer", "muon",      "--qk-norm",
+                                                "none",        "--qk-clip", "0.05"};
     require_ok(run_program(tiny_train(dir, "one_muon", muon_clip), {}, 120));
     require_ok(run_program(mpirun(2, tiny_train(dir, "two_muon", muon_clip)), kMpiEnv, 120));
     check_same_losses(dir / "one_muon", dir / "two_muon", 1e-5);

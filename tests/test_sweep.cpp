@@ -90,7 +90,8 @@ TEST_CASE("variant strings: presets, overrides and errors") {
     CHECK((muon.optimizer == "muon" && muon.qk_clip == 100.0 && muon.grad_clip == 0.0));
     CHECK(muon.model.pos_emb == PosEmb::rope);
     CHECK(variant_config("baseline").optimizer == "adamw");
-    CHECK(variant_config("baseline").grad_clip == TrainConfig{}.grad_clip);
+    const TrainConfig defaults;
+    CHECK(variant_config("baseline").grad_clip == defaults.grad_clip);
     CHECK(variant_model("qk_layernorm:pos=rope:order=after_rope").qk_norm_order ==
           QKNormOrder::after_rope);
     CHECK(throws_with([] { variant_config("baseline:opt=sgd"); }, {"opt", "adamw or muon", "sgd"}));
@@ -135,6 +136,23 @@ TEST_CASE("LR sensitivity follows Wortsman et al.: mean over LRs of min(L, L0) m
     CHECK(v[1].variant == "b");
     CHECK(v[1].lr_sensitivity == doctest::Approx(0.0));  // flat: every LR is as good as the best
     CHECK(v[1].runs == 2);
+    // The edge of stability: a diverges first at lr 1 (a loss above L0 is not a divergence).
+    CHECK(v[0].max_stable_lr == 1e-1);
+    CHECK(v[1].max_stable_lr == 1e-2);  // the unfinished run at 1e-1 says nothing yet
+}
+
+TEST_CASE("max stable LR: one diverged seed ends the stable range, even if higher LRs survive") {
+    const std::vector<VariantSummary> v = summarize_variants({
+        fake_run("a", 1e-3, 2.0, 4.0),
+        fake_run("a", 1e-2, 2.0, 4.0),
+        fake_run("a", 1e-2, 0, 4.0, true),  // seed 2 diverged at 1e-2
+        fake_run("a", 1e-1, 2.5, 4.0),      // a lucky survivor above the edge
+        fake_run("b", 1e-3, 0, 4.0, true),  // b diverges at the smallest LR already
+        fake_run("b", 1e-2, 2.0, 4.0),
+    });
+    REQUIRE(v.size() == 2);
+    CHECK(v[0].max_stable_lr == 1e-3);
+    CHECK(std::isnan(v[1].max_stable_lr));
 }
 
 TEST_CASE("a 2 x 2 sweep trains every cell, writes the table and the plots, and resumes") {
