@@ -254,12 +254,10 @@ void inject_fault(int64_t step) {
     std::raise(std::string(what) == "stop" ? SIGSTOP : SIGKILL);
 }
 
-// One step's gradients, in .grad of every parameter.
-// The stats of micro-batch k joined to those of the earlier ones: the per-head max |s| (what
-// QK-Clip reads) over all of them; the other signals are the last micro-batch's.
-void merge_stats(std::vector<AttentionStats>& so_far, std::vector<AttentionStats> micro,
-                 bool first) {
-    if (!first)
+// A micro-batch's stats joined to those of the earlier ones (none yet: so_far is empty): the
+// per-head max |s| (what QK-Clip reads) over all of them; the other signals are the latest's.
+void merge_stats(std::vector<AttentionStats>& so_far, std::vector<AttentionStats> micro) {
+    if (!so_far.empty())
         for (size_t layer = 0; layer < micro.size(); ++layer)
             for (size_t h = 0; h < micro[layer].head_max_logit.size(); ++h)
                 micro[layer].head_max_logit[h] =
@@ -286,6 +284,7 @@ RunOptimizerOptions run_optimizer_options(const TrainConfig& cfg) {
     return options;
 }
 
+// One step's gradients, in .grad of every parameter.
 struct StepGradients {
     double loss = NAN;  // the cross-entropy of the global batch: the mean over all its sequences
     bool backward_done = false;
@@ -309,10 +308,12 @@ StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const Tr
         const bool last = k + 1 == K;
         const Tensor micro_ids = micro_rows(ids, k, micro_size).to(model.device());
         const Tensor micro_targets = micro_rows(targets, k, micro_size).to(model.device());
-        GPTOutput out = model.forward(micro_ids, micro_targets, stats != nullptr);
+        // The signals come from the last micro-batch; QK-Clip's per-head max from every one.
+        const bool measure = stats && (last || cfg.qk_clip > 0);
+        GPTOutput out = model.forward(micro_ids, micro_targets, measure);
         loss_sum += out.cross_entropy.item();
         finite = finite && std::isfinite(out.loss.item());
-        if (stats) merge_stats(*stats, std::move(out.stats), k == 0);
+        if (measure) merge_stats(*stats, std::move(out.stats));
         // A non-finite loss ends the run after this step. Alone, its backward is skipped; with
         // other ranks it runs anyway, so that every rank makes the same collectives.
         if (!finite && !many) continue;
