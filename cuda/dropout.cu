@@ -3,7 +3,7 @@
 // in[i] * s : 0 with s = 1 / (1 − p), used for the forward (in = x) and the backward (in = dy).
 //
 // The mask is *not* drawn here: the same seed must give the same tensors on both devices
-// (README, Tensors), so the op draws keep[] with Generator::fill on the cpu exactly as for a cpu
+// (docs/architecture.md#tensors), so the op draws keep[] with Generator::fill on the cpu exactly as for a cpu
 // tensor, copies the bytes to the device once, and both passes read that copy. A device-side Philox
 // would save the one-byte-per-element copy but would have to reproduce the cpu's word order bit for
 // bit.

@@ -8,7 +8,7 @@
 // the elements j of one group; two StridedIndex structs turn (r, j) into x's offset
 // outer(r) + inner(j). Nothing is permuted or copied, whatever the dims and strides.
 //
-// Kernel ladder (the README's "Adding an op"):
+// Kernel ladder (docs/adding-an-op.md#kernel-ladders):
 //   v1, one thread per output: a serial loop over the group, the CPU loop transposed onto
 //       threads. Right when groups are small and outputs many (sum_to a (B, 1, C) bias from a
 //       (B, 3, C) gradient): every thread is busy and no barrier is needed.

@@ -1,7 +1,7 @@
 // The CUDA backend's runtime: error checking, the caching device allocator, the stream and the
 // cuBLAS handle, and host <-> device copies. Kernel files (cuda/<family>.cu) include this header.
 //
-// The same sources build three ways (meson option `cuda` and `emulate_cuda`, see README: CUDA):
+// The same sources build three ways (meson options `cuda` and `emulate_cuda`, docs/cuda.md):
 //   real CUDA   .cu by nvcc, runtime.cpp by g++ with QK_CUDA_REAL, linked with cudart and cuBLAS;
 //   emulation   .cu and runtime.cpp by g++ against cuda/emu (kernels run on the cpu as fibers);
 //   none        cuda/stub.cpp only: every cuda entry point throws "built without CUDA support".

@@ -1,4 +1,4 @@
-// Causal self-attention with the whole QK-norm family (README: The layers).
+// Causal self-attention with the whole QK-norm family (docs/model.md#attention).
 #pragma once
 
 #include <memory>

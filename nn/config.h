@@ -1,4 +1,4 @@
-// GPTConfig: every switch of the model (README: The layers), with checks and a string form for
+// GPTConfig: every switch of the model (docs/model.md), with checks and a string form for
 // checkpoints.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Data-parallel training: N replicas of one model, each on its own share of the global batch,
-// kept identical by averaging their gradients before every optimizer step (README: Distributed).
+// kept identical by averaging their gradients before every optimizer step (docs/distributed.md).
 //
 // GradientSync averages in buckets of about bucket_bytes: parameters are grouped in the reverse of
 // their order, the order in which backward completes their gradients (the last layer's first).

@@ -1,5 +1,5 @@
 // The optimizer of a training run: AdamW, or Muon for the blocks' matrices with AdamW for the
-// rest, on one rank or many (README: Training, Distributed).
+// rest, on one rank or many (docs/model.md#optimisers, docs/distributed.md).
 //
 // On one rank the parameters' gradients are used as backward left them. On several, a
 // GradientSync (nn/data_parallel.h) averages them over the ranks first, so that every rank takes

@@ -43,7 +43,7 @@ struct TrainConfig {
     // Tests: stop after this many steps as if the process were killed (no plot, no sample), to
     // check that resuming gives the same losses. 0 = off. Not saved in config.json.
     int64_t stop_after = 0;
-    // Data-parallel knobs (README: Distributed), not saved in config.json: a run may resume on
+    // Data-parallel knobs (docs/distributed.md), not saved in config.json: a run may resume on
     // another number of ranks with other buckets. Every rank must still pass the same values.
     double bucket_mb = 25;     // gradients are averaged in buckets of about this many MB
     bool overlap = true;       // start each bucket's average during backward, as soon as ready

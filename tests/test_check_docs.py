@@ -2,6 +2,8 @@
 """tools/check_docs.py must fail on each kind of broken reference, and pass a clean tree.
 
     python3 tests/test_check_docs.py tools/check_docs.py
+
+(check_docs: made-up references — the fixtures below point nowhere on purpose.)
 """
 import os
 import subprocess
