@@ -350,8 +350,6 @@ std::string latest_model_checkpoint(const std::string& run_dir) {
     return steps.empty() ? "" : checkpoint_prefix(run_dir, steps.back()) + ".model.safetensors";
 }
 
-void write_run_plot(const std::string& run_dir);  // run_plot.cpp
-
 TrainResult train(const TrainConfig& cfg_in, bool resume) {
     TrainConfig cfg = cfg_in;
     cfg.validate();
@@ -447,7 +445,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         const auto t0 = std::chrono::steady_clock::now();
         const double lr = cosine_lr(step, cfg.warmup, cfg.steps, cfg.lr, cfg.lr_min);
         inject_fault(step);
-        const bool with_stats = step % cfg.stats_every == 0 || step + 1 == cfg.steps;
+        const bool with_stats = step % cfg.stats_interval() == 0 || step + 1 == cfg.steps;
         std::vector<AttentionStats> stats;  // every step with QK-Clip: it reads S_h from them
         const bool measure = with_stats || cfg.qk_clip > 0;
         const StepGradients grads =
@@ -542,7 +540,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     if (cfg.progress && root) fmt::print(stderr, "\n");
     result.final_val_loss = last_val;
     if (!root) return result;  // the other ranks write nothing
-    write_run_plot(cfg.run_dir);
+    write_run_plot(cfg);
     // The marker of a finished run (a sweep skips runs that have one).
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
