@@ -160,7 +160,8 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
     add_value(cmd, "--eval-batches", cfg.eval_batches,
               "validation batches (the same ones each time)");
     add_value(cmd, "--stats-every", cfg.stats_every,
-              "record the attention stability signals every N steps");
+              "record the attention stability signals every N steps; 0 = auto: every steps/50 "
+              "(50 points or more for any run), at most every 25");
     add_value(cmd, "--checkpoint-every", cfg.checkpoint_every, "write a checkpoint every N steps");
     add_value(cmd, "--keep-checkpoints", cfg.keep_checkpoints,
               "how many recent checkpoints to keep");
@@ -173,21 +174,6 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
     if (single_run)
         add_value(cmd, "--sample-tokens", cfg.sample_tokens,
                   "characters to generate at the end; 0 = none");
-}
-
-std::string describe_attention(const GPTConfig& m) {
-    std::string s = "qk_norm=" + to_string(m.qk_norm);
-    if (m.qk_norm == QKNorm::layernorm || m.qk_norm == QKNorm::rmsnorm)
-        s += fmt::format(" ({})", to_string(m.qk_norm_scope));
-    if (m.qk_norm == QKNorm::l2 || m.qk_norm == QKNorm::lp)
-        s += m.qk_norm == QKNorm::lp ? fmt::format(" (p={}, g0={})", m.lp_p, m.qk_scale_init)
-                                     : fmt::format(" (g0={})", m.qk_scale_init);
-    if (m.attn_softcap > 0) s += fmt::format(", soft-cap {}", m.attn_softcap);
-    if (m.qkv_norm) s += ", qkv-norm";
-    if (m.pos_emb == PosEmb::rope)
-        s += fmt::format(", rope (theta {}{})", m.rope_theta,
-                         m.qk_norm_order == QKNormOrder::after_rope ? ", norm after" : "");
-    return s;
 }
 
 void apply_model_flags(TrainConfig& cfg, const ModelFlags& flags) {

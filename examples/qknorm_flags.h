@@ -30,7 +30,4 @@ void apply_model_flags(nn::TrainConfig& cfg, const ModelFlags& flags);
 // The flags that say what m says: the defaults a command shows when its config is m.
 ModelFlags model_flags_of(const nn::GPTConfig& m);
 
-// "qk_norm=layernorm (head), soft-cap 50", "qk_norm=lp (p=3, g0=henry)": the switches that are on.
-std::string describe_attention(const nn::GPTConfig& m);
-
 }  // namespace qk::cli

@@ -1,11 +1,14 @@
 // The plot of a run: losses, learning rate and gradient norm, and the stability signals per layer
-// (max attention logit, attention entropy, mean ‖q‖ and ‖k‖), read back from metrics.jsonl.
+// (max attention logit, attention entropy, mean ‖q‖ and ‖k‖), read back from metrics.jsonl, under
+// a title that says what the run is.
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
 #include "nn/plot.h"
+#include "nn/trainer.h"
 
 namespace qk::nn {
 
@@ -20,10 +23,12 @@ double number(const nlohmann::json& j, const char* key) {
 
 }  // namespace
 
-void write_run_plot(const std::string& run_dir) {
+void write_run_plot(const TrainConfig& cfg) {
     using nlohmann::json;
+    const std::string& run_dir = cfg.run_dir;
     std::ifstream in(run_dir + "/metrics.jsonl");
-    plot::Series train{"train", {}, {}}, val{"val", {}, {}}, grad{"grad norm", {}, {}};
+    // Validation comes every eval_every steps: its points are marked, its line only joins them.
+    plot::Series train{"train", {}, {}}, val{"val", {}, {}, true}, grad{"grad norm", {}, {}};
     std::vector<plot::Series> max_logit, entropy, q_norm, k_norm;
     std::string line;
     while (std::getline(in, line)) {
@@ -64,7 +69,11 @@ void write_run_plot(const std::string& run_dir) {
         {"Mean ‖q‖ before normalisation", "step", "‖q‖", false, false, q_norm},
         {"Mean ‖k‖ before normalisation", "step", "‖k‖", false, false, k_norm},
     };
-    write_file_atomic(run_dir + "/plot.svg", plot::render_svg(panels, 2));
+    std::string dir = run_dir;  // "runs/x/" names the run x too
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    const std::string name = std::filesystem::path(dir).filename().string();
+    write_file_atomic(run_dir + "/plot.svg",
+                      plot::render_svg(panels, 2, fmt::format("{}: {}", name, describe_run(cfg))));
 }
 
 }  // namespace qk::nn

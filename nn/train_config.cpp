@@ -1,8 +1,10 @@
 #include "nn/train_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/error.h"
 #include "core/file_io.h"
@@ -40,7 +42,93 @@ void get_integer(const json& j, const char* key, int64_t& out) {
     out = v.get<int64_t>();
 }
 
+// The model's fields that config.json holds as JSON numbers and booleans; the others (norm,
+// qk_norm, qk_scale_init, ...) are names, strings. GPTConfig's string form (to_strings, the
+// form of a checkpoint's metadata) is the list of fields, so that a new field reaches
+// config.json at once, as a string until it is named here.
+const std::set<std::string> kModelIntegers{"vocab_size", "block_size", "n_layer", "n_head",
+                                           "n_embd"};
+const std::set<std::string> kModelNumbers{"dropout",       "lp_p",   "attn_softcap",
+                                          "logit_softcap", "z_loss", "rope_theta"};
+const std::set<std::string> kModelBooleans{"bias", "tie_embeddings", "qk_scale_per_head",
+                                           "qkv_norm"};
+
+json model_to_json(const GPTConfig& m) {
+    json j = json::object();
+    for (const auto& [key, text] : m.to_strings()) {
+        // The strings are std::to_string's digits and fmt's shortest round-trip form of a
+        // double: read back to the same bits.
+        if (kModelIntegers.count(key))
+            j[key] = std::stoll(text);
+        else if (kModelNumbers.count(key))
+            j[key] = std::stod(text);
+        else if (kModelBooleans.count(key))
+            j[key] = text == "true";
+        else
+            j[key] = text;
+    }
+    return j;
+}
+
+// The model section as GPTConfig::from_strings reads it (which checks each value): JSON numbers
+// and booleans as config.json holds them now, or the strings of files written before.
+std::map<std::string, std::string> model_strings(const json& j) {
+    QK_CHECK(j.is_object(), "train config: model must be a JSON object, got {}", j.type_name());
+    std::map<std::string, std::string> fields;
+    for (const auto& [key, v] : j.items()) {
+        if (v.is_string())
+            fields[key] = v.get<std::string>();
+        else if (v.is_boolean())
+            fields[key] = v.get<bool>() ? "true" : "false";
+        else if (v.is_number_float())
+            fields[key] = fmt::format("{}", v.get<double>());
+        else if (v.is_number())  // an integer: its digits as written, whatever its sign or size
+            fields[key] = v.dump();
+        else
+            throw Error(fmt::format(
+                "train config: model.{} must be a number, a boolean or a string, got {}", key,
+                v.dump()));
+    }
+    return fields;
+}
+
 }  // namespace
+
+int64_t TrainConfig::stats_interval() const {
+    return stats_every > 0 ? stats_every : std::clamp<int64_t>(steps / 50, 1, 25);
+}
+
+std::string describe_attention(const GPTConfig& m) {
+    std::string s = "qk_norm=" + to_string(m.qk_norm);
+    if (m.qk_norm == QKNorm::layernorm || m.qk_norm == QKNorm::rmsnorm)
+        s += fmt::format(" ({})", to_string(m.qk_norm_scope));
+    if (m.qk_norm == QKNorm::l2 || m.qk_norm == QKNorm::lp)
+        s += m.qk_norm == QKNorm::lp ? fmt::format(" (p={}, g0={})", m.lp_p, m.qk_scale_init)
+                                     : fmt::format(" (g0={})", m.qk_scale_init);
+    if (m.attn_softcap > 0) s += fmt::format(", soft-cap {}", m.attn_softcap);
+    if (m.qkv_norm) s += ", qkv-norm";
+    if (m.pos_emb == PosEmb::rope)
+        s += fmt::format(", rope (theta {}{})", m.rope_theta,
+                         m.qk_norm_order == QKNormOrder::after_rope ? ", norm after" : "");
+    return s;
+}
+
+std::string describe_run(const TrainConfig& c) {
+    const GPTConfig& m = c.model;
+    std::string model =
+        fmt::format("L={} H={} C={} T={}, {}, {}, {} blocks", m.n_layer, m.n_head, m.n_embd,
+                    m.block_size, describe_attention(m), to_string(m.precision), to_string(m.norm));
+    if (m.dropout > 0) model += fmt::format(", dropout {}", m.dropout);
+    if (m.logit_softcap > 0) model += fmt::format(", logit soft-cap {}", m.logit_softcap);
+    if (m.z_loss > 0) model += fmt::format(", z-loss {}", m.z_loss);
+    std::string training = fmt::format(
+        "B={}{}, {} steps, {} lr {:g} to {:g} (warmup {}), weight decay {:g}", c.batch_size,
+        c.grad_accum > 1 ? fmt::format(" in {} micro-batches", c.grad_accum) : "", c.steps,
+        c.optimizer, c.lr, c.lr_min, c.warmup, c.weight_decay);
+    if (c.qk_clip > 0) training += fmt::format(", QK-Clip tau {:g}", c.qk_clip);
+    training += fmt::format(", grad clip {:g}, seed {}, on {}", c.grad_clip, c.seed, c.device);
+    return model + "\n" + training;
+}
 
 void TrainConfig::validate() const {
     model.validate();
@@ -82,7 +170,7 @@ void TrainConfig::validate() const {
             "diverge-factor", diverge_factor, "0 (off) or a finite number > 1");
     require_count(eval_every, "eval-every", 1, kMaxSteps);
     require_count(eval_batches, "eval-batches", 1, 1 << 20);
-    require_count(stats_every, "stats-every", 1, kMaxSteps);
+    require_count(stats_every, "stats-every", 0, kMaxSteps);  // 0: auto
     require_count(checkpoint_every, "checkpoint-every", 1, kMaxSteps);
     require_count(keep_checkpoints, "keep-checkpoints", 1, 1 << 20);
     require_count(sample_tokens, "sample-tokens", 0, kMaxSampleTokens);
@@ -98,7 +186,7 @@ void TrainConfig::validate() const {
 
 std::string TrainConfig::to_json() const {
     json j;
-    j["model"] = model.to_strings();
+    j["model"] = model_to_json(model);
     j["data_path"] = data_path;
     j["tokenizer"] = tokenizer;
     j["device"] = device;
@@ -141,7 +229,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
     try {
         json j = json::parse(text);
         QK_CHECK(j.is_object(), "train config: expected a JSON object, got {}", j.type_name());
-        c.model = GPTConfig::from_strings(j.at("model").get<std::map<std::string, std::string>>());
+        c.model = GPTConfig::from_strings(model_strings(j.at("model")));
         j.at("data_path").get_to(c.data_path);
         j.at("tokenizer").get_to(c.tokenizer);
         c.device = j.value("device", std::string("cpu"));  // runs saved before devices existed

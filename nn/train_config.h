@@ -34,7 +34,8 @@ struct TrainConfig {
     // diverged, as a NaN or Inf does; 0 = stop on non-finite losses only.
     double diverge_factor = 3.0;
     int64_t eval_every = 250, eval_batches = 20;
-    int64_t stats_every = 10;  // stability signals every N steps (they cost an extra pass)
+    // The stability signals every N steps (they cost an extra pass); 0 = auto, stats_interval().
+    int64_t stats_every = 0;
     int64_t checkpoint_every = 500, keep_checkpoints = 2;
     uint64_t seed = 1337;
     std::string run_dir = "runs/default";
@@ -53,9 +54,22 @@ struct TrainConfig {
     // Every field finite, in range and consistent with the others, else a qk::Error that names
     // the flag, the value and what it accepts ("train: --lr must be > 0, got -0.003").
     void validate() const;
+    // config.json: numbers as JSON numbers, switches as booleans. from_json also reads the files
+    // written before, whose model section held every value as a string.
     std::string to_json() const;
     static TrainConfig from_json(const std::string& json);  // validated
+    // The steps between two measurements of the stability signals: stats_every, or with 0 (auto)
+    // steps / 50, so that the plot of any run has at least 50 points, capped at 25 (a long run
+    // measures often enough, and the default 9000-step run spends 2 % less than every 10).
+    int64_t stats_interval() const;
 };
+
+// "qk_norm=layernorm (head), soft-cap 50", "qk_norm=lp (p=3, g0=henry)": the switches that are on.
+std::string describe_attention(const GPTConfig& m);
+// Two lines that say what a run is, for the title of its plot: the model ("L=4 H=6 C=192 T=64,
+// qk_norm=layernorm (head), rope (theta 10000), bf16"), then the training (batch, steps,
+// optimizer and learning rates, seed).
+std::string describe_run(const TrainConfig& c);
 
 // The configuration of the run in run_dir (its config.json), with run_dir set to that directory.
 TrainConfig load_run_config(const std::string& run_dir);

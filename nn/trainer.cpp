@@ -337,6 +337,116 @@ json stats_to_json(const std::vector<AttentionStats>& stats) {
     return layers;
 }
 
+// At a checkpoint step `done`, after its update: the training state to save goes to `pending`,
+// to be written once the next step's loss vouches for the weights; the last step has no next
+// loss, and its validation loss, measured on those weights, vouches for them instead: it is
+// written now. Returns why the run diverged ("" if it did not): the update made a weight or a
+// moment non-finite, or the final validation loss is a spike.
+std::string checkpoint_after_update(const TrainConfig& cfg, int64_t done, double last_val,
+                                    double min_loss, GPT& model, const RunOptimizer& optimizer,
+                                    const Tokenizer& tokenizer, const Generator& data_gen,
+                                    std::optional<TrainingState>& pending) {
+    // The loss was finite before this step's update, but the update itself can overflow (a huge
+    // lr · weight decay): check what would be saved.
+    if (!optimizer.all_finite())
+        return fmt::format(
+            "training diverged at step {}: the update made a weight or an optimizer moment NaN or "
+            "Inf; the last good checkpoint is kept",
+            done);
+    pending = TrainingState{done,
+                            data_gen.seed(),
+                            data_gen.counter(),
+                            model.dropout_generator().seed(),
+                            model.dropout_generator().counter(),
+                            {{"train_config", cfg.to_json()}}};
+    if (done != cfg.steps) return "";
+    if (const std::string why = divergence(last_val, 0.0, min_loss, cfg.diverge_factor);
+        !why.empty())
+        return fmt::format(
+            "training diverged at step {}: validation {} on the final weights; the last good "
+            "checkpoint is kept",
+            done, why);
+    write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
+    pending.reset();
+    return "";
+}
+
+// Where the loop starts: the step, and what metrics.jsonl says of the steps before it.
+struct RunStart {
+    int64_t step = 0;
+    MetricsSoFar so_far;
+};
+
+// A new run: the validation loss at initialisation (step 0, the reference of Wortsman et al.'s
+// LR sensitivity in `qknorm sweep`), config.json and the first line of metrics.jsonl.
+RunStart start_run(const TrainConfig& cfg, GPT& model, const TextDataset& data) {
+    const double val_loss = evaluate(model, data, cfg);
+    if (dist::is_root()) {
+        write_file_atomic(cfg.run_dir + "/config.json", cfg.to_json());
+        write_file_atomic(cfg.run_dir + "/metrics.jsonl",
+                          json{{"step", 0}, {"val_loss", val_loss}}.dump() + "\n");
+    }
+    return {};
+}
+
+// A resumed run: the weights, optimizer state and generators of the run's latest checkpoint, and
+// metrics.jsonl cut back to it. Rank 0 reads the checkpoint and hands it to the others: they
+// need no copy of the run directory, and the checkpoint does not depend on how many ranks wrote
+// or read it.
+RunStart resume_run(const TrainConfig& cfg, GPT& model, RunOptimizer& optimizer,
+                    Generator& data_gen) {
+    json resumed;
+    MetricsSoFar so_far;
+    OptimizerState whole = optimizer.state();  // the whole state, also with --zero 1
+    if (dist::is_root()) {
+        const std::vector<int64_t> steps = checkpoint_steps(cfg.run_dir);
+        QK_CHECK(!steps.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
+        const std::string prefix = checkpoint_prefix(cfg.run_dir, steps.back());
+        load_weights_into(model, prefix + ".model.safetensors");
+        const std::string state_path = prefix + ".state.safetensors";
+        TrainingState state = load_training_state(state_path, whole);
+        QK_CHECK(state.step == steps.back(), "resume: {} says step {}, but its name says step {}",
+                 state_path, state.step, steps.back());
+        so_far = truncate_metrics(cfg.run_dir + "/metrics.jsonl", state.step);
+        resumed = {{"step", state.step},
+                   {"data", {state.data_seed, state.data_counter}},
+                   {"dropout", {state.dropout_seed, state.dropout_counter}}};
+    }
+    resumed = json::parse(broadcast_string(resumed.dump()));
+    broadcast_tensors(model.parameters());
+    for (const auto& [name, t] : whole.tensors) dist::broadcast(t);
+    const int64_t start_step = resumed["step"].get<int64_t>();
+    whole.steps = start_step;
+    optimizer.load(whole);
+    data_gen.set_state(resumed["data"][0].get<uint64_t>(), resumed["data"][1].get<uint64_t>());
+    model.dropout_generator().set_state(resumed["dropout"][0].get<uint64_t>(),
+                                        resumed["dropout"][1].get<uint64_t>());
+    Tensor losses =
+        from_vector({so_far.last_loss, so_far.last_val_loss, so_far.min_loss}, {3}, DType::f64);
+    dist::broadcast(losses);  // the divergence check's reference, the same on every rank
+    return {start_step, {losses.at({0}), losses.at({1}), losses.at({2})}};
+}
+
+// The end of a run, on rank 0: plot.svg, result.json (the marker of a finished run, which a
+// sweep skips) and, unless it diverged, the sample of cfg.sample_tokens characters.
+void finish_run(const TrainConfig& cfg, GPT& model, const Tokenizer& tokenizer, double seconds,
+                TrainResult& result) {
+    write_run_plot(cfg);
+    write_file_atomic(cfg.run_dir + "/result.json", json{{"steps_done", result.steps_done},
+                                                         {"final_loss", result.final_loss},
+                                                         {"final_val_loss", result.final_val_loss},
+                                                         {"diverged", result.diverged},
+                                                         {"message", result.message},
+                                                         {"seconds", seconds}}
+                                                        .dump(2));
+    if (!result.diverged && cfg.sample_tokens > 0) {
+        Generator gen(cfg.seed);
+        SampleOptions options{.max_new_tokens = cfg.sample_tokens, .temperature = 0.8, .top_k = 0};
+        // Id 0 is the smallest byte of the text: the newline, for any ordinary text file.
+        result.sample = tokenizer.decode(generate(model, {0}, options, gen));
+    }
+}
+
 }  // namespace
 
 std::string format_duration(double seconds) {
@@ -349,8 +459,6 @@ std::string latest_model_checkpoint(const std::string& run_dir) {
     std::vector<int64_t> steps = checkpoint_steps(run_dir);
     return steps.empty() ? "" : checkpoint_prefix(run_dir, steps.back()) + ".model.safetensors";
 }
-
-void write_run_plot(const std::string& run_dir);  // run_plot.cpp
 
 TrainResult train(const TrainConfig& cfg_in, bool resume) {
     TrainConfig cfg = cfg_in;
@@ -367,8 +475,6 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     const std::string text = read_text_file(cfg.data_path, "train: --data");
     if (root) resume = prepare_run_dir(cfg, resume);
     resume = broadcast_string(resume ? "resume" : "start") == "resume";
-    const std::string config_path = cfg.run_dir + "/config.json",
-                      metrics_path = cfg.run_dir + "/metrics.jsonl";
 
     const Tokenizer tokenizer =
         cfg.tokenizer == "char" ? Tokenizer::char_level(text) : Tokenizer::byte_level();
@@ -386,53 +492,12 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
                    static_cast<double>(optimizer.state_bytes()) / (1 << 20), ranks,
                    cfg.zero ? " (ZeRO-1: AdamW's moments sharded)" : "");
     Generator data_gen(cfg.seed + 1);
-    int64_t start_step = 0;
-    MetricsSoFar so_far;
-    if (resume) {
-        // Rank 0 reads the checkpoint and hands it to the others: they need no copy of the run
-        // directory, and the checkpoint does not depend on how many ranks wrote or read it.
-        json resumed;
-        OptimizerState whole = optimizer.state();  // the whole state, also with --zero 1
-        if (root) {
-            const std::vector<int64_t> steps = checkpoint_steps(cfg.run_dir);
-            QK_CHECK(!steps.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
-            const std::string prefix = checkpoint_prefix(cfg.run_dir, steps.back());
-            load_weights_into(model, prefix + ".model.safetensors");
-            const std::string state_path = prefix + ".state.safetensors";
-            TrainingState state = load_training_state(state_path, whole);
-            QK_CHECK(state.step == steps.back(),
-                     "resume: {} says step {}, but its name says step {}", state_path, state.step,
-                     steps.back());
-            so_far = truncate_metrics(metrics_path, state.step);
-            resumed = {{"step", state.step},
-                       {"data", {state.data_seed, state.data_counter}},
-                       {"dropout", {state.dropout_seed, state.dropout_counter}}};
-        }
-        resumed = json::parse(broadcast_string(resumed.dump()));
-        broadcast_tensors(model.parameters());
-        for (const auto& [name, t] : whole.tensors) dist::broadcast(t);
-        start_step = resumed["step"].get<int64_t>();
-        whole.steps = start_step;
-        optimizer.load(whole);
-        data_gen.set_state(resumed["data"][0].get<uint64_t>(), resumed["data"][1].get<uint64_t>());
-        model.dropout_generator().set_state(resumed["dropout"][0].get<uint64_t>(),
-                                            resumed["dropout"][1].get<uint64_t>());
-        Tensor losses =
-            from_vector({so_far.last_loss, so_far.last_val_loss, so_far.min_loss}, {3}, DType::f64);
-        dist::broadcast(losses);  // the divergence check's reference, the same on every rank
-        so_far = {losses.at({0}), losses.at({1}), losses.at({2})};
-    } else {
-        // Step 0: the validation loss at initialisation, the reference of Wortsman et al.'s LR
-        // sensitivity (`qknorm sweep`).
-        const double val_loss = evaluate(model, data, cfg);
-        if (root) {
-            write_file_atomic(config_path, cfg.to_json());
-            write_file_atomic(metrics_path,
-                              json{{"step", 0}, {"val_loss", val_loss}}.dump() + "\n");
-        }
-    }
+    const RunStart begun =
+        resume ? resume_run(cfg, model, optimizer, data_gen) : start_run(cfg, model, data);
+    const int64_t start_step = begun.step;
+    const MetricsSoFar& so_far = begun.so_far;
     std::ofstream metrics;
-    if (root) metrics.open(metrics_path, std::ios::app);
+    if (root) metrics.open(cfg.run_dir + "/metrics.jsonl", std::ios::app);
     const auto start_time = std::chrono::steady_clock::now();
 
     TrainResult result;
@@ -447,7 +512,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         const auto t0 = std::chrono::steady_clock::now();
         const double lr = cosine_lr(step, cfg.warmup, cfg.steps, cfg.lr, cfg.lr_min);
         inject_fault(step);
-        const bool with_stats = step % cfg.stats_every == 0 || step + 1 == cfg.steps;
+        const bool with_stats = step % cfg.stats_interval() == 0 || step + 1 == cfg.steps;
         std::vector<AttentionStats> stats;  // every step with QK-Clip: it reads S_h from them
         const bool measure = with_stats || cfg.qk_clip > 0;
         const StepGradients grads =
@@ -498,37 +563,11 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
         result.final_loss = loss;
         result.steps_done = step + 1;
         if ((step + 1) % cfg.checkpoint_every == 0 || step + 1 == cfg.steps) {
-            // The loss was finite before this step's update, but the update itself can overflow
-            // (a huge lr · weight decay): check what would be saved.
-            if (!optimizer.all_finite()) {
+            result.message = checkpoint_after_update(cfg, step + 1, last_val, min_loss, model,
+                                                     optimizer, tokenizer, data_gen, pending);
+            if (!result.message.empty()) {
                 result.diverged = true;
-                result.message = fmt::format(
-                    "training diverged at step {}: the update made a weight or "
-                    "an optimizer moment NaN or Inf; the last good checkpoint "
-                    "is kept",
-                    step + 1);
                 break;
-            }
-            pending = TrainingState{step + 1,
-                                    data_gen.seed(),
-                                    data_gen.counter(),
-                                    model.dropout_generator().seed(),
-                                    model.dropout_generator().counter(),
-                                    {{"train_config", cfg.to_json()}}};
-            // The last step has no next loss to vouch for its weights: its validation loss,
-            // measured on them just above, does.
-            if (step + 1 == cfg.steps) {
-                if (const std::string why = divergence(last_val, 0.0, min_loss, cfg.diverge_factor);
-                    !why.empty()) {
-                    result.diverged = true;
-                    result.message = fmt::format(
-                        "training diverged at step {}: validation {} on the final weights; the "
-                        "last good checkpoint is kept",
-                        step + 1, why);
-                    break;
-                }
-                write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
-                pending.reset();
             }
         }
         if (cfg.progress && root) {
@@ -542,23 +581,9 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     if (cfg.progress && root) fmt::print(stderr, "\n");
     result.final_val_loss = last_val;
     if (!root) return result;  // the other ranks write nothing
-    write_run_plot(cfg.run_dir);
-    // The marker of a finished run (a sweep skips runs that have one).
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
-    write_file_atomic(cfg.run_dir + "/result.json", json{{"steps_done", result.steps_done},
-                                                         {"final_loss", result.final_loss},
-                                                         {"final_val_loss", result.final_val_loss},
-                                                         {"diverged", result.diverged},
-                                                         {"message", result.message},
-                                                         {"seconds", seconds}}
-                                                        .dump(2));
-    if (!result.diverged && cfg.sample_tokens > 0) {
-        Generator gen(cfg.seed);
-        SampleOptions options{.max_new_tokens = cfg.sample_tokens, .temperature = 0.8, .top_k = 0};
-        // Id 0 is the smallest byte of the text: the newline, for any ordinary text file.
-        result.sample = tokenizer.decode(generate(model, {0}, options, gen));
-    }
+    finish_run(cfg, model, tokenizer, seconds, result);
     return result;
 }
 

@@ -22,6 +22,9 @@ struct TrainResult {
 // continues the run found there from its latest checkpoint.
 TrainResult train(const TrainConfig& config, bool resume = false);
 
+// plot.svg in cfg.run_dir, drawn from its metrics.jsonl under a title from cfg (nn/run_plot.cpp).
+void write_run_plot(const TrainConfig& cfg);
+
 // The newest complete checkpoint of a run ("" if none): the model file path.
 std::string latest_model_checkpoint(const std::string& run_dir);
 // "4m05s" or "1h02m": the ETAs of the progress bar and of `qknorm sweep`.

@@ -175,6 +175,28 @@ TEST_CASE("sample: options checked, tokens streamed, non-finite logits refused")
     check_refused(run_qknorm({"sample", "--ckpt", broken, "--tokens", "5"}), 1, {"not finite"});
 }
 
+TEST_CASE("sample takes --run-dir as train does, --run as its alias; the text ends in a newline") {
+    TempDir dir("cli_sample_run_dir");
+    const std::string run = dir / "run";
+    REQUIRE(run_qknorm(tiny(dir, {"--steps", "2", "--run-dir", run})).exit_code == 0);
+    auto sample = [&](const char* flag) {
+        return run_qknorm(
+            {"sample", flag, run, "--prompt", "All:", "--tokens", "9", "--seed", "5"});
+    };
+    const Outcome by_dir = sample("--run-dir"), by_alias = sample("--run");
+    CAPTURE(by_dir.output);
+    CAPTURE(by_alias.output);
+    CHECK(by_dir.exit_code == 0);
+    CHECK(by_alias.exit_code == 0);
+    REQUIRE(by_dir.output.size() == 4 + 9 + 1);
+    CHECK(by_dir.output.back() == '\n');
+    CHECK(by_dir.output == by_alias.output);  // the same run, the same seed: the same text
+    const Outcome help = run_qknorm({"sample", "--help"});
+    CHECK(help.output.find("--run-dir") != std::string::npos);
+    check_refused(run_qknorm({"sample", "--run-dir", dir / "none"}), 1,
+                  {"qknorm: sample: --run-dir", "none"});
+}
+
 TEST_CASE("--pos-emb rope: no wpe in the checkpoint, the switch in its metadata, and it samples") {
     TempDir dir("cli_rope");
     const std::string run = dir / "run";

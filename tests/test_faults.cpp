@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/safetensors.h"
 #include "helpers.h"
@@ -88,6 +89,67 @@ TEST_CASE("a config.json with out-of-range or mistyped integers is refused") {
     CHECK(throws_with([&] { TrainConfig::from_json("[1, 2]"); }, {"JSON object"}));
     CHECK(throws_with([&] { TrainConfig::from_json(std::string(1'000'000, '[')); },
                       {"1000000 levels deep"}));
+}
+
+// A configuration whose model values are not the defaults, with a double that only a shortest
+// round-trip form reads back to the same bits.
+TrainConfig typed_config() {
+    TrainConfig c;
+    c.model.n_layer = 3, c.model.dropout = 0.1 + 0.2, c.model.bias = false;
+    c.model.pos_emb = PosEmb::rope, c.model.rope_theta = 500000, c.lr = 3e-4;
+    c.validate();
+    return c;
+}
+
+TEST_CASE("config.json holds the model's numbers as numbers and its switches as booleans") {
+    const TrainConfig c = typed_config();
+    const json j = json::parse(c.to_json());
+    const json& m = j.at("model");
+    CHECK(m.at("n_layer").is_number_integer());
+    CHECK(m.at("n_layer") == 3);
+    CHECK(m.at("vocab_size").is_number_integer());
+    CHECK(m.at("dropout").is_number_float());
+    CHECK(m.at("dropout").get<double>() == c.model.dropout);
+    CHECK(m.at("rope_theta") == 500000.0);
+    CHECK(m.at("bias").is_boolean());
+    CHECK(m.at("bias") == false);
+    CHECK(m.at("tie_embeddings").is_boolean());
+    // The names stay strings, and nothing else is one.
+    const std::set<std::string> names{"norm",      "qk_norm",   "qk_norm_scope", "qk_scale_init",
+                                      "attention", "precision", "pos_emb",       "qk_norm_order"};
+    for (const auto& [key, value] : m.items()) {
+        CAPTURE(key);
+        CHECK(value.is_string() == (names.count(key) == 1));
+    }
+    const TrainConfig back = TrainConfig::from_json(c.to_json());
+    CHECK(back.to_json() == c.to_json());
+    CHECK(back.model.dropout == c.model.dropout);  // the same bits
+    CHECK(back.model.n_layer == 3);
+    CHECK(!back.model.bias);
+}
+
+TEST_CASE("a config.json of before typed values (every model value a string) still loads") {
+    const TrainConfig c = typed_config();
+    json old = json::parse(c.to_json());
+    old["model"] = c.model.to_strings();  // what config.json held until then
+    REQUIRE(old["model"]["n_layer"] == "3");
+    REQUIRE(old["model"]["bias"] == "false");
+    CHECK(TrainConfig::from_json(old.dump()).to_json() == c.to_json());
+    // A mix of the two forms reads too (a hand-edited file).
+    json mixed = json::parse(c.to_json());
+    mixed["model"]["n_embd"] = std::to_string(c.model.n_embd);
+    mixed["model"]["qkv_norm"] = "false";
+    CHECK(TrainConfig::from_json(mixed.dump()).to_json() == c.to_json());
+    // Neither form: refused, naming the field.
+    auto with_model = [&](const char* key, json value) {
+        json j = json::parse(c.to_json());
+        j["model"][key] = value;
+        return j.dump();
+    };
+    CHECK(throws_with([&] { TrainConfig::from_json(with_model("n_layer", nullptr)); },
+                      {"model.n_layer"}));
+    CHECK(throws_with([&] { TrainConfig::from_json(with_model("bias", 1)); }, {"bias"}));
+    CHECK(throws_with([&] { TrainConfig::from_json(with_model("n_layer", 2.5)); }, {"n_layer"}));
 }
 
 TEST_CASE("thread counts are bounded") {
@@ -236,6 +298,79 @@ TEST_CASE("resume drops malformed metrics lines and refuses a corrupt step") {
         fs::rename(state + ".edited", state);
         CHECK(throws_with([&] { train(again, true); }, {"step", bad}));
     }
+}
+
+namespace {
+
+size_t count_of(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+}
+
+bool has_tick(const plot::AxisTicks& a, double v) {
+    return std::any_of(a.ticks.begin(), a.ticks.end(),
+                       [&](double t) { return std::abs(t - v) <= 1e-9 * v; });
+}
+
+// The ticks are increasing, inside the axis, and the axis holds [lo, hi] with a tick at or beyond
+// each end.
+void check_covers(const plot::AxisTicks& a, double lo, double hi) {
+    CAPTURE(lo);
+    CAPTURE(hi);
+    REQUIRE(a.ticks.size() >= 2);
+    CHECK(std::is_sorted(a.ticks.begin(), a.ticks.end()));
+    CHECK(a.lo <= lo);
+    CHECK(a.hi >= hi);
+    CHECK(a.ticks.front() <= lo * (1 + 1e-9));
+    CHECK(a.ticks.back() >= hi * (1 - 1e-9));
+    CHECK(a.ticks.front() >= a.lo);
+    CHECK(a.ticks.back() <= a.hi);
+}
+
+}  // namespace
+
+TEST_CASE("log axes: a tick every decade across the range, with 2 and 5 under two decades") {
+    // Five decades of a gradient norm: every power of ten from 1e-4 to 10 is a tick.
+    const plot::AxisTicks wide = plot::axis_ticks(2e-4, 7, true, 11);
+    check_covers(wide, 2e-4, 7);
+    for (int d = -4; d <= 1; ++d) CHECK_MESSAGE(has_tick(wide, std::pow(10.0, d)), d);
+    CHECK(wide.ticks.size() <= 11);
+    // Under two decades: intermediate ticks at 2 and 5 (or denser).
+    const plot::AxisTicks narrow = plot::axis_ticks(0.3, 8, true, 11);
+    check_covers(narrow, 0.3, 8);
+    for (double v : {0.5, 1.0, 2.0, 5.0}) CHECK_MESSAGE(has_tick(narrow, v), v);
+    // Hundreds of decades: one tick every few, still across the whole range and bounded.
+    const plot::AxisTicks huge = plot::axis_ticks(1e-200, 1e200, true, 8);
+    check_covers(huge, 1e-200, 1e200);
+    CHECK(huge.ticks.size() <= 8);
+    // A linear axis keeps the data's range, its ticks round and inside it.
+    const plot::AxisTicks linear = plot::axis_ticks(0, 9000, false, 11);
+    CHECK(linear.lo == 0);
+    CHECK(linear.hi == 9000);
+    CHECK(has_tick(linear, 0));
+    CHECK(has_tick(linear, 9000));
+}
+
+TEST_CASE("a plot has a title, log axes say so, and sparse series get a marker per point") {
+    plot::Series train{"train", {1, 2, 3, 4, 5, 6}, {4, 3.5, 3, 2.8, 2.6, 2.5}};
+    plot::Series val{"val", {0, 3, 6}, {4.2, 3.1, 2.6}, true};
+    plot::Panel loss{"Loss", "step", "cross-entropy", false, false, {train, val}};
+    plot::Panel grad{"Gradient norm", "step", "‖g‖",
+                     false,           true,   {{"g", {1, 2, 3}, {5, 0.5, 0.05}}}};
+    const std::string svg = plot::render_svg({loss, grad}, 2, "run-a: L=4 H=6\nB=16, 9000 steps");
+    CHECK(count_of(svg, "<circle") == 3 + 1);  // the three val points and the legend's dot
+    CHECK(count_of(svg, "‖g‖ (log scale)") == 1);
+    CHECK(count_of(svg, "cross-entropy (log scale)") == 0);
+    CHECK(count_of(svg, ">run-a: L=4 H=6</text>") == 1);
+    CHECK(count_of(svg, ">B=16, 9000 steps</text>") == 1);
+    // The log axis from 0.05 to 5: its decades and their 2 and 5 as ticks, the ends included.
+    for (const std::string tick : {"0.05", "0.1", "0.2", "0.5", "1", "2", "5"})
+        CHECK_MESSAGE(count_of(svg, "text-anchor=\"end\">" + tick + "</text>") == 1, tick);
+    // Without markers or a title, none is drawn.
+    const std::string plain = plot::render_svg({{"Loss", "step", "loss", false, false, {train}}});
+    CHECK(count_of(plain, "<circle") == 0);
+    CHECK(count_of(plain, "font-size=\"15\"") == 0);
 }
 
 TEST_CASE("plots of runs with nothing finite to draw finish and stay small") {

@@ -119,6 +119,14 @@ TEST_CASE("a run writes config.json, metrics.jsonl, plot.svg and the last K chec
         ++polylines;
     // train, val, grad norm, and one layer in each of the four signal panels
     CHECK(polylines == 7);
+    // Validation's five points (steps 0, 5, 10, 15, 20) are marked, and the legend's val entry.
+    size_t circles = 0;
+    for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1))
+        ++circles;
+    CHECK(circles == 5 + 1);
+    CHECK(svg.find(">run: L=1 H=2 C=16 T=16, qk_norm=layernorm") != std::string::npos);
+    CHECK(svg.find("20 steps, adamw lr 0.01 to 0.001") != std::string::npos);
+    CHECK(svg.find("(log scale)") != std::string::npos);
 
     const json result = json::parse(read_file(cfg.run_dir + "/result.json"));
     CHECK(result["steps_done"] == 20);
@@ -134,6 +142,31 @@ TEST_CASE("a run writes config.json, metrics.jsonl, plot.svg and the last K chec
     LoadedModel loaded = load_model(latest_model_checkpoint(cfg.run_dir));
     CHECK(loaded.metadata.at("step") == "20");
     CHECK(loaded.tokenizer.decode(loaded.tokenizer.encode("Speak, speak.")) == "Speak, speak.");
+}
+
+TEST_CASE("stats_every 0 measures the stability signals at least 50 times in any run") {
+    for (int64_t steps : {1, 7, 50, 60, 99, 100, 120, 400, 1249, 1250, 3000, 9000}) {
+        TrainConfig cfg;
+        cfg.steps = steps;
+        REQUIRE(cfg.stats_every == 0);  // the default is auto
+        const int64_t every = cfg.stats_interval();
+        CAPTURE(steps);
+        CHECK(every >= 1);
+        CHECK(every <= 25);
+        int64_t points = 0;  // the steps the training loop measures
+        for (int64_t step = 0; step < steps; ++step)
+            points += step % every == 0 || step + 1 == steps;
+        CHECK(points >= std::min<int64_t>(steps, 50));
+    }
+    TrainConfig cfg;
+    cfg.steps = 9000;
+    CHECK(cfg.stats_interval() == 25);  // the default run: 360 points
+    cfg.steps = 200;
+    CHECK(cfg.stats_interval() == 4);
+    cfg.stats_every = 7;  // a given cadence is kept
+    CHECK(cfg.stats_interval() == 7);
+    cfg.stats_every = -1;
+    CHECK_THROWS_AS(cfg.validate(), Error);
 }
 
 TEST_CASE("resuming gives bit-identical losses to a run that never stopped, dropout or not") {
