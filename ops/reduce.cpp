@@ -37,6 +37,7 @@
 #include "core/strided.h"
 #include "core/threading.h"
 #include "ops/elementwise.h"
+#include "ops/elementwise_math.h"  // math::exp_fast, the vectorisable exp of the exp-sum kernels
 
 namespace qk {
 

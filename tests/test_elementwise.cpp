@@ -3,6 +3,7 @@
 #include <functional>
 
 #include "helpers.h"
+#include "ops/elementwise_math.h"  // math::tanh_fast (internal: not in qk.h)
 
 using namespace qk;
 using qk::test::leaf;

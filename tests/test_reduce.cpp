@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "helpers.h"
+#include "ops/elementwise_math.h"  // math::exp_fast (internal: not in qk.h)
 
 using namespace qk;
 using qk::test::leaf;
