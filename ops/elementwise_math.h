@@ -307,9 +307,9 @@ struct RDivBackward {
         return -dy * s / (x * x);
     }
 };
-// d/dx gelu = 0.5 (1 + tanh u) + 0.5 x (1 - tanh² u) du/dx,  du/dx = sqrt(2/π)(1 + 3·0.044715 x²)
-//           = s + 2 x s (1 − s) du/dx,  s = σ(2u)      (0.5 (1 + tanh u) = s, 0.5 (1 − tanh² u) = 2
-//           s (1 − s))
+// d/dx gelu = 0.5 (1 + tanh u) + 0.5 x (1 − tanh² u) du/dx,   du/dx = sqrt(2/π) (1 + 3·0.044715 x²)
+//           = s + 2 x s (1 − s) du/dx,                         s = σ(2u)
+// since 0.5 (1 + tanh u) = s and 0.5 (1 − tanh² u) = 2 s (1 − s).
 struct GeluBackward {
     template <class T>
     QK_HOST_DEVICE T operator()(T dy, T x, T) const {

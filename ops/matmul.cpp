@@ -1,8 +1,8 @@
 // Matrix multiplication through OpenBLAS GEMM, batched with numpy broadcasting.
 //
 // Forward, for every batch index β (a and b are read at the batch index that broadcasts to β):
-//     y[β, i, j] = Σ_k a[β, i, k] · b[β, k, j]        a: (..., M, K), b: (..., K, N), y: (..., M,
-//     N)
+//     y[β, i, j] = Σ_k a[β, i, k] · b[β, k, j]          a: (..., M, K),  b: (..., K, N),
+//                                                       y: (..., M, N)
 // Saved: b when a requires grad (dA needs it), a when b requires grad (dB needs it); nothing else.
 //
 // Backward, with dY = ∂L/∂y:
@@ -37,11 +37,10 @@
 //
 // Mixed precision (Precision::bf16, float32 tensors only): the same three GEMMs on bfloat16
 // operands with float32 accumulation (ops/gemm_bf16.cpp),
-//     y = b + x̃ · W̃ᵀ        dx = dỸ · W̃        dW = dỸᵀ · x̃        db = Σ_r dY     (~ : rounded to
-//     bf16)
-// saving x̃ and W̃ (bf16) instead of x and W. The rounding is treated as the identity in the
-// backward (the straight-through rule of every mixed-precision trainer): dx and dW are the
-// gradients at the rounded point, computed in float32.
+//     y = b + x̃ · W̃ᵀ        dx = dỸ · W̃        dW = dỸᵀ · x̃        db = Σ_r dY
+// where ˜ marks a value rounded to bf16; the op saves x̃ and W̃ (bf16) instead of x and W. The
+// rounding is treated as the identity in the backward (the straight-through rule of every
+// mixed-precision trainer): dx and dW are the gradients at the rounded point, computed in float32.
 //
 // Kernel ladder: v1, the naive triple loop that mirrors the sum above, is the reference in
 // tests/test_matmul.cpp; v2 is OpenBLAS, faster because it blocks for the caches and registers
