@@ -129,9 +129,7 @@ Tensor embedding(const Tensor& weight_in, const Tensor& ids_in) {
     QK_CHECK(weight_in.device() == ids_in.device() || ids_in.device() == Device::cpu,
              "embedding: weight is on {} but ids are on {}", weight_in.device(), ids_in.device());
     const int64_t V = weight_in.size(0), C = weight_in.size(1);
-    // detach() first so that making a copy contiguous records no node: the node below is
-    // recorded against weight_in itself.
-    Tensor weight = weight_in.detach().contiguous();
+    const Tensor weight = autograd::contiguous_input(weight_in);
     // A private copy (N ints, 1/C of y's size): the backward reads the ids later, and a caller
     // refilling its batch buffer before backward() must not change the gradient.
     // (to() already copies when the devices differ.)
@@ -163,9 +161,10 @@ Tensor embedding(const Tensor& weight_in, const Tensor& ids_in) {
 #endif
             break;
     }
-    return autograd::record("embedding", y, {weight_in}, [ids, V, C](const Tensor& dy) {
-        return std::vector<Tensor>{embedding_backward(dy, ids, V, C)};
-    });
+    return autograd::record("embedding", y, {weight_in},
+                            [ids = autograd::saved(ids), V, C](const Tensor& dy) {
+                                return std::vector<Tensor>{embedding_backward(dy, ids, V, C)};
+                            });
 }
 
 }  // namespace qk

@@ -154,8 +154,8 @@ int64_t count_valid_targets(const int32_t* t, int64_t N, int64_t V, int32_t igno
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t ignore_index) {
     check_cross_entropy_args(logits_in, targets_in);
-    Tensor x = logits_in.contiguous().detach();
-    Tensor t = targets_in.contiguous();
+    const Tensor x = autograd::contiguous_input(logits_in);
+    const Tensor t = autograd::contiguous_input(targets_in);
     const int64_t N = x.size(0), V = x.size(1);
     Tensor lse = Tensor::empty({N}, x.dtype(), x.device());
     int64_t n_valid = 0;
@@ -190,7 +190,8 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
             break;
         }
     }
-    auto backward = [x, t, lse, n_valid, ignore_index](const Tensor& dloss) {
+    auto backward = [x = autograd::saved(x), t = autograd::saved(t), lse = autograd::saved(lse),
+                     n_valid, ignore_index](const Tensor& dloss) {
         Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
         switch (x.device()) {
             case Device::cpu:

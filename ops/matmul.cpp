@@ -309,8 +309,8 @@ void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias
 namespace {
 
 // A float32 (rows, cols) tensor as a contiguous bf16 one (the rounding; a view's elements are
-// gathered on the way).
-Tensor to_bf16(const Tensor& t) { return t.detach().to(kBF16); }
+// gathered on the way). t is detached, or dy under the backward's NoGradGuard: nothing records.
+Tensor to_bf16(const Tensor& t) { return t.to(kBF16); }
 
 // t = 0 on its device (t contiguous).
 void fill_zeros(const Tensor& t) {
@@ -358,7 +358,8 @@ void bf16_gemm(cpu::GemmJob<bf16, float> job, Device device) {
     }
 }
 
-Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear_bf16(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+    const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
     QK_CHECK(x.dtype() == kF32, "linear: bf16 precision needs float32 x and weight, got {} {}",
              x.dtype(), x.shape());
     const int64_t K = weight.size(1), N = weight.size(0);
@@ -368,8 +369,8 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     Shape out_shape = x.shape();
     out_shape.back() = N;
     Tensor y = Tensor::empty(out_shape, kF32, device);
-    const Tensor x_rounded = to_bf16(rows_of(x.detach())), w_rounded = to_bf16(weight);
-    const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
+    const Tensor x_rounded = to_bf16(rows_of(x)), w_rounded = to_bf16(weight);
+    const Tensor b = autograd::contiguous_input(bias_in);
     if (R * N > 0) {
         const Tensor y_rows = y.view({R, N});
         if (K == 0) {  // an empty sum: y is the bias, or 0
@@ -386,11 +387,11 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
             bf16_gemm(bf16_job(y_rows, x_rounded, false, w_rounded, true, b), device);
         }
     }
-    const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
-    const bool need_b = bias.defined() && bias.requires_grad();
+    const bool need_x = x_in.requires_grad(), need_w = weight_in.requires_grad();
+    const bool need_b = bias_in.defined() && bias_in.requires_grad();
     auto backward = [need_x, need_w, need_b, R, N, K, device, x_shape = x.shape(),
-                     x_saved = need_w ? x_rounded : Tensor(),
-                     w_saved = need_x ? w_rounded : Tensor()](const Tensor& dy) {
+                     x_saved = need_w ? autograd::saved(x_rounded) : Tensor(),
+                     w_saved = need_x ? autograd::saved(w_rounded) : Tensor()](const Tensor& dy) {
         const Tensor dy_rows = rows_of(dy);  // (R, N)
         const Tensor dy_rounded = need_x || need_w ? to_bf16(dy_rows) : Tensor();
         Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
@@ -410,21 +411,23 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         Tensor db = need_b ? sum_to(dy_rows, {N}) : Tensor();  // Σ_r dY, in float32
         return std::vector<Tensor>{need_x ? dx.reshape(x_shape) : dx, dw, db};
     };
-    return autograd::record("linear", y, {x, weight, bias}, std::move(backward));
+    return autograd::record("linear", y, {x_in, weight_in, bias_in}, std::move(backward));
 }
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precision precision) {
-    check_linear_args(x, weight, bias);
-    if (precision == Precision::bf16) return linear_bf16(x, weight, bias);
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
+              Precision precision) {
+    check_linear_args(x_in, weight_in, bias_in);
+    if (precision == Precision::bf16) return linear_bf16(x_in, weight_in, bias_in);
+    const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
     const int64_t K = weight.size(1), N = weight.size(0);
     const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));  // rows of x
     QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape());
     Shape out_shape = x.shape();
     out_shape.back() = N;
     Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
-    const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
+    const Tensor b = autograd::contiguous_input(bias_in);
     switch (y.device()) {
         case Device::cpu:
             dispatch_float(y.dtype(), [&](auto tag) {
@@ -435,8 +438,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precisi
                     std::fill_n(yp, R * N, T(0));
                     return;
                 }
-                auto [a, la] = gemm_operand(rows_of(x.detach()));  // (R, K): a view if rows merge
-                auto [w, lw] = gemm_operand(weight.detach().t());  // (K, N): W read transposed
+                auto [a, la] = gemm_operand(rows_of(x));  // (R, K): a view if rows merge
+                auto [w, lw] = gemm_operand(weight.t());  // (K, N): W read transposed
                 // y = b in every row, then += x · Wᵀ (each thread on its own slab)
                 cpu::gemm(cpu::GemmJob<T, T>{yp, N, a.template data<T>(), la, w.template data<T>(),
                                              lw, R, N, K, T(0),
@@ -454,8 +457,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precisi
                     if (!b.defined()) cuda::fill(y.raw_data(), y.dtype(), R * N, 0.0);
                     return;
                 }
-                auto [a, la] = gemm_operand(rows_of(x.detach()));
-                auto [w, lw] = gemm_operand(weight.detach().t());
+                auto [a, la] = gemm_operand(rows_of(x));
+                auto [w, lw] = gemm_operand(weight.t());
                 cuda::gemm(y.data<T>(), N, 0, a.template data<T>(), la.trans, la.ld, 0,
                            w.template data<T>(), lw.trans, lw.ld, 0, R, N, K, 1,
                            b.defined() ? T(1) : T(0));
@@ -465,11 +468,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precisi
 #endif
             break;
     }
-    const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
-    const bool need_b = bias.defined() && bias.requires_grad();
+    const bool need_x = x_in.requires_grad(), need_w = weight_in.requires_grad();
+    const bool need_b = bias_in.defined() && bias_in.requires_grad();
     auto backward = [need_x, need_w, need_b, N, x_shape = x.shape(),
-                     x_saved = need_w ? x.detach() : Tensor(),
-                     w_saved = need_x ? weight.detach() : Tensor()](const Tensor& dy) {
+                     x_saved = need_w ? autograd::saved(x) : Tensor(),
+                     w_saved = need_x ? autograd::saved(weight) : Tensor()](const Tensor& dy) {
         const Tensor dy_rows = rows_of(dy);  // (R, N)
         Tensor dx, dw, db;
         if (need_x && need_w && dy.device() == Device::cpu) {
@@ -482,7 +485,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precisi
         if (need_b) db = sum_to(dy_rows, {N});  // Σ_r dY
         return std::vector<Tensor>{dx, dw, db};
     };
-    return autograd::record("linear", y, {x, weight, bias}, std::move(backward));
+    return autograd::record("linear", y, {x_in, weight_in, bias_in}, std::move(backward));
 }
 
 namespace {
@@ -497,22 +500,23 @@ void set_tf32(bool on) {
 }
 bool tf32_enabled() { return tf32_on; }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-    check_args(a, b);
-    Tensor y = matmul_forward(a.detach(), b.detach());
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+    check_args(a_in, b_in);
+    const Tensor a = autograd::saved(a_in), b = autograd::saved(b_in);  // read as they are
+    Tensor y = matmul_forward(a, b);
     // Save only what the backward reads: b for dA, a for dB (and only for inputs wanting grad),
     // and whether each input is a transposed view (its gradient is made in the same layout).
-    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
-    Tensor a_saved = need_b ? a.detach() : Tensor(), b_saved = need_a ? b.detach() : Tensor();
-    auto backward = [need_a, need_b, a_saved, b_saved, a_shape = a.shape(), b_shape = b.shape(),
-                     a_trans = stored_transposed(a),
+    const bool need_a = a_in.requires_grad(), need_b = b_in.requires_grad();
+    auto backward = [need_a, need_b, a_saved = need_b ? autograd::saved(a) : Tensor(),
+                     b_saved = need_a ? autograd::saved(b) : Tensor(), a_shape = a.shape(),
+                     b_shape = b.shape(), a_trans = stored_transposed(a),
                      b_trans = stored_transposed(b)](const Tensor& dy) {
         Tensor da, db;
         if (need_a) da = grad_a(b_saved, dy, a_shape, a_trans);  // dY · bᵀ
         if (need_b) db = grad_b(a_saved, dy, b_shape, b_trans);  // aᵀ · dY
         return std::vector<Tensor>{da, db};
     };
-    return autograd::record("matmul", y, {a, b}, std::move(backward));
+    return autograd::record("matmul", y, {a_in, b_in}, std::move(backward));
 }
 
 namespace detail {
@@ -528,7 +532,7 @@ Tensor matmul_tiled(const Tensor& a_in, const Tensor& b_in) {
              "matmul_tiled: needs float a (M, K) and b (K, N), or (B, M, K) and (B, K, N), of one "
              "dtype; got a {} {} and b {} {}",
              a_in.dtype(), a_in.shape(), b_in.dtype(), b_in.shape());
-    const Tensor a = a_in.detach().contiguous(), b = b_in.detach().contiguous();
+    const Tensor a = autograd::contiguous_input(a_in), b = autograd::contiguous_input(b_in);
     const int64_t batch = a.dim() == 3 ? a.size(0) : 1;
     const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
     Shape out_shape = a.shape();

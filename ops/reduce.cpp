@@ -409,9 +409,8 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
     Tensor y_kept = max_into_shape(x, kept);
     Tensor y = keepdim ? y_kept : y_kept.view(drop_reduced(x.shape(), kept, dims));
     return autograd::record("max", y, {x},
-                            [x = x.detach(), y_kept = y_kept.detach()](const Tensor& dy) {
-                                return Grads{max_grad(x, y_kept, dy)};
-                            });
+                            [x = autograd::saved(x), y_kept = autograd::saved(y_kept)](
+                                const Tensor& dy) { return Grads{max_grad(x, y_kept, dy)}; });
 }
 
 Tensor var(const Tensor& x, const Dims& dims, bool keepdim, int64_t correction) {
@@ -431,10 +430,11 @@ Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
     const Shape kept = keepdim_shape(x.shape(), dims, "logsumexp");
     Tensor lse_kept = logsumexp_into_shape(x, kept);
     Tensor y = keepdim ? lse_kept : lse_kept.view(drop_reduced(x.shape(), kept, dims));
-    return autograd::record("logsumexp", y, {x},
-                            [x = x.detach(), lse_kept = lse_kept.detach()](const Tensor& dy) {
-                                return Grads{logsumexp_grad(x, lse_kept, dy)};
-                            });
+    return autograd::record(
+        "logsumexp", y, {x},
+        [x = autograd::saved(x), lse_kept = autograd::saved(lse_kept)](const Tensor& dy) {
+            return Grads{logsumexp_grad(x, lse_kept, dy)};
+        });
 }
 
 }  // namespace qk
