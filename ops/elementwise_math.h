@@ -110,7 +110,10 @@ struct Div {
     }
 };
 
-// ---- unary forward (s is the op's scalar parameter, unused by most) ---------------------------
+// ---- unary forward: y = f(x, s) --------------------------------------------------------------
+// s is the op's scalar parameter (pow's exponent, softcap's c); the functors of ops without one
+// leave it unnamed. A pointwise op (ops/elementwise.cpp's pointwise()) pairs its forward functor
+// F with a backward functor FBackward below.
 struct Neg {
     template <class T>
     QK_HOST_DEVICE T operator()(T x, T) const {
@@ -229,15 +232,17 @@ struct Gelu {
 };
 
 // ---- unary backward: dx = f(dy, saved, s) -----------------------------------------------------
-// dy/dx = y for exp, with y saved
-struct DyTimes {
+// saved is the op's input x or its output y, as the op's call to pointwise() says (Saves::input
+// or Saves::output); each comment names which.
+// d/dx exp x = y, with y saved
+struct ExpBackward {
     template <class T>
     QK_HOST_DEVICE T operator()(T dy, T v, T) const {
         return dy * v;
     }
 };
 // d/dx log x = 1/x, with x saved
-struct DyOver {
+struct LogBackward {
     template <class T>
     QK_HOST_DEVICE T operator()(T dy, T x, T) const {
         return dy / x;
@@ -301,7 +306,7 @@ struct PowBackward {
     }
 };
 // d/dx s/x = -s/x², with x saved
-struct RDivBackward {
+struct RDivScalarBackward {
     template <class T>
     QK_HOST_DEVICE T operator()(T dy, T x, T s) const {
         return -dy * s / (x * x);
