@@ -48,17 +48,21 @@
 //
 // Threads: a large GEMM is split over the library's pool, small batched ones go to the threads
 // whole, and linear's dx and dW run side by side: see ops/gemm.h.
+//
+// Files: this one holds matmul and linear; ops/matmul_layout.cpp, how GEMM reads a tensor's
+// memory (the layouts, the batch strides, the merged rows); ops/matmul_bf16.cpp, linear's
+// mixed-precision path; ops/matmul_internal.h declares what they share.
 #include "ops/matmul.h"
 
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <optional>
 
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "core/strided.h"
 #include "ops/gemm.h"
+#include "ops/matmul_internal.h"
 #include "ops/reduce.h"
 
 namespace qk {
@@ -86,68 +90,9 @@ void cuda_batched_gemm(T* y, const T* a, const Shape& a_batch_strides, cpu::Gemm
 }  // namespace
 #endif
 
-namespace detail {
-namespace {
-std::atomic<int64_t> operand_copies{0};
-}
-int64_t matmul_operand_copies() { return operand_copies.load(); }
-}  // namespace detail
+using namespace matmul_impl;
 
 namespace {
-
-Shape batch_of(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
-
-// How GEMM can read a (rows, cols) matrix with strides (s_row, s_col), if it can. The stride of a
-// size-1 dim is never followed, so it may be anything; ld must still be >= the stored row length.
-std::optional<cpu::GemmLayout> gemm_layout(int64_t rows, int64_t cols, int64_t s_row,
-                                           int64_t s_col) {
-    if ((cols == 1 || s_col == 1) && (rows == 1 || s_row >= cols))  // row-major: (ld, 1)
-        return cpu::GemmLayout{false, rows == 1 ? cols : s_row};
-    if ((rows == 1 || s_row == 1) && (cols == 1 || s_col >= rows))  // transposed view: (1, ld)
-        return cpu::GemmLayout{true, cols == 1 ? rows : s_col};
-    return std::nullopt;
-}
-
-// t itself when GEMM can read its last two dims, else a contiguous copy (t is detached here:
-// the backward works from the original views). Returns the layout either way.
-std::pair<Tensor, cpu::GemmLayout> gemm_operand(const Tensor& t) {
-    const int64_t r = t.dim() - 2, c = t.dim() - 1;
-    auto layout = gemm_layout(t.size(r), t.size(c), t.strides()[r], t.strides()[c]);
-    if (layout && layout->ld <= INT_MAX) return {t, *layout};
-    ++detail::operand_copies;
-    Tensor copy = t.contiguous();
-    return {copy, cpu::GemmLayout{false, t.size(c)}};
-}
-
-// Strides that read t's batch dims as if expanded to `batch` (0 where t is broadcast).
-Shape batch_strides(const Tensor& t, const Shape& batch) {
-    Shape strides(batch.size(), 0);
-    const size_t lead = batch.size() - (t.dim() - 2);
-    for (size_t i = lead; i < batch.size(); ++i)
-        if (t.size(i - lead) != 1) strides[i] = t.strides()[i - lead];
-    return strides;
-}
-
-// True when t's batch dims and its row dim merge into one dim of stride ld, so that t, a
-// row-major (..., M, K), reads as one (batch·M, K) matrix with leading dimension ld.
-bool rows_merge(const Tensor& t, int64_t ld) {
-    int64_t expected = ld;
-    for (int64_t d = t.dim() - 2; d >= 0; --d) {
-        if (t.size(d) == 1) continue;
-        if (t.strides()[d] != expected) return false;
-        expected *= t.size(d);
-    }
-    return true;
-}
-
-// t: (..., cols) as a 2-D (rows, cols) matrix: a view when rows_merge allows, else a copy.
-Tensor as_rows(const Tensor& t) {
-    const int64_t cols = t.size(-1), rows = t.numel() / std::max<int64_t>(cols, 1);
-    auto layout = gemm_layout(t.size(-2), cols, t.strides()[t.dim() - 2], t.strides().back());
-    if (layout && !layout->trans && rows_merge(t, layout->ld))
-        return make_view(t, {rows, cols}, {layout->ld, 1}, t.offset());
-    return t.reshape({rows, cols});
-}
 
 void check_args(const Tensor& a, const Tensor& b) {
     QK_CHECK(a.defined() && b.defined(), "matmul: got an undefined tensor");
@@ -254,13 +199,6 @@ Tensor grad_a(const Tensor& b, const Tensor& dy, const Shape& a_shape, bool tran
     return sum_to(da, a_shape);
 }
 
-// t: (..., K) as a 2-D (rows, K) matrix; a 1-D t is one row.
-Tensor rows_of(const Tensor& t) {
-    const int64_t K = t.size(-1);
-    if (t.dim() >= 2 && K > 0) return as_rows(t);
-    return t.reshape({numel_of(Shape(t.shape().begin(), t.shape().end() - 1)), K});
-}
-
 // Linear's dx = dY · W and dW = dYᵀ · x as one cpu::gemm_pair.
 // dy_rows: (R, N); x_rows: (R, K); w: (N, K).    Returns dx: (R, K), dW: (N, K).
 std::pair<Tensor, Tensor> cpu_linear_grads(const Tensor& dy_rows, const Tensor& x_rows,
@@ -302,116 +240,6 @@ void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias
                  bias.device() == weight.device(),
              "linear: bias is {} {}, expected {} [{}] for weight {}", bias.dtype(), bias.shape(),
              weight.dtype(), weight.size(0), weight.shape());
-}
-
-}  // namespace
-
-namespace {
-
-// A float32 (rows, cols) tensor as a contiguous bf16 one (the rounding; a view's elements are
-// gathered on the way). t is detached, or dy under the backward's NoGradGuard: nothing records.
-Tensor to_bf16(const Tensor& t) { return t.to(kBF16); }
-
-// t = 0 on its device (t contiguous).
-void fill_zeros(const Tensor& t) {
-    if (t.device() == Device::cpu) {
-        std::fill_n(t.data<float>(), t.numel(), 0.0f);
-        return;
-    }
-#ifdef QK_WITH_CUDA
-    cuda::fill(t.raw_data(), t.dtype(), t.numel(), 0.0);
-#endif
-}
-
-cpu::GemmJob<bf16, float> bf16_job(const Tensor& y, const Tensor& a, bool a_trans, const Tensor& b,
-                                   bool b_trans, const Tensor& bias = {}) {
-    const int64_t M = y.size(0), N = y.size(1), K = a_trans ? a.size(0) : a.size(1);
-    return {y.data<float>(),
-            N,
-            a.data<bf16>(),
-            {a_trans, a.size(1)},
-            b.data<bf16>(),
-            {b_trans, b.size(1)},
-            M,
-            N,
-            K,
-            0.0f,
-            bias.defined() ? bias.data<float>() : nullptr};
-}
-
-// One bf16 GEMM on the tensors' device (the job's pointers are device pointers for cuda). cuBLAS
-// has no bias argument: on cuda the caller writes the bias into y first and sets beta = 1.
-void bf16_gemm(cpu::GemmJob<bf16, float> job, Device device) {
-    switch (device) {
-        case Device::cpu:
-            cpu::gemm(job);
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            QK_CHECK(!job.bias, "linear: internal: a bias pointer reached the cuda bf16 GEMM");
-            cuda::gemm_bf16(job.y, job.ldy, job.a, job.la.trans, job.la.ld, job.b, job.lb.trans,
-                            job.lb.ld, job.M, job.N, job.K, job.beta);
-#else
-            throw_built_without_cuda("linear");
-#endif
-            break;
-    }
-}
-
-Tensor linear_bf16(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
-    const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
-    QK_CHECK(x.dtype() == kF32, "linear: bf16 precision needs float32 x and weight, got {} {}",
-             x.dtype(), x.shape());
-    const int64_t K = weight.size(1), N = weight.size(0);
-    const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
-    QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape());
-    const Device device = x.device();
-    Shape out_shape = x.shape();
-    out_shape.back() = N;
-    Tensor y = Tensor::empty(out_shape, kF32, device);
-    const Tensor x_rounded = to_bf16(rows_of(x)), w_rounded = to_bf16(weight);
-    const Tensor b = autograd::contiguous_input(bias_in);
-    if (R * N > 0) {
-        const Tensor y_rows = y.view({R, N});
-        if (K == 0) {  // an empty sum: y is the bias, or 0
-            if (b.defined())
-                copy_into(y_rows, b.expand({R, N}));
-            else
-                fill_zeros(y_rows);
-        } else if (device == Device::cuda && b.defined()) {  // y = b in every row, then += x̃ · W̃ᵀ
-            copy_into(y_rows, b.expand({R, N}));
-            auto job = bf16_job(y_rows, x_rounded, false, w_rounded, true);
-            job.beta = 1.0f;
-            bf16_gemm(job, device);
-        } else {  // y = b + x̃ · W̃ᵀ (the cpu writes the bias inside the GEMM's slabs)
-            bf16_gemm(bf16_job(y_rows, x_rounded, false, w_rounded, true, b), device);
-        }
-    }
-    const bool need_x = x_in.requires_grad(), need_w = weight_in.requires_grad();
-    const bool need_b = bias_in.defined() && bias_in.requires_grad();
-    auto backward = [need_x, need_w, need_b, R, N, K, device, x_shape = x.shape(),
-                     x_saved = need_w ? autograd::saved(x_rounded) : Tensor(),
-                     w_saved = need_x ? autograd::saved(w_rounded) : Tensor()](const Tensor& dy) {
-        const Tensor dy_rows = rows_of(dy);  // (R, N)
-        const Tensor dy_rounded = need_x || need_w ? to_bf16(dy_rows) : Tensor();
-        Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
-        Tensor dw = need_w ? Tensor::empty({N, K}, kF32, device) : Tensor();
-        if (R * N * K > 0) {
-            if (need_x && need_w && device == Device::cpu)
-                cpu::gemm_pair(bf16_job(dx, dy_rounded, false, w_saved, false),  // dỸ · W̃
-                               bf16_job(dw, dy_rounded, true, x_saved, false));  // dỸᵀ · x̃
-            else {
-                if (need_x) bf16_gemm(bf16_job(dx, dy_rounded, false, w_saved, false), device);
-                if (need_w) bf16_gemm(bf16_job(dw, dy_rounded, true, x_saved, false), device);
-            }
-        } else {  // an empty sum
-            if (need_x) dx = zeros({R, K}, kF32, device);
-            if (need_w) dw = zeros({N, K}, kF32, device);
-        }
-        Tensor db = need_b ? sum_to(dy_rows, {N}) : Tensor();  // Σ_r dY, in float32
-        return std::vector<Tensor>{need_x ? dx.reshape(x_shape) : dx, dw, db};
-    };
-    return autograd::record("linear", y, {x_in, weight_in, bias_in}, std::move(backward));
 }
 
 }  // namespace
