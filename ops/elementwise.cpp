@@ -103,6 +103,10 @@ Shape broadcast_strides(const Tensor& t, const Shape& shape) {
 void check_same_kind(const char* op, const Tensor& a, const Tensor& b) {
     QK_CHECK(a.dtype() == b.dtype(), "{}: dtypes differ: {} {} and {} {}", op, a.dtype(), a.shape(),
              b.dtype(), b.shape());
+    QK_CHECK(is_compute_dtype(a.dtype()),
+             "{}: needs float32 or float64 tensors, got {} {} and {} {} (cast int32 ids with "
+             ".to(kF32))",
+             op, a.dtype(), a.shape(), b.dtype(), b.shape());
     QK_CHECK(a.device() == b.device(), "{}: devices differ: {} is on {}, {} is on {}", op,
              a.shape(), a.device(), b.shape(), b.device());
 }
@@ -137,7 +141,11 @@ Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f) {
 
 // y = f(x, s), elementwise; x contiguous (autograd::contiguous_input).
 template <class F>
-Tensor map_unary([[maybe_unused]] const char* op, const Tensor& x, double s, F f) {
+Tensor map_unary(const char* op, const Tensor& x, double s, F f) {
+    QK_CHECK(is_compute_dtype(x.dtype()),
+             "{}: needs a float32 or float64 tensor, got {} of shape {} (cast int32 ids with "
+             ".to(kF32))",
+             op, x.dtype(), x.shape());
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     switch (x.device()) {
         case Device::cpu:

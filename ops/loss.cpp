@@ -121,14 +121,16 @@ void check_cross_entropy_args(const Tensor& logits, const Tensor& targets) {
              "cross_entropy: logits must be a (N, V) float32 or float64 tensor, got {} of shape {}",
              logits.dtype(), logits.shape());
     QK_CHECK(targets.dtype() == kI32 && targets.dim() == 1,
-             "cross_entropy: targets must be a (N) int32 tensor of class ids, got {} of shape {}",
-             targets.dtype(), targets.shape());
+             "cross_entropy: targets must be a (N) int32 tensor of class ids, got {} of shape {} "
+             "(expected int32 of shape [{}], ids in [0, {}) or ignore_index)",
+             targets.dtype(), targets.shape(), logits.size(0), logits.size(1));
     QK_CHECK(
         targets.size(0) == logits.size(0),
         "cross_entropy: logits {} and targets {} disagree on N (expected targets of shape [{}])",
         logits.shape(), targets.shape(), logits.size(0));
-    QK_CHECK(logits.device() == targets.device(), "cross_entropy: logits on {}, targets on {}",
-             logits.device(), targets.device());
+    QK_CHECK(logits.device() == targets.device(),
+             "cross_entropy: logits {} are on {}, targets {} on {} (expected one device)",
+             logits.shape(), logits.device(), targets.shape(), targets.device());
 }
 
 // Checks every target is in [0, V) or ignore_index, and returns how many are not ignored.

@@ -373,6 +373,7 @@ Tensor logsumexp_grad(const Tensor& x, const Tensor& lse_kept, const Tensor& dy_
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
     if (x.shape() == shape) return x;
+    check_floating(x, "sum_to");
     QK_CHECK(broadcast_shapes(shape, x.shape(), "sum_to") == x.shape(),
              "sum_to: shape {} does not broadcast to the input's shape {}", shape, x.shape());
     // Pad `shape` on the left to x's rank, reduce, then drop the padding.
@@ -384,6 +385,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 }
 
 Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
+    check_floating(x, "sum");
     const Shape kept = keepdim_shape(x.shape(), dims, "sum");
     Tensor y = sum_into_shape(x, kept);
     if (!keepdim) y = y.view(drop_reduced(x.shape(), kept, dims));
@@ -394,6 +396,7 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const Dims& dims, bool keepdim) {
+    check_floating(x, "mean");
     const Shape kept = keepdim_shape(x.shape(), dims, "mean");
     const int64_t count = group_size(x.shape(), kept);
     QK_CHECK(count > 0, "mean: reducing shape {} over dims {} averages zero elements", x.shape(),
