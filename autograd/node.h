@@ -68,8 +68,26 @@ bool needs_recording(const std::vector<Tensor>& inputs);
 // Makes `node` the grad_fn of `output`, with one edge per input. Returns output.
 Tensor attach(Tensor output, std::shared_ptr<Node> node, const std::vector<Tensor>& inputs);
 
+// Inputs and saved tensors: the one rule of every op that records a node.
+//  - Up front, the op takes each input once as `Tensor x = contiguous_input(x_in)`: detached, so
+//    that the copy contiguous() may make records no node of its own, and contiguous, the layout
+//    the kernels read. An op whose kernels read strides (matmul, linear, the binary elementwise
+//    ops, the reductions) copies nothing up front; where it may copy later (a GEMM operand in a
+//    layout GEMM cannot read) it works from `saved(x_in)`, the detached view.
+//  - It records the node on the caller's tensors, record(op, y, {x_in, ...}, ...), so that their
+//    gradients reach them directly, not through a copy.
+//  - The backward lambda captures every tensor it keeps as `[x = saved(x), y = saved(y)]`,
+//    outputs included (an output saved with its grad_fn would make a cycle).
+//  - The backward makes dy contiguous itself (`dy_in.contiguous()`) when its kernel reads rows; it
+//    runs under NoGradGuard, so that records nothing.
+// Both helpers keep an undefined tensor (no bias, no weight) undefined.
+inline Tensor saved(const Tensor& t) { return t.defined() ? t.detach() : Tensor(); }
+inline Tensor contiguous_input(const Tensor& t) {
+    return t.defined() ? t.detach().contiguous() : Tensor();
+}
+
 // The usual way an op records itself:
-//   return record("tanh", y, {x}, [y = y.detach()](const Tensor& dy) { ... return {dx}; });
+//   return record("tanh", y, {x_in}, [y = saved(y)](const Tensor& dy) { ... return {dx}; });
 // Does nothing (and drops the lambda) when grad mode is off or no input requires grad.
 template <typename BackwardFn>
 Tensor record(std::string op, Tensor output, const std::vector<Tensor>& inputs, BackwardFn&& fn) {

@@ -108,6 +108,9 @@ void accumulate(T* dst, const Shape& dst_strides, const T* src, const Shape& src
 }
 
 // ---- the instantiations ops/elementwise.cpp uses ---------------------------------------------
+// QK_UNARY(F): the forward of a unary op without autograd functor of its own (neg, the scalar
+// arithmetic); QK_POINTWISE(F): a pointwise op, its forward F and its backward FBackward;
+// QK_BINARY(F): a binary op.
 #define QK_UNARY(F)                                                                    \
     template void unary_forward<float, math::F>(float*, const float*, int64_t, float); \
     template void unary_forward<double, math::F>(double*, const double*, int64_t, double);
@@ -116,6 +119,7 @@ void accumulate(T* dst, const Shape& dst_strides, const T* src, const Shape& src
                                                  float);                                          \
     template void unary_backward<double, math::F>(double*, const double*, const double*, int64_t, \
                                                   double);
+#define QK_POINTWISE(F) QK_UNARY(F) QK_UNARY_BACKWARD(F##Backward)
 #define QK_BINARY(F)                                                                               \
     template void binary_forward<float, math::F>(float*, const float*, const Shape&, const float*, \
                                                  const Shape&, const Shape&);                      \
@@ -126,31 +130,19 @@ QK_UNARY(Neg)
 QK_UNARY(AddScalar)
 QK_UNARY(MulScalar)
 QK_UNARY(RSubScalar)
-QK_UNARY(RDivScalar)
-QK_UNARY(Pow)
-QK_UNARY(Exp)
-QK_UNARY(Log)
-QK_UNARY(Sqrt)
-QK_UNARY(Rsqrt)
-QK_UNARY(Abs)
-QK_UNARY(Tanh)
-QK_UNARY(Sigmoid)
-QK_UNARY(Relu)
-QK_UNARY(Gelu)
-QK_UNARY(Softcap)
 
-QK_UNARY_BACKWARD(DyTimes)
-QK_UNARY_BACKWARD(DyOver)
-QK_UNARY_BACKWARD(SqrtBackward)
-QK_UNARY_BACKWARD(RsqrtBackward)
-QK_UNARY_BACKWARD(AbsBackward)
-QK_UNARY_BACKWARD(TanhBackward)
-QK_UNARY_BACKWARD(SigmoidBackward)
-QK_UNARY_BACKWARD(ReluBackward)
-QK_UNARY_BACKWARD(SoftcapBackward)
-QK_UNARY_BACKWARD(PowBackward)
-QK_UNARY_BACKWARD(RDivBackward)
-QK_UNARY_BACKWARD(GeluBackward)
+QK_POINTWISE(RDivScalar)
+QK_POINTWISE(Pow)
+QK_POINTWISE(Exp)
+QK_POINTWISE(Log)
+QK_POINTWISE(Sqrt)
+QK_POINTWISE(Rsqrt)
+QK_POINTWISE(Abs)
+QK_POINTWISE(Tanh)
+QK_POINTWISE(Sigmoid)
+QK_POINTWISE(Relu)
+QK_POINTWISE(Gelu)
+QK_POINTWISE(Softcap)
 
 QK_BINARY(Add)
 QK_BINARY(Sub)

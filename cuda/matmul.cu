@@ -10,7 +10,7 @@
 // which is what we ask cuBLAS for: B passed first, A second, m = N, n = M, and each operand's own
 // flag unchanged. An operand stored transposed (W.t() in x · W.t(), strides (1, ld)) is, read
 // column-major, the plain matrix, and gets CUBLAS_OP_T exactly as the CPU path passes CblasTrans,
-// with the same leading dim (ops/matmul.cpp's gemm_layout decides both). The batch is one
+// with the same leading dim (ops/matmul_layout.cpp's gemm_layout decides both). The batch is one
 // stride per operand (0 for an operand broadcast over the batch); ops/matmul.cpp walks any further
 // batch dims on the host, one strided-batched call per run of the innermost batch dim.
 //
@@ -24,7 +24,7 @@
 // tiling, tensor cores, double buffering), hence v2. Within a warp (two rows of the tile) reads of
 // a_tile[ty][k] are broadcasts and reads of b_tile[k][tx] are consecutive: no bank conflicts.
 //
-// CPU twins: cpu::gemm and cpu::batched_gemm in ops/matmul.cpp (cblas_sgemm/dgemm, CblasRowMajor).
+// CPU twins: cpu::gemm and cpu::batched_gemm in ops/gemm.cpp (cblas_sgemm/dgemm, CblasRowMajor).
 #include <climits>
 #include <cstdint>
 #include <type_traits>

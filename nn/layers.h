@@ -1,5 +1,6 @@
-// The basic layers: Linear, Embedding, LayerNorm, RMSNorm. Shapes and initialisation follow
-// nanoGPT so that checkpoints interoperate (Linear.weight is (out_features, in_features)).
+// The basic layers: Linear, Embedding, and Norm (LayerNorm or RMSNorm, by NormKind). Shapes and
+// initialisation follow nanoGPT so that checkpoints interoperate (Linear.weight is
+// (out_features, in_features)).
 #pragma once
 
 #include "core/rng.h"
@@ -28,7 +29,8 @@ class Embedding : public Module {
 };
 
 // Normalisation over the last dim of size `dim`: LayerNorm (weight and optional bias) or RMSNorm
-// (weight only). One class, because every place that takes a norm lets the config choose.
+// (weight only; `bias` is ignored). weight starts at 1, bias at 0. One class, because every
+// place that takes a norm lets the config choose.
 enum class NormKind { layernorm, rmsnorm };
 
 class Norm : public Module {

@@ -42,7 +42,8 @@ class AdamW {
     int64_t step_ = 0;
 };
 
-// SGD with momentum: v = μ v + g; p -= lr (g + μ v) if nesterov else lr v.
+// SGD with heavy-ball momentum: v = μ v + g, then p -= lr v. weight_decay adds wd · p to g (L2,
+// not decoupled), for parameters of rank >= 2 only, as AdamW's default.
 class SGD {
   public:
     SGD(std::vector<Tensor> params, double momentum = 0.9, double weight_decay = 0.0);

@@ -117,7 +117,7 @@ void check_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
 // through unrounded (the straight-through rule; two casts would round the gradient to bf16 on
 // its way back), as linear's bf16 path keeps dx in float32.
 Tensor round_to_bf16(const Tensor& t) {
-    Tensor rounded = t.detach().to(kBF16).to(kF32);
+    Tensor rounded = autograd::saved(t).to(kBF16).to(kF32);
     return autograd::record("round_to_bf16", rounded, {t},
                             [](const Tensor& dy) { return std::vector<Tensor>{dy}; });
 }
@@ -133,7 +133,7 @@ AttentionShape shape_of(const Tensor& q, const Tensor& k, bool causal) {
 
 // The scale as a tensor of shape (1) or (H) on q's device: the user's, or the number's.
 Tensor scale_as_tensor(const Tensor& q, const AttentionOptions& o) {
-    if (o.scale_tensor.defined()) return o.scale_tensor.detach().contiguous();
+    if (o.scale_tensor.defined()) return autograd::contiguous_input(o.scale_tensor);
     const double g = o.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
     return full({1}, g, q.dtype(), q.device());
 }
@@ -163,8 +163,8 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                  "attention: the CUDA kernel takes head dims D <= {} in {}, got q {}", max_d,
                  q_in.dtype(), q_in.shape());
     }
-    const Tensor q = q_in.contiguous().detach(), k = k_in.contiguous().detach(),
-                 v = v_in.contiguous().detach(), scale = scale_as_tensor(q, o);
+    const Tensor q = autograd::contiguous_input(q_in), k = autograd::contiguous_input(k_in),
+                 v = autograd::contiguous_input(v_in), scale = scale_as_tensor(q, o);
     const AttentionShape sh = shape_of(q, k, o.causal);
     const int64_t stride = scale.numel() == 1 ? 0 : 1;
     Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
@@ -196,8 +196,10 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     const bool scale_grad = o.scale_tensor.defined();
     std::vector<Tensor> inputs{q_in, k_in, v_in};
     if (scale_grad) inputs.push_back(o.scale_tensor);
-    auto backward = [q, k, v, scale, lse, sh, stride, scale_grad, cap = o.softcap,
-                     out = out.detach()](const Tensor& dout_in) {
+    auto backward = [q = autograd::saved(q), k = autograd::saved(k), v = autograd::saved(v),
+                     scale = autograd::saved(scale), lse = autograd::saved(lse),
+                     out = autograd::saved(out), sh, stride, scale_grad,
+                     cap = o.softcap](const Tensor& dout_in) {
         const Tensor dout = dout_in.contiguous();
         Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.device());
         Tensor dk = Tensor::empty(k.shape(), k.dtype(), k.device());

@@ -71,9 +71,8 @@ struct Mask {
     std::shared_ptr<Storage> device;  // null unless x is on cuda
 };
 
-// out = in with the mask applied (in is made contiguous; row-major order matches the mask's).
-Tensor masked(const Tensor& in_any, const Mask& keep, double s) {
-    Tensor in = in_any.detach().contiguous();
+// out = in with the mask applied (in contiguous: row-major order matches the mask's).
+Tensor masked(const Tensor& in, const Mask& keep, double s) {
     Tensor out = Tensor::empty(in.shape(), in.dtype(), in.device());
     switch (in.device()) {
         case Device::cpu:
@@ -104,12 +103,14 @@ Tensor masked(const Tensor& in_any, const Mask& keep, double s) {
 
 }  // namespace
 
-Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+Tensor dropout(const Tensor& x_in, double p, bool training, Generator& gen) {
     QK_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got {} (input shape {})", p,
-             x.shape());
-    QK_CHECK(is_compute_dtype(x.dtype()),
-             "dropout: x must be float32 or float64, got {} of shape {}", x.dtype(), x.shape());
-    if (!training || p == 0) return x;
+             x_in.shape());
+    QK_CHECK(is_compute_dtype(x_in.dtype()),
+             "dropout: x must be float32 or float64, got {} of shape {}", x_in.dtype(),
+             x_in.shape());
+    if (!training || p == 0) return x_in;
+    const Tensor x = autograd::contiguous_input(x_in);
     const double s = p < 1 ? 1 / (1 - p) : 0;
     const auto threshold = static_cast<uint64_t>(std::llround(std::ldexp(p, 32)));  // p * 2^32
     Mask keep;
@@ -126,8 +127,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
 #endif
     }
     Tensor y = masked(x, keep, s);
-    return autograd::record("dropout", y, {x}, [keep = std::move(keep), s](const Tensor& dy) {
-        return std::vector<Tensor>{masked(dy, keep, s)};
+    return autograd::record("dropout", y, {x_in}, [keep = std::move(keep), s](const Tensor& dy) {
+        return std::vector<Tensor>{masked(dy.contiguous(), keep, s)};
     });
 }
 

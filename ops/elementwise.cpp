@@ -103,6 +103,10 @@ Shape broadcast_strides(const Tensor& t, const Shape& shape) {
 void check_same_kind(const char* op, const Tensor& a, const Tensor& b) {
     QK_CHECK(a.dtype() == b.dtype(), "{}: dtypes differ: {} {} and {} {}", op, a.dtype(), a.shape(),
              b.dtype(), b.shape());
+    QK_CHECK(is_compute_dtype(a.dtype()),
+             "{}: needs float32 or float64 tensors, got {} {} and {} {} (cast int32 ids with "
+             ".to(kF32))",
+             op, a.dtype(), a.shape(), b.dtype(), b.shape());
     QK_CHECK(a.device() == b.device(), "{}: devices differ: {} is on {}, {} is on {}", op,
              a.shape(), a.device(), b.shape(), b.device());
 }
@@ -135,9 +139,13 @@ Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f) {
     return out;
 }
 
+// y = f(x, s), elementwise; x contiguous (autograd::contiguous_input).
 template <class F>
-Tensor map_unary([[maybe_unused]] const char* op, const Tensor& x_in, double s, F f) {
-    Tensor x = x_in.contiguous();
+Tensor map_unary(const char* op, const Tensor& x, double s, F f) {
+    QK_CHECK(is_compute_dtype(x.dtype()),
+             "{}: needs a float32 or float64 tensor, got {} of shape {} (cast int32 ids with "
+             ".to(kF32))",
+             op, x.dtype(), x.shape());
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     switch (x.device()) {
         case Device::cpu:
@@ -191,14 +199,27 @@ Tensor map_backward([[maybe_unused]] const char* op, const Tensor& dy_in, const 
 
 using Grads = std::vector<Tensor>;
 
-// A unary op whose derivative is written through its saved output y (save_output) or input x.
+// What the backward functor of a pointwise op reads besides dy: the op's input x or its output
+// y = f(x), whichever its derivative is cheaper through (tanh: 1 − y², log: 1/x).
+enum class Saves { input, output };
+
+// A unary op y = Forward(x, s), dx = Backward(dy, saved, s) with saved = x or y as `saves` says;
+// s is the op's scalar parameter (pow's exponent, softcap's c).
 template <class Forward, class Backward>
-Tensor pointwise(const char* op, const Tensor& x, double s, bool save_output) {
+Tensor pointwise(const char* op, const Tensor& x_in, double s, Saves saves) {
+    const Tensor x = autograd::contiguous_input(x_in);
     Tensor y = map_unary(op, x, s, Forward{});
-    Tensor saved = (save_output ? y : x.contiguous()).detach();
-    return autograd::record(op, y, {x}, [op, saved, s](const Tensor& dy) {
-        return Grads{map_backward(op, dy, saved, s, Backward{})};
-    });
+    return autograd::record(
+        op, y, {x_in},
+        [op, s, saved = autograd::saved(saves == Saves::output ? y : x)](const Tensor& dy) {
+            return Grads{map_backward(op, dy, saved, s, Backward{})};
+        });
+}
+
+// The same for an op without a parameter: its functors ignore s.
+template <class Forward, class Backward>
+Tensor pointwise(const char* op, const Tensor& x, Saves saves) {
+    return pointwise<Forward, Backward>(op, x, 0.0, saves);
 }
 
 }  // namespace
@@ -219,71 +240,79 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
     Tensor y = map_binary("mul", a, b, math::Mul{});
-    return autograd::record("mul", y, {a, b}, [a = a.detach(), b = b.detach()](const Tensor& dy) {
-        return Grads{sum_to(dy * b, a.shape()), sum_to(dy * a, b.shape())};
-    });
+    return autograd::record("mul", y, {a, b},
+                            [a = autograd::saved(a), b = autograd::saved(b)](const Tensor& dy) {
+                                return Grads{sum_to(dy * b, a.shape()), sum_to(dy * a, b.shape())};
+                            });
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
     Tensor y = map_binary("div", a, b, math::Div{});
-    return autograd::record("div", y, {a, b},
-                            [sa = a.shape(), b = b.detach(), y = y.detach()](const Tensor& dy) {
-                                Tensor da = dy / b;
-                                return Grads{sum_to(da, sa), sum_to(neg(da * y), b.shape())};
-                            });
+    return autograd::record(
+        "div", y, {a, b},
+        [sa = a.shape(), b = autograd::saved(b), y = autograd::saved(y)](const Tensor& dy) {
+            Tensor da = dy / b;
+            return Grads{sum_to(da, sa), sum_to(neg(da * y), b.shape())};
+        });
 }
 
 Tensor add(const Tensor& x, double s) {
-    Tensor y = map_unary("add", x, s, math::AddScalar{});
+    Tensor y = map_unary("add", autograd::contiguous_input(x), s, math::AddScalar{});
     return autograd::record("add_scalar", y, {x}, [](const Tensor& dy) { return Grads{dy}; });
 }
 
 Tensor mul(const Tensor& x, double s) {
-    Tensor y = map_unary("mul", x, s, math::MulScalar{});
+    Tensor y = map_unary("mul", autograd::contiguous_input(x), s, math::MulScalar{});
     return autograd::record("mul_scalar", y, {x}, [s](const Tensor& dy) { return Grads{dy * s}; });
 }
 
 Tensor rsub(const Tensor& x, double s) {
-    Tensor y = map_unary("rsub", x, s, math::RSubScalar{});
+    Tensor y = map_unary("rsub", autograd::contiguous_input(x), s, math::RSubScalar{});
     return autograd::record("rsub_scalar", y, {x}, [](const Tensor& dy) { return Grads{neg(dy)}; });
 }
 
 Tensor neg(const Tensor& x) {
-    Tensor y = map_unary("neg", x, 0, math::Neg{});
+    Tensor y = map_unary("neg", autograd::contiguous_input(x), 0, math::Neg{});
     return autograd::record("neg", y, {x}, [](const Tensor& dy) { return Grads{neg(dy)}; });
 }
 
 Tensor rdiv(const Tensor& x, double s) {
-    return pointwise<math::RDivScalar, math::RDivBackward>("rdiv", x, s, false);
+    return pointwise<math::RDivScalar, math::RDivScalarBackward>("rdiv", x, s, Saves::input);
 }
 Tensor pow(const Tensor& x, double p) {
-    return pointwise<math::Pow, math::PowBackward>("pow", x, p, false);
+    return pointwise<math::Pow, math::PowBackward>("pow", x, p, Saves::input);
 }
-Tensor exp(const Tensor& x) { return pointwise<math::Exp, math::DyTimes>("exp", x, 0, true); }
-Tensor log(const Tensor& x) { return pointwise<math::Log, math::DyOver>("log", x, 0, false); }
+Tensor exp(const Tensor& x) {
+    return pointwise<math::Exp, math::ExpBackward>("exp", x, Saves::output);
+}
+Tensor log(const Tensor& x) {
+    return pointwise<math::Log, math::LogBackward>("log", x, Saves::input);
+}
 Tensor sqrt(const Tensor& x) {
-    return pointwise<math::Sqrt, math::SqrtBackward>("sqrt", x, 0, true);
+    return pointwise<math::Sqrt, math::SqrtBackward>("sqrt", x, Saves::output);
 }
 Tensor rsqrt(const Tensor& x) {
-    return pointwise<math::Rsqrt, math::RsqrtBackward>("rsqrt", x, 0, true);
+    return pointwise<math::Rsqrt, math::RsqrtBackward>("rsqrt", x, Saves::output);
 }
-Tensor abs(const Tensor& x) { return pointwise<math::Abs, math::AbsBackward>("abs", x, 0, false); }
+Tensor abs(const Tensor& x) {
+    return pointwise<math::Abs, math::AbsBackward>("abs", x, Saves::input);
+}
 Tensor tanh(const Tensor& x) {
-    return pointwise<math::Tanh, math::TanhBackward>("tanh", x, 0, true);
+    return pointwise<math::Tanh, math::TanhBackward>("tanh", x, Saves::output);
 }
 Tensor sigmoid(const Tensor& x) {
-    return pointwise<math::Sigmoid, math::SigmoidBackward>("sigmoid", x, 0, true);
+    return pointwise<math::Sigmoid, math::SigmoidBackward>("sigmoid", x, Saves::output);
 }
 Tensor relu(const Tensor& x) {
-    return pointwise<math::Relu, math::ReluBackward>("relu", x, 0, true);
+    return pointwise<math::Relu, math::ReluBackward>("relu", x, Saves::output);
 }
 Tensor gelu(const Tensor& x) {
-    return pointwise<math::Gelu, math::GeluBackward>("gelu", x, 0, false);
+    return pointwise<math::Gelu, math::GeluBackward>("gelu", x, Saves::input);
 }
 
 Tensor softcap(const Tensor& x, double c) {
     QK_CHECK(c > 0, "softcap: cap c must be > 0, got {} (input shape {})", c, x.shape());
-    return pointwise<math::Softcap, math::SoftcapBackward>("softcap", x, c, true);
+    return pointwise<math::Softcap, math::SoftcapBackward>("softcap", x, c, Saves::output);
 }
 
 void add_(Tensor& dst, const Tensor& src) {

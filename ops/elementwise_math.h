@@ -110,7 +110,10 @@ struct Div {
     }
 };
 
-// ---- unary forward (s is the op's scalar parameter, unused by most) ---------------------------
+// ---- unary forward: y = f(x, s) --------------------------------------------------------------
+// s is the op's scalar parameter (pow's exponent, softcap's c); the functors of ops without one
+// leave it unnamed. A pointwise op (ops/elementwise.cpp's pointwise()) pairs its forward functor
+// F with a backward functor FBackward below.
 struct Neg {
     template <class T>
     QK_HOST_DEVICE T operator()(T x, T) const {
@@ -229,15 +232,17 @@ struct Gelu {
 };
 
 // ---- unary backward: dx = f(dy, saved, s) -----------------------------------------------------
-// dy/dx = y for exp, with y saved
-struct DyTimes {
+// saved is the op's input x or its output y, as the op's call to pointwise() says (Saves::input
+// or Saves::output); each comment names which.
+// d/dx exp x = y, with y saved
+struct ExpBackward {
     template <class T>
     QK_HOST_DEVICE T operator()(T dy, T v, T) const {
         return dy * v;
     }
 };
 // d/dx log x = 1/x, with x saved
-struct DyOver {
+struct LogBackward {
     template <class T>
     QK_HOST_DEVICE T operator()(T dy, T x, T) const {
         return dy / x;
@@ -301,15 +306,15 @@ struct PowBackward {
     }
 };
 // d/dx s/x = -s/x², with x saved
-struct RDivBackward {
+struct RDivScalarBackward {
     template <class T>
     QK_HOST_DEVICE T operator()(T dy, T x, T s) const {
         return -dy * s / (x * x);
     }
 };
-// d/dx gelu = 0.5 (1 + tanh u) + 0.5 x (1 - tanh² u) du/dx,  du/dx = sqrt(2/π)(1 + 3·0.044715 x²)
-//           = s + 2 x s (1 − s) du/dx,  s = σ(2u)      (0.5 (1 + tanh u) = s, 0.5 (1 − tanh² u) = 2
-//           s (1 − s))
+// d/dx gelu = 0.5 (1 + tanh u) + 0.5 x (1 − tanh² u) du/dx,   du/dx = sqrt(2/π) (1 + 3·0.044715 x²)
+//           = s + 2 x s (1 − s) du/dx,                         s = σ(2u)
+// since 0.5 (1 + tanh u) = s and 0.5 (1 − tanh² u) = 2 s (1 − s).
 struct GeluBackward {
     template <class T>
     QK_HOST_DEVICE T operator()(T dy, T x, T) const {

@@ -116,22 +116,24 @@ Tensor embedding_backward(const Tensor& dy_in, const Tensor& ids, int64_t V, int
 }  // namespace
 
 Tensor embedding(const Tensor& weight_in, const Tensor& ids_in) {
-    QK_CHECK(ids_in.dtype() == kI32, "embedding: ids must be int32, got {} of shape {}",
-             ids_in.dtype(), ids_in.shape());
     QK_CHECK(weight_in.dim() == 2, "embedding: weight must be 2-D (V, C), got shape {}",
              weight_in.shape());
     QK_CHECK(is_compute_dtype(weight_in.dtype()),
              "embedding: weight must be float32 or float64, got {} of shape {}", weight_in.dtype(),
              weight_in.shape());
+    QK_CHECK(ids_in.dtype() == kI32,
+             "embedding: ids must be int32 token ids, got {} of shape {} (expected int32 ids in "
+             "[0, {}) for weight of shape {})",
+             ids_in.dtype(), ids_in.shape(), weight_in.size(0), weight_in.shape());
     // ids on the cpu with a cuda weight are accepted (and copied over): batches come from the
     // host data loader, and the range check below reads the ids on the host anyway. The reverse
     // (cuda ids, cpu weight) would bring ids back for nothing: the caller should move the weight.
     QK_CHECK(weight_in.device() == ids_in.device() || ids_in.device() == Device::cpu,
-             "embedding: weight is on {} but ids are on {}", weight_in.device(), ids_in.device());
+             "embedding: weight {} is on {} but ids {} are on {} (expected ids on the weight's "
+             "device or on the cpu)",
+             weight_in.shape(), weight_in.device(), ids_in.shape(), ids_in.device());
     const int64_t V = weight_in.size(0), C = weight_in.size(1);
-    // detach() first so that making a copy contiguous records no node: the node below is
-    // recorded against weight_in itself.
-    Tensor weight = weight_in.detach().contiguous();
+    const Tensor weight = autograd::contiguous_input(weight_in);
     // A private copy (N ints, 1/C of y's size): the backward reads the ids later, and a caller
     // refilling its batch buffer before backward() must not change the gradient.
     // (to() already copies when the devices differ.)
@@ -163,9 +165,10 @@ Tensor embedding(const Tensor& weight_in, const Tensor& ids_in) {
 #endif
             break;
     }
-    return autograd::record("embedding", y, {weight_in}, [ids, V, C](const Tensor& dy) {
-        return std::vector<Tensor>{embedding_backward(dy, ids, V, C)};
-    });
+    return autograd::record("embedding", y, {weight_in},
+                            [ids = autograd::saved(ids), V, C](const Tensor& dy) {
+                                return std::vector<Tensor>{embedding_backward(dy, ids, V, C)};
+                            });
 }
 
 }  // namespace qk

@@ -93,8 +93,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     switch (y.device()) {
         case Device::cpu:
             for (size_t i = 0; i < tensors.size(); ++i) {
-                // detach() first: the contiguous copy needs no node of its own.
-                Tensor x = tensors[i].detach().contiguous();
+                const Tensor x = autograd::contiguous_input(tensors[i]);
                 dispatch_all(y.dtype(), [&](auto tag) {
                     using T = decltype(tag);
                     cpu::cat_copy(y.data<T>(), out_shape[d] * inner, x.data<T>(),
@@ -105,7 +104,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
         case Device::cuda:
 #ifdef QK_WITH_CUDA
             for (size_t i = 0; i < tensors.size(); ++i) {
-                Tensor x = tensors[i].detach().contiguous();
+                const Tensor x = autograd::contiguous_input(tensors[i]);
                 dispatch_all(y.dtype(), [&](auto tag) {
                     using T = decltype(tag);
                     cuda::cat_copy(y.data<T>(), out_shape[d] * inner, x.data<T>(),

@@ -121,14 +121,16 @@ void check_cross_entropy_args(const Tensor& logits, const Tensor& targets) {
              "cross_entropy: logits must be a (N, V) float32 or float64 tensor, got {} of shape {}",
              logits.dtype(), logits.shape());
     QK_CHECK(targets.dtype() == kI32 && targets.dim() == 1,
-             "cross_entropy: targets must be a (N) int32 tensor of class ids, got {} of shape {}",
-             targets.dtype(), targets.shape());
+             "cross_entropy: targets must be a (N) int32 tensor of class ids, got {} of shape {} "
+             "(expected int32 of shape [{}], ids in [0, {}) or ignore_index)",
+             targets.dtype(), targets.shape(), logits.size(0), logits.size(1));
     QK_CHECK(
         targets.size(0) == logits.size(0),
         "cross_entropy: logits {} and targets {} disagree on N (expected targets of shape [{}])",
         logits.shape(), targets.shape(), logits.size(0));
-    QK_CHECK(logits.device() == targets.device(), "cross_entropy: logits on {}, targets on {}",
-             logits.device(), targets.device());
+    QK_CHECK(logits.device() == targets.device(),
+             "cross_entropy: logits {} are on {}, targets {} on {} (expected one device)",
+             logits.shape(), logits.device(), targets.shape(), targets.device());
 }
 
 // Checks every target is in [0, V) or ignore_index, and returns how many are not ignored.
@@ -154,8 +156,8 @@ int64_t count_valid_targets(const int32_t* t, int64_t N, int64_t V, int32_t igno
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t ignore_index) {
     check_cross_entropy_args(logits_in, targets_in);
-    Tensor x = logits_in.contiguous().detach();
-    Tensor t = targets_in.contiguous();
+    const Tensor x = autograd::contiguous_input(logits_in);
+    const Tensor t = autograd::contiguous_input(targets_in);
     const int64_t N = x.size(0), V = x.size(1);
     Tensor lse = Tensor::empty({N}, x.dtype(), x.device());
     int64_t n_valid = 0;
@@ -190,7 +192,8 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
             break;
         }
     }
-    auto backward = [x, t, lse, n_valid, ignore_index](const Tensor& dloss) {
+    auto backward = [x = autograd::saved(x), t = autograd::saved(t), lse = autograd::saved(lse),
+                     n_valid, ignore_index](const Tensor& dloss) {
         Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
         switch (x.device()) {
             case Device::cpu:

@@ -180,9 +180,9 @@ Tensor lp_normalize(const Tensor& x_in, double p, int64_t dim, double eps) {
              "of shape {}",
              p, x_in.shape());
     // The kernels normalise contiguous rows: swap `dim` to the end (a view), copy once, and swap
-    // the result back. QK-norm uses dim = -1, which needs neither step.
+    // the result (and in the backward, dx) back. QK-norm uses dim = -1, which needs neither step.
     const int64_t d = normalize_dim(dim, x_in.dim(), "lp_normalize"), last = x_in.dim() - 1;
-    Tensor x = (d == last ? x_in : x_in.transpose(d, last)).contiguous();
+    const Tensor x = autograd::contiguous_input(d == last ? x_in : x_in.transpose(d, last));
     const int64_t C = x.size(-1), rows = C > 0 ? x.numel() / C : 0;
     Tensor y = empty_like(x), norm = Tensor::empty({rows}, x.dtype(), x.device());
     switch (x.device()) {
@@ -206,7 +206,9 @@ Tensor lp_normalize(const Tensor& x_in, double p, int64_t dim, double eps) {
             break;
     }
     y = autograd::record(
-        "lp_normalize", y, {x}, [x = x.detach(), norm, rows, C, p, eps](const Tensor& dy_in) {
+        "lp_normalize", y, {x_in},
+        [x = autograd::saved(x), norm = autograd::saved(norm), rows, C, p, eps, d,
+         last](const Tensor& dy_in) {
             Tensor dy = dy_in.contiguous(), dx = empty_like(x);
             switch (x.device()) {
                 case Device::cpu:
@@ -228,7 +230,7 @@ Tensor lp_normalize(const Tensor& x_in, double p, int64_t dim, double eps) {
 #endif
                     break;
             }
-            return Grads{dx};
+            return Grads{d == last ? dx : dx.transpose(d, last)};
         });
     return d == last ? y : y.transpose(d, last);
 }

@@ -1,8 +1,8 @@
 // Matrix multiplication through OpenBLAS GEMM, batched with numpy broadcasting.
 //
 // Forward, for every batch index β (a and b are read at the batch index that broadcasts to β):
-//     y[β, i, j] = Σ_k a[β, i, k] · b[β, k, j]        a: (..., M, K), b: (..., K, N), y: (..., M,
-//     N)
+//     y[β, i, j] = Σ_k a[β, i, k] · b[β, k, j]          a: (..., M, K),  b: (..., K, N),
+//                                                       y: (..., M, N)
 // Saved: b when a requires grad (dA needs it), a when b requires grad (dB needs it); nothing else.
 //
 // Backward, with dY = ∂L/∂y:
@@ -37,11 +37,10 @@
 //
 // Mixed precision (Precision::bf16, float32 tensors only): the same three GEMMs on bfloat16
 // operands with float32 accumulation (ops/gemm_bf16.cpp),
-//     y = b + x̃ · W̃ᵀ        dx = dỸ · W̃        dW = dỸᵀ · x̃        db = Σ_r dY     (~ : rounded to
-//     bf16)
-// saving x̃ and W̃ (bf16) instead of x and W. The rounding is treated as the identity in the
-// backward (the straight-through rule of every mixed-precision trainer): dx and dW are the
-// gradients at the rounded point, computed in float32.
+//     y = b + x̃ · W̃ᵀ        dx = dỸ · W̃        dW = dỸᵀ · x̃        db = Σ_r dY
+// where ˜ marks a value rounded to bf16; the op saves x̃ and W̃ (bf16) instead of x and W. The
+// rounding is treated as the identity in the backward (the straight-through rule of every
+// mixed-precision trainer): dx and dW are the gradients at the rounded point, computed in float32.
 //
 // Kernel ladder: v1, the naive triple loop that mirrors the sum above, is the reference in
 // tests/test_matmul.cpp; v2 is OpenBLAS, faster because it blocks for the caches and registers
@@ -49,17 +48,21 @@
 //
 // Threads: a large GEMM is split over the library's pool, small batched ones go to the threads
 // whole, and linear's dx and dW run side by side: see ops/gemm.h.
+//
+// Files: this one holds matmul and linear; ops/matmul_layout.cpp, how GEMM reads a tensor's
+// memory (the layouts, the batch strides, the merged rows); ops/matmul_bf16.cpp, linear's
+// mixed-precision path; ops/matmul_internal.h declares what they share.
 #include "ops/matmul.h"
 
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <optional>
 
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "core/strided.h"
 #include "ops/gemm.h"
+#include "ops/matmul_internal.h"
 #include "ops/reduce.h"
 
 namespace qk {
@@ -87,68 +90,9 @@ void cuda_batched_gemm(T* y, const T* a, const Shape& a_batch_strides, cpu::Gemm
 }  // namespace
 #endif
 
-namespace detail {
-namespace {
-std::atomic<int64_t> operand_copies{0};
-}
-int64_t matmul_operand_copies() { return operand_copies.load(); }
-}  // namespace detail
+using namespace matmul_impl;
 
 namespace {
-
-Shape batch_of(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
-
-// How GEMM can read a (rows, cols) matrix with strides (s_row, s_col), if it can. The stride of a
-// size-1 dim is never followed, so it may be anything; ld must still be >= the stored row length.
-std::optional<cpu::GemmLayout> gemm_layout(int64_t rows, int64_t cols, int64_t s_row,
-                                           int64_t s_col) {
-    if ((cols == 1 || s_col == 1) && (rows == 1 || s_row >= cols))  // row-major: (ld, 1)
-        return cpu::GemmLayout{false, rows == 1 ? cols : s_row};
-    if ((rows == 1 || s_row == 1) && (cols == 1 || s_col >= rows))  // transposed view: (1, ld)
-        return cpu::GemmLayout{true, cols == 1 ? rows : s_col};
-    return std::nullopt;
-}
-
-// t itself when GEMM can read its last two dims, else a contiguous copy (t is detached here:
-// the backward works from the original views). Returns the layout either way.
-std::pair<Tensor, cpu::GemmLayout> gemm_operand(const Tensor& t) {
-    const int64_t r = t.dim() - 2, c = t.dim() - 1;
-    auto layout = gemm_layout(t.size(r), t.size(c), t.strides()[r], t.strides()[c]);
-    if (layout && layout->ld <= INT_MAX) return {t, *layout};
-    ++detail::operand_copies;
-    Tensor copy = t.contiguous();
-    return {copy, cpu::GemmLayout{false, t.size(c)}};
-}
-
-// Strides that read t's batch dims as if expanded to `batch` (0 where t is broadcast).
-Shape batch_strides(const Tensor& t, const Shape& batch) {
-    Shape strides(batch.size(), 0);
-    const size_t lead = batch.size() - (t.dim() - 2);
-    for (size_t i = lead; i < batch.size(); ++i)
-        if (t.size(i - lead) != 1) strides[i] = t.strides()[i - lead];
-    return strides;
-}
-
-// True when t's batch dims and its row dim merge into one dim of stride ld, so that t, a
-// row-major (..., M, K), reads as one (batch·M, K) matrix with leading dimension ld.
-bool rows_merge(const Tensor& t, int64_t ld) {
-    int64_t expected = ld;
-    for (int64_t d = t.dim() - 2; d >= 0; --d) {
-        if (t.size(d) == 1) continue;
-        if (t.strides()[d] != expected) return false;
-        expected *= t.size(d);
-    }
-    return true;
-}
-
-// t: (..., cols) as a 2-D (rows, cols) matrix: a view when rows_merge allows, else a copy.
-Tensor as_rows(const Tensor& t) {
-    const int64_t cols = t.size(-1), rows = t.numel() / std::max<int64_t>(cols, 1);
-    auto layout = gemm_layout(t.size(-2), cols, t.strides()[t.dim() - 2], t.strides().back());
-    if (layout && !layout->trans && rows_merge(t, layout->ld))
-        return make_view(t, {rows, cols}, {layout->ld, 1}, t.offset());
-    return t.reshape({rows, cols});
-}
 
 void check_args(const Tensor& a, const Tensor& b) {
     QK_CHECK(a.defined() && b.defined(), "matmul: got an undefined tensor");
@@ -255,13 +199,6 @@ Tensor grad_a(const Tensor& b, const Tensor& dy, const Shape& a_shape, bool tran
     return sum_to(da, a_shape);
 }
 
-// t: (..., K) as a 2-D (rows, K) matrix; a 1-D t is one row.
-Tensor rows_of(const Tensor& t) {
-    const int64_t K = t.size(-1);
-    if (t.dim() >= 2 && K > 0) return as_rows(t);
-    return t.reshape({numel_of(Shape(t.shape().begin(), t.shape().end() - 1)), K});
-}
-
 // Linear's dx = dY · W and dW = dYᵀ · x as one cpu::gemm_pair.
 // dy_rows: (R, N); x_rows: (R, K); w: (N, K).    Returns dx: (R, K), dW: (N, K).
 std::pair<Tensor, Tensor> cpu_linear_grads(const Tensor& dy_rows, const Tensor& x_rows,
@@ -307,125 +244,18 @@ void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias
 
 }  // namespace
 
-namespace {
-
-// A float32 (rows, cols) tensor as a contiguous bf16 one (the rounding; a view's elements are
-// gathered on the way).
-Tensor to_bf16(const Tensor& t) { return t.detach().to(kBF16); }
-
-// t = 0 on its device (t contiguous).
-void fill_zeros(const Tensor& t) {
-    if (t.device() == Device::cpu) {
-        std::fill_n(t.data<float>(), t.numel(), 0.0f);
-        return;
-    }
-#ifdef QK_WITH_CUDA
-    cuda::fill(t.raw_data(), t.dtype(), t.numel(), 0.0);
-#endif
-}
-
-cpu::GemmJob<bf16, float> bf16_job(const Tensor& y, const Tensor& a, bool a_trans, const Tensor& b,
-                                   bool b_trans, const Tensor& bias = {}) {
-    const int64_t M = y.size(0), N = y.size(1), K = a_trans ? a.size(0) : a.size(1);
-    return {y.data<float>(),
-            N,
-            a.data<bf16>(),
-            {a_trans, a.size(1)},
-            b.data<bf16>(),
-            {b_trans, b.size(1)},
-            M,
-            N,
-            K,
-            0.0f,
-            bias.defined() ? bias.data<float>() : nullptr};
-}
-
-// One bf16 GEMM on the tensors' device (the job's pointers are device pointers for cuda). cuBLAS
-// has no bias argument: on cuda the caller writes the bias into y first and sets beta = 1.
-void bf16_gemm(cpu::GemmJob<bf16, float> job, Device device) {
-    switch (device) {
-        case Device::cpu:
-            cpu::gemm(job);
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            QK_CHECK(!job.bias, "linear: internal: a bias pointer reached the cuda bf16 GEMM");
-            cuda::gemm_bf16(job.y, job.ldy, job.a, job.la.trans, job.la.ld, job.b, job.lb.trans,
-                            job.lb.ld, job.M, job.N, job.K, job.beta);
-#else
-            throw_built_without_cuda("linear");
-#endif
-            break;
-    }
-}
-
-Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-    QK_CHECK(x.dtype() == kF32, "linear: bf16 precision needs float32 x and weight, got {} {}",
-             x.dtype(), x.shape());
-    const int64_t K = weight.size(1), N = weight.size(0);
-    const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
-    QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape());
-    const Device device = x.device();
-    Shape out_shape = x.shape();
-    out_shape.back() = N;
-    Tensor y = Tensor::empty(out_shape, kF32, device);
-    const Tensor x_rounded = to_bf16(rows_of(x.detach())), w_rounded = to_bf16(weight);
-    const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
-    if (R * N > 0) {
-        const Tensor y_rows = y.view({R, N});
-        if (K == 0) {  // an empty sum: y is the bias, or 0
-            if (b.defined())
-                copy_into(y_rows, b.expand({R, N}));
-            else
-                fill_zeros(y_rows);
-        } else if (device == Device::cuda && b.defined()) {  // y = b in every row, then += x̃ · W̃ᵀ
-            copy_into(y_rows, b.expand({R, N}));
-            auto job = bf16_job(y_rows, x_rounded, false, w_rounded, true);
-            job.beta = 1.0f;
-            bf16_gemm(job, device);
-        } else {  // y = b + x̃ · W̃ᵀ (the cpu writes the bias inside the GEMM's slabs)
-            bf16_gemm(bf16_job(y_rows, x_rounded, false, w_rounded, true, b), device);
-        }
-    }
-    const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
-    const bool need_b = bias.defined() && bias.requires_grad();
-    auto backward = [need_x, need_w, need_b, R, N, K, device, x_shape = x.shape(),
-                     x_saved = need_w ? x_rounded : Tensor(),
-                     w_saved = need_x ? w_rounded : Tensor()](const Tensor& dy) {
-        const Tensor dy_rows = rows_of(dy);  // (R, N)
-        const Tensor dy_rounded = need_x || need_w ? to_bf16(dy_rows) : Tensor();
-        Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
-        Tensor dw = need_w ? Tensor::empty({N, K}, kF32, device) : Tensor();
-        if (R * N * K > 0) {
-            if (need_x && need_w && device == Device::cpu)
-                cpu::gemm_pair(bf16_job(dx, dy_rounded, false, w_saved, false),  // dỸ · W̃
-                               bf16_job(dw, dy_rounded, true, x_saved, false));  // dỸᵀ · x̃
-            else {
-                if (need_x) bf16_gemm(bf16_job(dx, dy_rounded, false, w_saved, false), device);
-                if (need_w) bf16_gemm(bf16_job(dw, dy_rounded, true, x_saved, false), device);
-            }
-        } else {  // an empty sum
-            if (need_x) dx = zeros({R, K}, kF32, device);
-            if (need_w) dw = zeros({N, K}, kF32, device);
-        }
-        Tensor db = need_b ? sum_to(dy_rows, {N}) : Tensor();  // Σ_r dY, in float32
-        return std::vector<Tensor>{need_x ? dx.reshape(x_shape) : dx, dw, db};
-    };
-    return autograd::record("linear", y, {x, weight, bias}, std::move(backward));
-}
-
-}  // namespace
-
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precision precision) {
-    check_linear_args(x, weight, bias);
-    if (precision == Precision::bf16) return linear_bf16(x, weight, bias);
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
+              Precision precision) {
+    check_linear_args(x_in, weight_in, bias_in);
+    if (precision == Precision::bf16) return linear_bf16(x_in, weight_in, bias_in);
+    const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
     const int64_t K = weight.size(1), N = weight.size(0);
     const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));  // rows of x
     QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape());
     Shape out_shape = x.shape();
     out_shape.back() = N;
     Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
-    const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
+    const Tensor b = autograd::contiguous_input(bias_in);
     switch (y.device()) {
         case Device::cpu:
             dispatch_float(y.dtype(), [&](auto tag) {
@@ -436,8 +266,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precisi
                     std::fill_n(yp, R * N, T(0));
                     return;
                 }
-                auto [a, la] = gemm_operand(rows_of(x.detach()));  // (R, K): a view if rows merge
-                auto [w, lw] = gemm_operand(weight.detach().t());  // (K, N): W read transposed
+                auto [a, la] = gemm_operand(rows_of(x));  // (R, K): a view if rows merge
+                auto [w, lw] = gemm_operand(weight.t());  // (K, N): W read transposed
                 // y = b in every row, then += x · Wᵀ (each thread on its own slab)
                 cpu::gemm(cpu::GemmJob<T, T>{yp, N, a.template data<T>(), la, w.template data<T>(),
                                              lw, R, N, K, T(0),
@@ -455,8 +285,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precisi
                     if (!b.defined()) cuda::fill(y.raw_data(), y.dtype(), R * N, 0.0);
                     return;
                 }
-                auto [a, la] = gemm_operand(rows_of(x.detach()));
-                auto [w, lw] = gemm_operand(weight.detach().t());
+                auto [a, la] = gemm_operand(rows_of(x));
+                auto [w, lw] = gemm_operand(weight.t());
                 cuda::gemm(y.data<T>(), N, 0, a.template data<T>(), la.trans, la.ld, 0,
                            w.template data<T>(), lw.trans, lw.ld, 0, R, N, K, 1,
                            b.defined() ? T(1) : T(0));
@@ -466,11 +296,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precisi
 #endif
             break;
     }
-    const bool need_x = x.requires_grad(), need_w = weight.requires_grad();
-    const bool need_b = bias.defined() && bias.requires_grad();
+    const bool need_x = x_in.requires_grad(), need_w = weight_in.requires_grad();
+    const bool need_b = bias_in.defined() && bias_in.requires_grad();
     auto backward = [need_x, need_w, need_b, N, x_shape = x.shape(),
-                     x_saved = need_w ? x.detach() : Tensor(),
-                     w_saved = need_x ? weight.detach() : Tensor()](const Tensor& dy) {
+                     x_saved = need_w ? autograd::saved(x) : Tensor(),
+                     w_saved = need_x ? autograd::saved(weight) : Tensor()](const Tensor& dy) {
         const Tensor dy_rows = rows_of(dy);  // (R, N)
         Tensor dx, dw, db;
         if (need_x && need_w && dy.device() == Device::cpu) {
@@ -483,7 +313,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Precisi
         if (need_b) db = sum_to(dy_rows, {N});  // Σ_r dY
         return std::vector<Tensor>{dx, dw, db};
     };
-    return autograd::record("linear", y, {x, weight, bias}, std::move(backward));
+    return autograd::record("linear", y, {x_in, weight_in, bias_in}, std::move(backward));
 }
 
 namespace {
@@ -498,22 +328,23 @@ void set_tf32(bool on) {
 }
 bool tf32_enabled() { return tf32_on; }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-    check_args(a, b);
-    Tensor y = matmul_forward(a.detach(), b.detach());
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+    check_args(a_in, b_in);
+    const Tensor a = autograd::saved(a_in), b = autograd::saved(b_in);  // read as they are
+    Tensor y = matmul_forward(a, b);
     // Save only what the backward reads: b for dA, a for dB (and only for inputs wanting grad),
     // and whether each input is a transposed view (its gradient is made in the same layout).
-    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
-    Tensor a_saved = need_b ? a.detach() : Tensor(), b_saved = need_a ? b.detach() : Tensor();
-    auto backward = [need_a, need_b, a_saved, b_saved, a_shape = a.shape(), b_shape = b.shape(),
-                     a_trans = stored_transposed(a),
+    const bool need_a = a_in.requires_grad(), need_b = b_in.requires_grad();
+    auto backward = [need_a, need_b, a_saved = need_b ? autograd::saved(a) : Tensor(),
+                     b_saved = need_a ? autograd::saved(b) : Tensor(), a_shape = a.shape(),
+                     b_shape = b.shape(), a_trans = stored_transposed(a),
                      b_trans = stored_transposed(b)](const Tensor& dy) {
         Tensor da, db;
         if (need_a) da = grad_a(b_saved, dy, a_shape, a_trans);  // dY · bᵀ
         if (need_b) db = grad_b(a_saved, dy, b_shape, b_trans);  // aᵀ · dY
         return std::vector<Tensor>{da, db};
     };
-    return autograd::record("matmul", y, {a, b}, std::move(backward));
+    return autograd::record("matmul", y, {a_in, b_in}, std::move(backward));
 }
 
 namespace detail {
@@ -529,7 +360,7 @@ Tensor matmul_tiled(const Tensor& a_in, const Tensor& b_in) {
              "matmul_tiled: needs float a (M, K) and b (K, N), or (B, M, K) and (B, K, N), of one "
              "dtype; got a {} {} and b {} {}",
              a_in.dtype(), a_in.shape(), b_in.dtype(), b_in.shape());
-    const Tensor a = a_in.detach().contiguous(), b = b_in.detach().contiguous();
+    const Tensor a = autograd::contiguous_input(a_in), b = autograd::contiguous_input(b_in);
     const int64_t batch = a.dim() == 3 ? a.size(0) : 1;
     const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
     Shape out_shape = a.shape();

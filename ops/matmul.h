@@ -41,8 +41,8 @@ Tensor matmul_tiled(const Tensor& a, const Tensor& b);
 // Launchers of cuda/matmul.cu (device pointers).
 namespace cuda {
 // cuBLAS strided-batched GEMM on row-major matrices, for each of `batch` matrices:
-//     y = op(a) · op(b) + beta · y       y: (M, N) with leading dim ldy; op(a): (M, K); op(b): (K,
-//     N)
+//     y = op(a) · op(b) + beta · y
+// y: (M, N) with leading dim ldy; op(a): (M, K); op(b): (K, N).
 // An operand with trans set is stored transposed (its row-major (K, M) or (N, K) with leading
 // dim ld); stride_* steps from one batch matrix to the next (0: shared by every batch).
 template <class T>

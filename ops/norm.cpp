@@ -294,8 +294,6 @@ T* data_or_null(const Tensor& t) {
     return t.defined() ? t.data<T>() : nullptr;
 }
 
-Tensor detach_or_none(const Tensor& t) { return t.defined() ? t.detach() : Tensor(); }
-
 }  // namespace
 
 Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps) {
@@ -305,8 +303,9 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
     check_param("layer_norm", "weight", weight_in, x_in);
     check_param("layer_norm", "bias", bias_in, x_in);
     const int64_t C = x_in.size(-1), rows = x_in.numel() / std::max<int64_t>(C, 1);
-    Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
-    Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
+    const Tensor x = autograd::contiguous_input(x_in),
+                 weight = autograd::contiguous_input(weight_in);
+    const Tensor bias = autograd::contiguous_input(bias_in);
     Tensor y = empty_like(x);
     Tensor mean = Tensor::empty({rows}, x.dtype(), x.device()), rstd = empty_like(mean);
     switch (x.device()) {
@@ -330,9 +329,9 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
             break;
     }
     return autograd::record(
-        "layer_norm", y, {x, weight, bias},
-        [x = x.detach(), weight = weight.detach(), mean, rstd, has_bias = bias.defined(), rows,
-         C](const Tensor& dy_in) {
+        "layer_norm", y, {x_in, weight_in, bias_in},
+        [x = autograd::saved(x), weight = autograd::saved(weight), mean = autograd::saved(mean),
+         rstd = autograd::saved(rstd), has_bias = bias.defined(), rows, C](const Tensor& dy_in) {
             Tensor dy = dy_in.contiguous(), dx = empty_like(x), dweight = empty_like(weight);
             Tensor dbias = has_bias ? empty_like(weight) : Tensor();
             switch (x.device()) {
@@ -365,8 +364,8 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
     check_norm_input("rms_norm", x_in, eps);
     check_param("rms_norm", "weight", weight_in, x_in);
     const int64_t C = x_in.size(-1), rows = x_in.numel() / std::max<int64_t>(C, 1);
-    Tensor x = x_in.contiguous();
-    Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
+    const Tensor x = autograd::contiguous_input(x_in),
+                 weight = autograd::contiguous_input(weight_in);
     Tensor y = empty_like(x), rstd = Tensor::empty({rows}, x.dtype(), x.device());
     switch (x.device()) {
         case Device::cpu:
@@ -389,8 +388,9 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
             break;
     }
     return autograd::record(
-        "rms_norm", y, {x, weight},
-        [x = x.detach(), weight = detach_or_none(weight), rstd, rows, C](const Tensor& dy_in) {
+        "rms_norm", y, {x_in, weight_in},
+        [x = autograd::saved(x), weight = autograd::saved(weight), rstd = autograd::saved(rstd),
+         rows, C](const Tensor& dy_in) {
             Tensor dy = dy_in.contiguous(), dx = empty_like(x);
             Tensor dweight = weight.defined() ? empty_like(weight) : Tensor();
             switch (x.device()) {

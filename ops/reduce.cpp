@@ -37,6 +37,7 @@
 #include "core/strided.h"
 #include "core/threading.h"
 #include "ops/elementwise.h"
+#include "ops/elementwise_math.h"  // math::exp_fast, the vectorisable exp of the exp-sum kernels
 
 namespace qk {
 
@@ -372,6 +373,7 @@ Tensor logsumexp_grad(const Tensor& x, const Tensor& lse_kept, const Tensor& dy_
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
     if (x.shape() == shape) return x;
+    check_floating(x, "sum_to");
     QK_CHECK(broadcast_shapes(shape, x.shape(), "sum_to") == x.shape(),
              "sum_to: shape {} does not broadcast to the input's shape {}", shape, x.shape());
     // Pad `shape` on the left to x's rank, reduce, then drop the padding.
@@ -383,6 +385,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 }
 
 Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
+    check_floating(x, "sum");
     const Shape kept = keepdim_shape(x.shape(), dims, "sum");
     Tensor y = sum_into_shape(x, kept);
     if (!keepdim) y = y.view(drop_reduced(x.shape(), kept, dims));
@@ -393,6 +396,7 @@ Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const Dims& dims, bool keepdim) {
+    check_floating(x, "mean");
     const Shape kept = keepdim_shape(x.shape(), dims, "mean");
     const int64_t count = group_size(x.shape(), kept);
     QK_CHECK(count > 0, "mean: reducing shape {} over dims {} averages zero elements", x.shape(),
@@ -408,9 +412,8 @@ Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
     Tensor y_kept = max_into_shape(x, kept);
     Tensor y = keepdim ? y_kept : y_kept.view(drop_reduced(x.shape(), kept, dims));
     return autograd::record("max", y, {x},
-                            [x = x.detach(), y_kept = y_kept.detach()](const Tensor& dy) {
-                                return Grads{max_grad(x, y_kept, dy)};
-                            });
+                            [x = autograd::saved(x), y_kept = autograd::saved(y_kept)](
+                                const Tensor& dy) { return Grads{max_grad(x, y_kept, dy)}; });
 }
 
 Tensor var(const Tensor& x, const Dims& dims, bool keepdim, int64_t correction) {
@@ -430,10 +433,11 @@ Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
     const Shape kept = keepdim_shape(x.shape(), dims, "logsumexp");
     Tensor lse_kept = logsumexp_into_shape(x, kept);
     Tensor y = keepdim ? lse_kept : lse_kept.view(drop_reduced(x.shape(), kept, dims));
-    return autograd::record("logsumexp", y, {x},
-                            [x = x.detach(), lse_kept = lse_kept.detach()](const Tensor& dy) {
-                                return Grads{logsumexp_grad(x, lse_kept, dy)};
-                            });
+    return autograd::record(
+        "logsumexp", y, {x},
+        [x = autograd::saved(x), lse_kept = autograd::saved(lse_kept)](const Tensor& dy) {
+            return Grads{logsumexp_grad(x, lse_kept, dy)};
+        });
 }
 
 }  // namespace qk

@@ -1,11 +1,9 @@
-// Reductions over given dims, with keepdim. (math::exp_fast, the vectorisable exp of the exp-sum
-// kernels, lives in ops/elementwise_math.h, included here for them.)
+// Reductions over given dims, with keepdim.
 #pragma once
 
 #include <vector>
 
 #include "core/tensor.h"
-#include "ops/elementwise_math.h"
 
 namespace qk {
 

@@ -153,11 +153,14 @@ Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, int directi
 
 Tensor rope(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in) {
     check_rope_args(x_in, cos_in, sin_in);
-    Tensor x = x_in.detach().contiguous(), cos = cos_in.contiguous(), sin = sin_in.contiguous();
+    const Tensor x = autograd::contiguous_input(x_in), cos = autograd::contiguous_input(cos_in),
+                 sin = autograd::contiguous_input(sin_in);
     Tensor y = rotate(x, cos, sin, +1);
-    return autograd::record("rope", y, {x_in}, [cos, sin](const Tensor& dy) {
-        return std::vector<Tensor>{rotate(dy.detach().contiguous(), cos, sin, -1)};  // Rᵀ dy
-    });
+    return autograd::record(
+        "rope", y, {x_in},
+        [cos = autograd::saved(cos), sin = autograd::saved(sin)](const Tensor& dy) {
+            return std::vector<Tensor>{rotate(dy.contiguous(), cos, sin, -1)};  // Rᵀ dy
+        });
 }
 
 }  // namespace qk

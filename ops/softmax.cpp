@@ -261,7 +261,7 @@ RowShape check_softmax_args(const char* op, const Tensor& x, const SoftmaxOption
 template <bool kLog>
 Tensor softmax_impl(const char* op, const Tensor& x_in, const SoftmaxOptions& o) {
     const RowShape rs = check_softmax_args(op, x_in, o);
-    Tensor x = x_in.contiguous();
+    const Tensor x = autograd::contiguous_input(x_in);
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     Shape lse_shape = x.shape();
     lse_shape.pop_back();
@@ -286,7 +286,8 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, const SoftmaxOptions& o)
 #endif
             break;
     }
-    auto backward = [op, rs, o, y = y.detach(), lse = lse.detach()](const Tensor& dy_in) {
+    auto backward = [op, rs, o, y = autograd::saved(y),
+                     lse = autograd::saved(lse)](const Tensor& dy_in) {
         Tensor dy = dy_in.contiguous();
         Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
         switch (y.device()) {

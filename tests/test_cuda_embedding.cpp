@@ -132,5 +132,6 @@ TEST_CASE("embedding on cuda accepts cpu ids, and checks ids on the host") {
     }
     // cuda ids with a cpu weight: the weight should move, not the ids.
     CHECK(throws_with([&] { embedding(w_cpu, ids.to(Device::cuda)); },
-                      {"embedding", "weight is on cpu", "ids are on cuda"}));
+                      {"embedding", "weight [6, 40] is on cpu", "ids [7] are on cuda",
+                       "weight's device or on the cpu"}));
 }

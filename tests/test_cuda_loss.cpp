@@ -140,4 +140,9 @@ TEST_CASE("cuda cross_entropy op rejects bad targets before any kernel runs") {
             qk::cross_entropy(x, qk::from_ids({-1, -1, -1, -1}).to(qk::Device::cuda));
         },
         {"cross_entropy", "all 4 targets equal ignore_index -1"}));
+    CHECK(throws_with(
+        [&] {
+            qk::cross_entropy(x, qk::from_ids({0, 1, 2, 3}));
+        },
+        {"cross_entropy", "logits [4, 37] are on cuda", "targets [4] on cpu"}));
 }

@@ -3,6 +3,7 @@
 #include <functional>
 
 #include "helpers.h"
+#include "ops/elementwise_math.h"  // math::tanh_fast (internal: not in qk.h)
 
 using namespace qk;
 using qk::test::leaf;
@@ -105,6 +106,14 @@ TEST_CASE("elementwise bad inputs name the op and the shapes") {
     CHECK(test::throws_with([&] { add(a, b); }, {"add", "[2, 3]", "[4]"}));
     CHECK(test::throws_with([&] { mul(a, d); }, {"mul", "float32", "float64"}));
     CHECK(test::throws_with([&] { softcap(a, 0); }, {"softcap", "> 0"}));
+    // int32 (token ids) is not a dtype these ops compute in: the message names op, dtype, shape.
+    const Tensor ids = from_ids({1, 2, 3}, {1, 3});
+    CHECK(test::throws_with([&] { exp(ids); },
+                            {"exp", "int32", "[1, 3]", "float32 or float64", ".to(kF32)"}));
+    CHECK(test::throws_with([&] { ids * 2.0; }, {"mul", "int32 of shape [1, 3]"}));
+    CHECK(test::throws_with([&] { -ids; }, {"neg", "int32 of shape [1, 3]"}));
+    CHECK(test::throws_with([&] { add(ids, ids); },
+                            {"add", "int32 [1, 3] and int32 [1, 3]", "float32 or float64"}));
 }
 
 // The float32 fast paths (ops/elementwise_math.h) against the float64 std:: reference (v1):

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "helpers.h"
+#include "ops/elementwise_math.h"  // math::exp_fast (internal: not in qk.h)
 
 using namespace qk;
 using qk::test::leaf;
@@ -47,6 +48,10 @@ TEST_CASE("reduction bad inputs") {
     CHECK(test::throws_with([&] { sum(x, {2}); }, {"sum", "dim 2", "rank 2"}));
     CHECK(test::throws_with([&] { sum(x, {1, -1}); }, {"sum", "twice"}));
     CHECK(test::throws_with([&] { sum_to(x, {4}); }, {"sum_to", "[4]", "[2, 3]"}));
+    const Tensor ids = from_ids({1, 2, 3, 4, 5, 6}, {2, 3});
+    CHECK(test::throws_with([&] { sum(ids); }, {"sum", "float32 or float64", "int32", "[2, 3]"}));
+    CHECK(test::throws_with([&] { mean(ids, {0}); }, {"mean", "int32", "[2, 3]"}));
+    CHECK(test::throws_with([&] { sum_to(ids, {3}); }, {"sum_to", "int32", "[2, 3]"}));
 }
 
 // ---- max, var, logsumexp -------------------------------------------------------------------

@@ -1,0 +1,129 @@
+// linear with Precision::bf16: the forward GEMM and the two backward GEMMs (dx, dW) on bfloat16
+// operands with float32 accumulation, the bias, the result and every gradient in float32:
+//     y = b + x̃ · W̃ᵀ        dx = dỸ · W̃        dW = dỸᵀ · x̃        db = Σ_r dY
+// with ˜ a value rounded to bf16 (the math, and why the rounding counts as the identity in the
+// backward, are in ops/matmul.cpp). The bf16 GEMM itself is ops/gemm_bf16.cpp on the cpu and
+// cuda::gemm_bf16 (cuBLAS) on the device.
+#include <algorithm>
+#include <climits>
+
+#include "autograd/node.h"
+#include "core/factory.h"
+#include "ops/gemm.h"
+#include "ops/matmul.h"
+#include "ops/matmul_internal.h"
+#include "ops/reduce.h"
+
+namespace qk::matmul_impl {
+
+namespace {
+
+// A float32 (rows, cols) tensor as a contiguous bf16 one (the rounding; a view's elements are
+// gathered on the way). t is detached, or dy under the backward's NoGradGuard: nothing records.
+Tensor to_bf16(const Tensor& t) { return t.to(kBF16); }
+
+// t = 0 on its device (t contiguous).
+void fill_zeros(const Tensor& t) {
+    if (t.device() == Device::cpu) {
+        std::fill_n(t.data<float>(), t.numel(), 0.0f);
+        return;
+    }
+#ifdef QK_WITH_CUDA
+    cuda::fill(t.raw_data(), t.dtype(), t.numel(), 0.0);
+#endif
+}
+
+cpu::GemmJob<bf16, float> bf16_job(const Tensor& y, const Tensor& a, bool a_trans, const Tensor& b,
+                                   bool b_trans, const Tensor& bias = {}) {
+    const int64_t M = y.size(0), N = y.size(1), K = a_trans ? a.size(0) : a.size(1);
+    return {y.data<float>(),
+            N,
+            a.data<bf16>(),
+            {a_trans, a.size(1)},
+            b.data<bf16>(),
+            {b_trans, b.size(1)},
+            M,
+            N,
+            K,
+            0.0f,
+            bias.defined() ? bias.data<float>() : nullptr};
+}
+
+// One bf16 GEMM on the tensors' device (the job's pointers are device pointers for cuda). cuBLAS
+// has no bias argument: on cuda the caller writes the bias into y first and sets beta = 1.
+void bf16_gemm(cpu::GemmJob<bf16, float> job, Device device) {
+    switch (device) {
+        case Device::cpu:
+            cpu::gemm(job);
+            break;
+        case Device::cuda:
+#ifdef QK_WITH_CUDA
+            QK_CHECK(!job.bias, "linear: internal: a bias pointer reached the cuda bf16 GEMM");
+            cuda::gemm_bf16(job.y, job.ldy, job.a, job.la.trans, job.la.ld, job.b, job.lb.trans,
+                            job.lb.ld, job.M, job.N, job.K, job.beta);
+#else
+            throw_built_without_cuda("linear");
+#endif
+            break;
+    }
+}
+
+}  // namespace
+
+Tensor linear_bf16(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+    const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
+    QK_CHECK(x.dtype() == kF32, "linear: bf16 precision needs float32 x and weight, got {} {}",
+             x.dtype(), x.shape());
+    const int64_t K = weight.size(1), N = weight.size(0);
+    const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
+    QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape());
+    const Device device = x.device();
+    Shape out_shape = x.shape();
+    out_shape.back() = N;
+    Tensor y = Tensor::empty(out_shape, kF32, device);
+    const Tensor x_rounded = to_bf16(rows_of(x)), w_rounded = to_bf16(weight);
+    const Tensor b = autograd::contiguous_input(bias_in);
+    if (R * N > 0) {
+        const Tensor y_rows = y.view({R, N});
+        if (K == 0) {  // an empty sum: y is the bias, or 0
+            if (b.defined())
+                copy_into(y_rows, b.expand({R, N}));
+            else
+                fill_zeros(y_rows);
+        } else if (device == Device::cuda && b.defined()) {  // y = b in every row, then += x̃ · W̃ᵀ
+            copy_into(y_rows, b.expand({R, N}));
+            auto job = bf16_job(y_rows, x_rounded, false, w_rounded, true);
+            job.beta = 1.0f;
+            bf16_gemm(job, device);
+        } else {  // y = b + x̃ · W̃ᵀ (the cpu writes the bias inside the GEMM's slabs)
+            bf16_gemm(bf16_job(y_rows, x_rounded, false, w_rounded, true, b), device);
+        }
+    }
+    const bool need_x = x_in.requires_grad(), need_w = weight_in.requires_grad();
+    const bool need_b = bias_in.defined() && bias_in.requires_grad();
+    auto backward = [need_x, need_w, need_b, R, N, K, device, x_shape = x.shape(),
+                     x_saved = need_w ? autograd::saved(x_rounded) : Tensor(),
+                     w_saved = need_x ? autograd::saved(w_rounded) : Tensor()](const Tensor& dy) {
+        const Tensor dy_rows = rows_of(dy);  // (R, N)
+        const Tensor dy_rounded = need_x || need_w ? to_bf16(dy_rows) : Tensor();
+        Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
+        Tensor dw = need_w ? Tensor::empty({N, K}, kF32, device) : Tensor();
+        if (R * N * K > 0) {
+            if (need_x && need_w && device == Device::cpu)
+                cpu::gemm_pair(bf16_job(dx, dy_rounded, false, w_saved, false),  // dỸ · W̃
+                               bf16_job(dw, dy_rounded, true, x_saved, false));  // dỸᵀ · x̃
+            else {
+                if (need_x) bf16_gemm(bf16_job(dx, dy_rounded, false, w_saved, false), device);
+                if (need_w) bf16_gemm(bf16_job(dw, dy_rounded, true, x_saved, false), device);
+            }
+        } else {  // an empty sum
+            if (need_x) dx = zeros({R, K}, kF32, device);
+            if (need_w) dw = zeros({N, K}, kF32, device);
+        }
+        Tensor db = need_b ? sum_to(dy_rows, {N}) : Tensor();  // Σ_r dY, in float32
+        return std::vector<Tensor>{need_x ? dx.reshape(x_shape) : dx, dw, db};
+    };
+    return autograd::record("linear", y, {x_in, weight_in, bias_in}, std::move(backward));
+}
+
+}  // namespace qk::matmul_impl
