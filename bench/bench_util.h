@@ -22,7 +22,7 @@
 namespace qk::bench {
 
 // The raw-sgemm reference runs OpenBLAS with its own threads, as many as ours, while it lives:
-// the library keeps OpenBLAS on one thread and splits GEMMs itself (ops/matmul.cpp), so the
+// the library keeps OpenBLAS on one thread and splits GEMMs itself (ops/gemm.cpp), so the
 // reference is what OpenBLAS does alone with the same number of threads.
 // The pool's idle workers are put to sleep first (park_threads), so that they do not spin on the
 // cores OpenBLAS's threads are about to use.

@@ -2,7 +2,7 @@
 //
 // Every op that uses more than one core goes through parallel_run / parallel_for below, which run
 // on the library's own pool (core/threading.cpp). OpenBLAS stays on the calling thread:
-// ops/matmul.cpp splits large GEMMs over the pool itself, so one set of threads serves everything.
+// ops/gemm.cpp splits large GEMMs over the pool itself, so one set of threads serves everything.
 //
 // Why an own pool and not OpenMP. A training step enters ~190 parallel regions (a GEMM, a norm,
 // a softmax, an add each), separated by gaps of a few µs of serial work (the autograd bookkeeping,

@@ -86,9 +86,9 @@ Tensor softplus(const Tensor& x_in) {
     QK_CHECK(qk::is_compute_dtype(x_in.dtype()),
              "softplus: x must be float32 or float64, got {} of shape {}", x_in.dtype(),
              x_in.shape());
-    Tensor x = x_in.detach().contiguous();
+    Tensor x = qk::autograd::contiguous_input(x_in);  // the rule of docs/architecture.md#autograd
     Tensor y = forward(x);
-    return qk::autograd::record("softplus", y, {x_in}, [x](const Tensor& dy) {
+    return qk::autograd::record("softplus", y, {x_in}, [x = qk::autograd::saved(x)](const Tensor& dy) {
         return std::vector<Tensor>{backward(dy, x)};
     });
 }
