@@ -29,9 +29,11 @@ namespace qk::nn {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+// The installed copy first: an installed library must not need its source tree.
 std::string default_data_path() {
     for (const char* candidate :
-         {QK_SOURCE_DIR "/data/tinyshakespeare.txt", "data/tinyshakespeare.txt"})
+         {QK_DATA_DIR "/tinyshakespeare.txt", QK_SOURCE_DIR "/data/tinyshakespeare.txt",
+          "data/tinyshakespeare.txt"})
         if (fs::exists(candidate)) return candidate;
     throw Error("train: the bundled data/tinyshakespeare.txt was not found; pass --data FILE");
 }
