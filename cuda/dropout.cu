@@ -3,10 +3,10 @@
 // in[i] * s : 0 with s = 1 / (1 − p), used for the forward (in = x) and the backward (in = dy).
 //
 // The mask is *not* drawn here: the same seed must give the same tensors on both devices
-// (docs/architecture.md#tensors), so the op draws keep[] with Generator::fill on the cpu exactly as for a cpu
-// tensor, copies the bytes to the device once, and both passes read that copy. A device-side Philox
-// would save the one-byte-per-element copy but would have to reproduce the cpu's word order bit for
-// bit.
+// (docs/architecture.md#tensors), so the op draws keep[] with Generator::fill on the cpu exactly as
+// for a cpu tensor, copies the bytes to the device once, and both passes read that copy. A
+// device-side Philox would save the one-byte-per-element copy but would have to reproduce the cpu's
+// word order bit for bit.
 //
 // Work split: one thread per element, kThreads = 256 per block, grid = ceil(n / 256) blocks;
 // consecutive threads touch consecutive bytes of keep and elements of in/out (coalesced), no

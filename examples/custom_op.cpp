@@ -90,11 +90,12 @@ Tensor run_swish_backward(const Tensor& dy_any, const Tensor& x) {  // x contigu
 Tensor swish(const Tensor& x_in) {
     QK_CHECK(is_compute_dtype(x_in.dtype()),
              "swish: x must be float32 or float64, got {} of shape {}", x_in.dtype(), x_in.shape());
-    // detach() then contiguous(): a raw-pointer kernel needs contiguous data, and copying a
-    // detached tensor records no node of its own.
-    Tensor x = x_in.detach().contiguous();
+    // The library's rule for inputs (autograd/node.h, docs/architecture.md#autograd): detached,
+    // then contiguous, since a raw-pointer kernel needs contiguous data and copying a detached
+    // tensor records no node of its own; the node is recorded on the caller's x_in.
+    Tensor x = autograd::contiguous_input(x_in);
     Tensor y = run_swish_forward(x);
-    return autograd::record("swish", y, {x_in}, [x](const Tensor& dy) {
+    return autograd::record("swish", y, {x_in}, [x = autograd::saved(x)](const Tensor& dy) {
         return std::vector<Tensor>{run_swish_backward(dy, x)};
     });
 }
@@ -114,7 +115,7 @@ struct SwishNode final : autograd::Node {
 Tensor swish_by_hand(const Tensor& x_in) {
     QK_CHECK(is_compute_dtype(x_in.dtype()),
              "swish: x must be float32 or float64, got {} of shape {}", x_in.dtype(), x_in.shape());
-    Tensor x = x_in.detach().contiguous();
+    Tensor x = autograd::contiguous_input(x_in);
     Tensor y = run_swish_forward(x);
     if (!autograd::needs_recording({x_in})) return y;  // inference: no node, nothing saved
     auto node = std::make_shared<SwishNode>();

@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
     app.allow_config_extras(CLI::config_extras_mode::error);  // a mistyped key is an error
     // The default model: QK-LayerNorm per head with RoPE, bf16 mixed precision, sized to reach a
     // validation loss below 1.50 on Tiny Shakespeare within ten minutes on the 2 cores of the
-    // reference machine (README: Two commands, which has the table of candidates). At that
+    // reference machine (docs/results.md#the-default-model has the table of candidates). At that
     // budget (about 9 M tokens) batch 16 beat batch 32 (more steps, and faster per token),
     // C = 192 beat C = 256 and L = 6, beta2 0.95 beat 0.99, decaying to lr/100 beat lr/10;
     // bf16 buys 25-50 % more steps than fp32 in the same time, RoPE 0.01 nats over learned

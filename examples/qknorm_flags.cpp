@@ -196,8 +196,9 @@ ModelFlags model_flags_of(const GPTConfig& m) {
             .qk_norm_order = to_string(m.qk_norm_order)};
 }
 
-// Experiment 1 of the stability lab (README: Stability lab) is the default grid: a 2-layer model
-// that trains in about a minute, the QK-norm family, learning rates 1e-3 ... 3e-1.
+// Experiment 1 of the stability lab (docs/results.md#experiment-1-logit-growth-and-lr-sensitivity)
+// is the default grid: a 2-layer model that trains in about a minute, the QK-norm family, learning
+// rates 1e-3 ... 3e-1.
 void set_sweep_defaults(SweepSpec& spec) {
     TrainConfig& b = spec.base;
     b.model.n_layer = 2, b.model.n_head = 4, b.model.n_embd = 128, b.model.block_size = 64;

@@ -88,9 +88,10 @@ Tensor softplus(const Tensor& x_in) {
              x_in.shape());
     Tensor x = qk::autograd::contiguous_input(x_in);  // the rule of docs/architecture.md#autograd
     Tensor y = forward(x);
-    return qk::autograd::record("softplus", y, {x_in}, [x = qk::autograd::saved(x)](const Tensor& dy) {
-        return std::vector<Tensor>{backward(dy, x)};
-    });
+    return qk::autograd::record("softplus", y, {x_in},
+                                [x = qk::autograd::saved(x)](const Tensor& dy) {
+                                    return std::vector<Tensor>{backward(dy, x)};
+                                });
 }
 
 }  // namespace tour
