@@ -182,7 +182,9 @@ Tensor lp_normalize(const Tensor& x_in, double p, int64_t dim, double eps) {
     // The kernels normalise contiguous rows: swap `dim` to the end (a view), copy once, and swap
     // the result (and in the backward, dx) back. QK-norm uses dim = -1, which needs neither step.
     const int64_t d = normalize_dim(dim, x_in.dim(), "lp_normalize"), last = x_in.dim() - 1;
-    const Tensor x = autograd::contiguous_input(d == last ? x_in : x_in.transpose(d, last));
+    // Transposed after saved(): a view of the caller's tensor would record a node only to drop it.
+    const Tensor x =
+        autograd::contiguous_input(d == last ? x_in : autograd::saved(x_in).transpose(d, last));
     const int64_t C = x.size(-1), rows = C > 0 ? x.numel() / C : 0;
     Tensor y = empty_like(x), norm = Tensor::empty({rows}, x.dtype(), x.device());
     switch (x.device()) {
