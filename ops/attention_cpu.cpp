@@ -93,24 +93,29 @@ struct RowState {
 // factor by which the row's output accumulator must be rescaled.
 template <class T, bool kCapped>
 T online_softmax_row(T* row, int64_t nv, int64_t cols, T g, T cap, RowState<T>& st) {
-    T tile_max = -kInf<T>, max_abs = 0;
-#pragma omp simd reduction(max : tile_max, max_abs)
+    T abs_s[kKeyTile];
+#pragma omp simd
     for (int64_t j = 0; j < nv; ++j) {
         const T s = g * row[j];
-        max_abs = std::max(max_abs, std::abs(s));
+        abs_s[j] = std::abs(s);
         row[j] = capped<T, kCapped>(s, cap);  // z
-        tile_max = std::max(tile_max, row[j]);
     }
+    const T tile_max = math::lane_max<T>(nv, [=](int64_t j) { return row[j]; });
+    const T max_abs = std::max(T(0), math::lane_max<T>(nv, [&](int64_t j) { return abs_s[j]; }));
     const T m_new = std::max(st.m, tile_max);
     // Nothing finite seen yet (m_new = −inf): exponents taken relative to 0 give e = 0, not NaN.
     const T m_ref = m_new == -kInf<T> ? T(0) : m_new;
     const T alpha = math::exp_fast(st.m - m_ref);
-    const auto [sum_e, sum_ez] = math::lane_sum2<T>(nv, [&](int64_t j, T& acc_e, T& acc_ez) {
+    // Plain loops, so that exp vectorises; then the two row sums (fixed order) over stored terms.
+    T ez[kKeyTile];
+#pragma omp simd
+    for (int64_t j = 0; j < nv; ++j) {
         const T z = row[j], e = math::exp_fast(z - m_ref);
-        acc_e += e;
-        acc_ez += e > T(0) ? e * z : T(0);  // a z = −inf has e = 0 and adds nothing (not NaN)
+        ez[j] = e > T(0) ? e * z : T(0);  // a z = −inf has e = 0 and adds nothing (not NaN)
         row[j] = e;
-    });
+    }
+    const T sum_e = math::lane_sum<T>(nv, [=](int64_t j) { return row[j]; });
+    const T sum_ez = math::lane_sum<T>(nv, [&](int64_t j) { return ez[j]; });
     std::fill(row + nv, row + cols, T(0));
     st.l = st.l * alpha + sum_e;
     st.w = st.w * alpha + sum_ez;
