@@ -30,6 +30,7 @@
 #include <cmath>
 #include <ctime>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_util.h"
@@ -151,10 +152,33 @@ Timing time_pairs(Raw& raw, Step& step, double min_seconds, int min_pairs) {
     return t;
 }
 
+// The machine's preemption floor: `threads` plain threads (not the pool) that only compute, for
+// `seconds`, and the involuntary context switches per second the process suffers meanwhile. A
+// process that keeps every core busy is preempted whenever anything else on the machine wakes up
+// (kernel threads, daemons, the shell that started it): those switches are the floor, and a step's
+// switches above floor × step time are the ones its own waiting causes.
+double preemption_floor_per_s(int threads, double seconds) {
+    using clock = std::chrono::steady_clock;
+    const auto end = clock::now() + std::chrono::duration<double>(seconds);
+    auto compute = [end] {
+        volatile double x = 1.0;
+        while (clock::now() < end)
+            for (int i = 0; i < 100000; ++i) x = x * 0.9999999 + 1e-7;
+    };
+    park_threads();  // the pool's workers asleep: only these threads run
+    const Switches before = context_switches();
+    std::vector<std::thread> others;
+    for (int t = 1; t < threads; ++t) others.emplace_back(compute);
+    compute();
+    for (std::thread& t : others) t.join();
+    const Switches after = context_switches();
+    return double(after.involuntary - before.involuntary) / seconds;
+}
+
 struct Result {
     std::string config, variant, precision;
     double ms, tokens_per_s, gflops, raw_gflops, cpu_fraction;
-    double switches_per_step, voluntary_per_step, cpu_s_per_step;
+    double switches_per_step, voluntary_per_step, floor_per_step, cpu_s_per_step;
     double param_mb, adam_mb, saved_mb, peak_mb, rss_mb;
     double first_loss;  // of the first step: ~ln V at initialisation, a sanity check
 };
@@ -244,6 +268,7 @@ Result bench_one(const Config& c, nn::QKNorm variant, Precision precision, bool 
             (flops / t.step_cpu_s) / (raw.flops() / t.raw_cpu_s),
             t.step_switches / t.steps,
             t.step_voluntary / t.steps,
+            0.0,  // filled in by main, from the floor measured once per run
             t.step_cpu_total / t.steps,
             mb(param_bytes),
             mb(adam_bytes),
@@ -257,17 +282,21 @@ void print_table(const std::vector<Result>& rows) {
     fmt::print(
         "\n| config | qk_norm | precision | ms/step | tokens/s | model GFLOP/s | raw sgemm GFLOP/s "
         "| fraction "
-        "| fraction by CPU time | context switches per step (voluntary) | CPU s per step "
+        "| fraction by CPU time | context switches per step (voluntary) | preemption floor per "
+        "step "
+        "| CPU s per step "
         "| params MB | AdamW MB | saved activations MB | peak live MB | RSS high-water MB |\n");
-    fmt::print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    fmt::print(
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const Result& r : rows)
         fmt::print(
             "| {} | {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.0f} "
-            "({:.0f}) | "
+            "({:.0f}) | {:.0f} | "
             "{:.3f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} |\n",
             r.config, r.variant, r.precision, r.ms, r.tokens_per_s, r.gflops, r.raw_gflops,
             r.gflops / r.raw_gflops, r.cpu_fraction, r.switches_per_step, r.voluntary_per_step,
-            r.cpu_s_per_step, r.param_mb, r.adam_mb, r.saved_mb, r.peak_mb, r.rss_mb);
+            r.floor_per_step, r.cpu_s_per_step, r.param_mb, r.adam_mb, r.saved_mb, r.peak_mb,
+            r.rss_mb);
 }
 
 }  // namespace
@@ -302,6 +331,14 @@ int main(int argc, char** argv) {
                            rows.back().first_loss, kVocab, std::log(double(kVocab)));
             }
     }
+    if (!rows.empty()) {
+        const double floor_per_s = preemption_floor_per_s(num_threads(), 3.0);
+        for (Result& r : rows) r.floor_per_step = floor_per_s * r.ms * 1e-3;
+        fmt::print(
+            "preemption floor: {:.1f} involuntary context switches per second with {} "
+            "thread(s) that only compute\n",
+            floor_per_s, num_threads());
+    }
     print_table(rows);
     for (size_t i = 0; i + 1 < rows.size(); ++i)
         if (rows[i].precision == "fp32" && rows[i + 1].precision == "bf16" &&
@@ -313,7 +350,9 @@ int main(int argc, char** argv) {
         "calls); by CPU time: the same with process CPU time (one thread: the time the step "
         "really ran; two threads: CPU-seconds, which also counts waiting threads). Context "
         "switches and CPU s per step: means over the timed steps, from getrusage and the "
-        "process CPU clock (every thread).\n"
+        "process CPU clock (every thread). Preemption floor per step: the involuntary switches "
+        "that as many threads doing nothing but arithmetic suffer in the step's time (the rest "
+        "of the machine waking up); the step's own waiting causes the switches above it.\n"
         "params: weights (float32); AdamW: m and v; saved activations: live bytes after the "
         "forward minus at the step's start (what the graph keeps for backward); peak live: "
         "all live Storage bytes at the step's peak (params + AdamW + activations + gradients + "
