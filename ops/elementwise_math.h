@@ -13,6 +13,7 @@
 // expf is a hardware-assisted intrinsic.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -25,8 +26,25 @@ namespace qk::math {
 
 // float: Cephes' expf, exp(x) = 2^k · e^r with k = round(x / ln 2), r = x − k ln 2 in
 // [−ln2/2, ln2/2] (ln 2 split in two for an exact product), e^r by a degree-7 polynomial; max
-// relative error 8.5e-8 (1.4 ulp) measured over [−87, 88]. x < −87.34 gives 0, x > 88.376 gives
-// +inf (the true overflow is at 88.72), NaN stays NaN.
+// relative error 8.5e-8 (1.4 ulp) measured over [−87, 88]. exp_in_range is that core alone, for
+// x in [kExpLo, kExpHi], where 2^k is a normal float built from its bits; exp_fast adds the ends:
+// x < −87.34 gives 0, x > 88.376 gives +inf (the true overflow is at 88.72), NaN stays NaN.
+inline constexpr float kExpLo = -87.33654f, kExpHi = 88.3762626f;
+inline float exp_in_range(float x) {
+    // 1.5 · 2^23: adding it rounds to an integer (IEEE arithmetic; -ffast-math would fold it)
+    constexpr float shifter = 12582912.0f;
+    const float k = (x * 1.44269504088896341f + shifter) - shifter;
+    const float r = x - k * 0.693359375f - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    return p * std::bit_cast<float>((static_cast<int32_t>(k) + 127) << 23);  // · 2^k
+}
+
 template <class T>
 QK_HOST_DEVICE inline T exp_fast(T x) {
 #ifdef __CUDA_ARCH__
@@ -35,23 +53,11 @@ QK_HOST_DEVICE inline T exp_fast(T x) {
     if constexpr (std::is_same_v<T, double>) {
         return std::exp(x);
     } else {
-        constexpr float lo = -87.33654f, hi = 88.3762626f;
-        float xc = x < lo ? lo : x;
-        xc = xc > hi ? hi : xc;
-        // 1.5 · 2^23: adding it rounds to an integer (IEEE arithmetic; -ffast-math would fold it)
-        constexpr float shifter = 12582912.0f;
-        const float k = (xc * 1.44269504088896341f + shifter) - shifter;
-        const float r = xc - k * 0.693359375f - k * -2.12194440e-4f;
-        float p = 1.9875691500e-4f;
-        p = p * r + 1.3981999507e-3f;
-        p = p * r + 8.3334519073e-3f;
-        p = p * r + 4.1665795894e-2f;
-        p = p * r + 1.6666665459e-1f;
-        p = p * r + 5.0000001201e-1f;
-        p = p * r * r + r + 1.0f;
-        float y = p * std::bit_cast<float>((static_cast<int32_t>(k) + 127) << 23);  // · 2^k
-        y = x < lo ? 0.0f : y;
-        y = x > hi ? std::numeric_limits<float>::infinity() : y;
+        float xc = x < kExpLo ? kExpLo : x;
+        xc = xc > kExpHi ? kExpHi : xc;
+        float y = exp_in_range(xc);
+        y = x < kExpLo ? 0.0f : y;
+        y = x > kExpHi ? std::numeric_limits<float>::infinity() : y;
         return x != x ? x : y;
     }
 #endif
@@ -217,12 +223,25 @@ inline constexpr double kGeluB = 0.044715;
 // The exponent is capped (80 in float, 700 in double) so that e stays finite: e = inf would make
 // e σ = inf · 0 = NaN (float: for x < −10). Past the cap σ(2u) < 2e-35 (float; 1e-304 double):
 // gelu and its slope come out as tiny as they truly are, to within that.
+//
+// float: the exponent is also clamped from below, at kExpLo, instead of flushing exp to 0 there:
+// e = exp(−87.3) = 1.2e-38 next to 1 changes neither 1 + e nor any product the callers form, so
+// gelu_exp needs exp_in_range only, without exp_fast's selects. GELU is compute-bound: with this
+// and −2u as one multiply-add, forward 1.5x and backward 1.2x faster (bench_elementwise, 1 thread).
+// A NaN x clamps to a finite e, and the callers' factor x keeps the result NaN.
 template <class T>
 QK_HOST_DEVICE inline T gelu_exp(T x) {
     constexpr T cap = sizeof(T) == 4 ? T(80) : T(700);
-    const T u = T(kGeluA) * (x + T(kGeluB) * x * x * x);
-    const T t = T(-2) * u;
-    return exp_fast(t > cap ? cap : t);
+    const T t = x * (T(-2 * kGeluA) + T(-2 * kGeluA * kGeluB) * (x * x));  // −2u
+#ifdef __CUDA_ARCH__
+    return std::exp(t > cap ? cap : t);
+#else
+    if constexpr (std::is_same_v<T, double>) {
+        return std::exp(t > cap ? cap : t);
+    } else {
+        return exp_in_range(std::min(std::max(t, kExpLo), cap));
+    }
+#endif
 }
 struct Gelu {
     template <class T>

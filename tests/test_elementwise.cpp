@@ -163,6 +163,15 @@ TEST_CASE("float32 gelu, tanh and softcap agree with float64, forward and backwa
     CHECK(g.to_vector<double>()[5] == 1000);
     CHECK(tails.grad().to_vector<double>()[0] == doctest::Approx(0).epsilon(1e-20));
     CHECK(tails.grad().to_vector<double>()[4] == 1);
+    // NaN stays NaN both ways (gelu's exp clamps its exponent, so NaN must come through x), and
+    // gelu(+inf) = +inf.
+    Tensor odd = from_vector({std::nan(""), INFINITY}, {2}, kF32);
+    odd.requires_grad_();
+    Tensor g_odd = gelu(odd);
+    g_odd.backward(ones({2}));
+    CHECK(std::isnan(g_odd.to_vector<double>()[0]));
+    CHECK(std::isnan(odd.grad().to_vector<double>()[0]));
+    CHECK(g_odd.to_vector<double>()[1] == INFINITY);
 }
 
 TEST_CASE("binary ops and copies give the same bits on 1 and 2 threads") {
