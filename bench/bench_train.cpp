@@ -66,8 +66,9 @@ class RawSgemm {
           y(M * N),
           dx(M * K),
           dw(K * N) {}
-    void operator()() {
-        bench::RawBlasThreads blas_threads;
+    void operator()() { run(num_threads()); }
+    void run(int threads) {
+        bench::RawBlasThreads blas_threads(threads);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x.data(), K, w.data(),
                     K, 0.0f, y.data(), N);  // y = x·Wᵀ
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dy.data(), N,
@@ -173,6 +174,26 @@ double preemption_floor_per_s(int threads, double seconds) {
     for (std::thread& t : others) t.join();
     const Switches after = context_switches();
     return double(after.involuntary - before.involuntary) / seconds;
+}
+
+// Raw sgemm with every thread ÷ with one (best of alternated calls): ~1.9-2x when the cores are
+// the process's own. The host may share them for minutes at a time (another tenant, or two
+// virtual cores on one physical core): then 2-thread sgemm drops to ~1.2x of one thread, a step
+// (less bound by the FMA units) drops less, and every fraction of that run reads too high.
+double raw_sgemm_scaling(const Config& c) {
+    RawSgemm raw(c);
+    double all = 1e30, one = 1e30;
+    raw.run(1);
+    for (int i = 0; i < 20; ++i) {
+        using clock = std::chrono::steady_clock;
+        for (int threads : {num_threads(), 1}) {
+            const auto t0 = clock::now();
+            raw.run(threads);
+            const double s = std::chrono::duration<double>(clock::now() - t0).count();
+            (threads == 1 ? one : all) = std::min(threads == 1 ? one : all, s);
+        }
+    }
+    return one / all;
 }
 
 struct Result {
@@ -317,6 +338,11 @@ int main(int argc, char** argv) {
         "and its two backward GEMMs), same thread count\n");
     for (const Config& c : configs)
         fmt::print("model GFLOP per step, {}: {:.2f}\n", c.name, model_flops(c) / 1e9);
+    if (num_threads() > 1 && !profile)
+        fmt::print(
+            "raw sgemm, {} threads ÷ 1 thread: {:.2f}x (well under {} means the host shared "
+            "the cores during this run, and the fractions below read high)\n",
+            num_threads(), raw_sgemm_scaling(configs[0]), std::min(num_threads(), 2) * 0.9);
     std::vector<Result> rows;
     for (const Config& c : configs) {
         if (!only.empty() && c.name[0] != only[0]) continue;

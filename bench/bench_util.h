@@ -27,9 +27,9 @@ namespace qk::bench {
 // The pool's idle workers are put to sleep first (park_threads), so that they do not spin on the
 // cores OpenBLAS's threads are about to use.
 struct RawBlasThreads {
-    RawBlasThreads() {
+    explicit RawBlasThreads(int threads = num_threads()) {
         park_threads();
-        openblas_set_num_threads(num_threads());
+        openblas_set_num_threads(threads);
     }
     ~RawBlasThreads() { openblas_set_num_threads(1); }
 };
