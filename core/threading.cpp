@@ -19,8 +19,10 @@
 // ops/gemm.cpp, ops/reduce.cpp and nn/optim.cpp now split them too); the voluntary switches left
 // at 200 µs are waits for a worker that the kernel preempted. The ~30 involuntary switches per
 // config-B step are those preemptions: with both cores busy, every other runnable task (kernel
-// threads included) must take one of ours for a while; with one thread, a B step sees ~4. 1 ms
-// it is: an idle pool gives its cores back 1 ms after the last job.
+// threads included) must take one of ours for a while; with one thread, a B step sees ~4.
+// bench_train measures that floor with two threads that only compute: 32-35 per second, 25-27 in
+// a B step's time, so the pool's own share of a B step is 1-3. 1 ms it is: an idle pool gives its
+// cores back 1 ms after the last job.
 #include "core/threading.h"
 
 #include <cblas.h>

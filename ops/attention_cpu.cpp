@@ -93,15 +93,14 @@ struct RowState {
 // factor by which the row's output accumulator must be rescaled.
 template <class T, bool kCapped>
 T online_softmax_row(T* row, int64_t nv, int64_t cols, T g, T cap, RowState<T>& st) {
-    T abs_s[kKeyTile];
-#pragma omp simd
+    T tile_max = -kInf<T>, max_abs = 0;
+#pragma omp simd reduction(max : tile_max, max_abs)
     for (int64_t j = 0; j < nv; ++j) {
         const T s = g * row[j];
-        abs_s[j] = std::abs(s);
+        max_abs = std::max(max_abs, std::abs(s));
         row[j] = capped<T, kCapped>(s, cap);  // z
+        tile_max = std::max(tile_max, row[j]);
     }
-    const T tile_max = math::lane_max<T>(nv, [=](int64_t j) { return row[j]; });
-    const T max_abs = std::max(T(0), math::lane_max<T>(nv, [&](int64_t j) { return abs_s[j]; }));
     const T m_new = std::max(st.m, tile_max);
     // Nothing finite seen yet (m_new = −inf): exponents taken relative to 0 give e = 0, not NaN.
     const T m_ref = m_new == -kInf<T> ? T(0) : m_new;

@@ -16,10 +16,7 @@
 // layer_norm at (4096, 32) ran 23.7 ns a row that way and 18.0 ns this way (bench_norm).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
-#include <limits>
-#include <utility>
 
 namespace qk::math {
 
@@ -48,49 +45,6 @@ inline T lane_sum(int64_t n, Term&& term) {
         for (int l = 0; l < kLanes; ++l) acc[l] += tail[l];
     }
     return combine_lanes(acc);
-}
-
-// Two sums in one pass over the same elements: term(i, a, b) adds element i's two terms into a
-// and b (it may also store a value of its own). Returns {Σ a-terms, Σ b-terms}, each with
-// lane_sum's fixed rounding.
-template <class T, class Term>
-inline std::pair<T, T> lane_sum2(int64_t n, Term&& term) {
-    T acc_a[kLanes] = {}, acc_b[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes)
-        for (int l = 0; l < kLanes; ++l) term(i + l, acc_a[l], acc_b[l]);
-    if (i < n) {  // term adds into zeroed lanes; the lanes past n − i stay 0
-        T tail_a[kLanes] = {}, tail_b[kLanes] = {};
-        for (int64_t l = 0; l < n - i; ++l) term(i + l, tail_a[l], tail_b[l]);
-        for (int l = 0; l < kLanes; ++l) {
-            acc_a[l] += tail_a[l];
-            acc_b[l] += tail_b[l];
-        }
-    }
-    return {combine_lanes(acc_a), combine_lanes(acc_b)};
-}
-
-// max_{i<n} term(i), −inf for n = 0, in the same lanes (max is exact, so here they are for speed:
-// `omp simd reduction(max)` over std::max stayed a scalar loop). Like std::max, a NaN term is
-// skipped: callers that must report NaN see it through their sums.
-template <class T, class Term>
-inline T lane_max(int64_t n, Term&& term) {
-    constexpr T lowest = -std::numeric_limits<T>::infinity();
-    T acc[kLanes];
-    for (int l = 0; l < kLanes; ++l) acc[l] = lowest;
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes)
-        for (int l = 0; l < kLanes; ++l) acc[l] = std::max(acc[l], term(i + l));
-    if (i < n) {
-        T tail[kLanes];
-        for (int l = 0; l < kLanes; ++l) tail[l] = lowest;
-        for (int64_t l = 0; l < n - i; ++l) tail[l] = term(i + l);
-        for (int l = 0; l < kLanes; ++l) acc[l] = std::max(acc[l], tail[l]);
-    }
-    for (int l = 0; l < 8; ++l) acc[l] = std::max(acc[l], acc[l + 8]);
-    for (int l = 0; l < 4; ++l) acc[l] = std::max(acc[l], acc[l + 4]);
-    for (int l = 0; l < 2; ++l) acc[l] = std::max(acc[l], acc[l + 2]);
-    return std::max(acc[0], acc[1]);
 }
 
 }  // namespace qk::math
