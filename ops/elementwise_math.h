@@ -53,7 +53,7 @@ QK_HOST_DEVICE inline T exp_fast(T x) {
     if constexpr (std::is_same_v<T, double>) {
         return std::exp(x);
     } else {
-        float xc = x < kExpLo ? kExpLo : x;
+        float xc = x >= kExpLo ? x : kExpLo;  // NaN too: no float-to-int conversion of a NaN
         xc = xc > kExpHi ? kExpHi : xc;
         float y = exp_in_range(xc);
         y = x < kExpLo ? 0.0f : y;
@@ -228,7 +228,7 @@ inline constexpr double kGeluB = 0.044715;
 // e = exp(−87.3) = 1.2e-38 next to 1 changes neither 1 + e nor any product the callers form, so
 // gelu_exp needs exp_in_range only, without exp_fast's selects. GELU is compute-bound: with this
 // and −2u as one multiply-add, forward 1.5x and backward 1.2x faster (bench_elementwise, 1 thread).
-// A NaN x clamps to a finite e, and the callers' factor x keeps the result NaN.
+// A NaN exponent clamps to kExpLo (a finite e), and the callers' factor x keeps the result NaN.
 template <class T>
 QK_HOST_DEVICE inline T gelu_exp(T x) {
     constexpr T cap = sizeof(T) == 4 ? T(80) : T(700);
@@ -239,7 +239,7 @@ QK_HOST_DEVICE inline T gelu_exp(T x) {
     if constexpr (std::is_same_v<T, double>) {
         return std::exp(t > cap ? cap : t);
     } else {
-        return exp_in_range(std::min(std::max(t, kExpLo), cap));
+        return exp_in_range(std::min(std::max(kExpLo, t), cap));  // max(lo, NaN) = lo
     }
 #endif
 }
