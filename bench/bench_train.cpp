@@ -182,16 +182,13 @@ double preemption_floor_per_s(int threads, double seconds) {
 // (less bound by the FMA units) drops less, and every fraction of that run reads too high.
 double raw_sgemm_scaling(const Config& c) {
     RawSgemm raw(c);
-    double all = 1e30, one = 1e30;
-    raw.run(1);
+    auto all_threads = [&] { raw.run(num_threads()); };
+    auto one_thread = [&] { raw.run(1); };
+    double all = 1e30, one = 1e30, cpu_unused = 1e30;
+    one_thread();  // warm-up
     for (int i = 0; i < 20; ++i) {
-        using clock = std::chrono::steady_clock;
-        for (int threads : {num_threads(), 1}) {
-            const auto t0 = clock::now();
-            raw.run(threads);
-            const double s = std::chrono::duration<double>(clock::now() - t0).count();
-            (threads == 1 ? one : all) = std::min(threads == 1 ? one : all, s);
-        }
+        time_one(all_threads, all, cpu_unused);
+        time_one(one_thread, one, cpu_unused);
     }
     return one / all;
 }
