@@ -117,8 +117,12 @@ bool SafetensorsFile::contains(const std::string& name) const {
                        [&](const auto& p) { return p.first == name; });
 }
 
+std::string temporary_path(const std::string& path) {
+    return path + ".tmp." + std::to_string(::getpid());
+}
+
 void write_file_atomic(const std::string& path, const std::string& bytes) {
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    const std::string tmp = temporary_path(path);
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     QK_CHECK(fd >= 0, "write {}: cannot create {}: {}", path, tmp, std::strerror(errno));
     size_t written = 0;

@@ -41,5 +41,8 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
 
 // Writes `bytes` to path atomically (temporary file + fsync + rename).
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// The temporary file write_file_atomic writes first: path + ".tmp." + this process's id. A kill
+// between the write and the rename leaves it behind under exactly that name.
+std::string temporary_path(const std::string& path);
 
 }  // namespace qk

@@ -38,9 +38,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -84,8 +86,16 @@ void spin_then_sleep(const std::atomic<uint32_t>& word, Done done, std::chrono::
 
 class Pool {
   public:
-    Pool(int threads, std::chrono::nanoseconds spin) : threads_(threads), spin_(spin) {
-        for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { work(w); });
+    // A system that refuses a thread (ulimit -u, ulimit -v against the stacks) leaves the pool
+    // with the workers it did start, and a notice: never std::terminate on a joinable thread.
+    Pool(int threads, std::chrono::nanoseconds spin) : spin_(spin) {
+        try {
+            for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { work(w); });
+        } catch (const std::system_error& e) {
+            fmt::print(stderr, "qk: the system refused thread {} of {} ({}): running on {}\n",
+                       workers_.size() + 1, threads, e.what(), workers_.size() + 1);
+        }
+        threads_ = static_cast<int>(workers_.size()) + 1;
     }
     ~Pool() {
         stopping_ = true;
@@ -138,7 +148,7 @@ class Pool {
         }
     }
 
-    const int threads_;
+    int threads_ = 1;  // the workers that started, and the calling thread
     const std::chrono::nanoseconds spin_;
     std::vector<std::thread> workers_;
     std::atomic<uint32_t> generation_{0};  // one increment per job
@@ -161,10 +171,21 @@ Pool* pool = nullptr;
 
 // Spinning on more threads than cores keeps threads that have work off the cores: no spinning
 // then. QK_SPIN_US overrides the budget, for measuring it (threading.cpp's header).
+constexpr int64_t kMaxSpinMicroseconds = 1'000'000;  // a second of spinning: more is no budget
+
 std::chrono::nanoseconds spin_budget(int threads) {
     if (threads > available_cores()) return {};
-    if (const char* env = std::getenv("QK_SPIN_US"))
-        return std::chrono::microseconds(std::atoll(env));
+    if (const char* env = std::getenv("QK_SPIN_US")) {
+        // Bounded before the conversion to nanoseconds, which would overflow near INT64_MAX.
+        int64_t us = -1;
+        const char* end = env + std::strlen(env);
+        const auto [ptr, ec] = std::from_chars(env, end, us);
+        QK_CHECK(ec == std::errc() && ptr == end && us >= 0 && us <= kMaxSpinMicroseconds,
+                 "QK_SPIN_US: the spin budget must be a whole number of microseconds in [0, {}], "
+                 "got '{}'",
+                 kMaxSpinMicroseconds, env);
+        return std::chrono::microseconds(us);
+    }
     return kSpinBudget;
 }
 
@@ -190,8 +211,12 @@ void parallel_run(int threads, ThreadTask task) {
         return;
     }
     if (!pool || pool->threads() != current_threads) {
+        const std::chrono::nanoseconds spin = spin_budget(current_threads);  // may throw
         delete pool;
-        pool = new Pool(current_threads, spin_budget(current_threads));
+        pool = nullptr;
+        pool = new Pool(current_threads, spin);
+        current_threads = pool->threads();  // fewer, if the system refused some
+        threads = std::min(threads, current_threads);
     }
     inside_task = true;
     struct Leave {

@@ -6,7 +6,8 @@
 //
 // Every flag has a default; `qknorm train --help` lists them with what they do (the flags are
 // defined in examples/qknorm_flags.cpp). Exit status: 0 done, 1 an error (a file, a checkpoint,
-// the data), 2 a usage error (a flag's value, a config file), 3 training diverged. Every error
+// the data), 2 a usage error (a flag's value, a config file), 3 training diverged, 130 (143)
+// stopped by Ctrl-C (SIGTERM) with a checkpoint to resume from. Every error
 // is one line `qknorm: <what>: <why>` on stderr, never an abort.
 #include <fmt/chrono.h>
 #include <CLI/CLI.hpp>
@@ -88,6 +89,11 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
                    dist::world_size(), cfg.batch_size / (dist::world_size() * cfg.grad_accum),
                    cfg.grad_accum);
     TrainResult result = train(cfg, resume);
+    // Stopped by Ctrl-C or SIGTERM: the shell's status for a signal, 128 + its number.
+    if (result.stop_signal) {
+        if (dist::is_root()) fmt::print(stderr, "qknorm train: {}\n", result.message);
+        return 128 + result.stop_signal;
+    }
     if (!dist::is_root()) return result.diverged ? kExitDiverged : 0;
     if (result.diverged) {
         fmt::print(stderr, "qknorm train: {}\n", result.message);
@@ -127,7 +133,15 @@ int run_sweep_command(SweepSpec spec, const ModelFlags& flags, int threads) {
         "\ntables: {0}/results.csv, {0}/sensitivity.csv; plots: {0}/lr_sweep.svg, "
         "{0}/max_logit.svg, {0}/entropy.svg\n",
         spec.out_dir);
-    return 0;
+    // A run that did not finish (it crashed, or its flags were refused) is a sweep that failed;
+    // a diverged run is a finished one, and a result of the sweep.
+    std::vector<std::string> failed;
+    for (const RunSummary& run : result.runs)
+        if (!run.finished) failed.push_back(run.run_dir);
+    if (failed.empty()) return 0;
+    fmt::print(stderr, "qknorm sweep: {} of {} runs failed; see {}/log.txt{}\n", failed.size(),
+               result.runs.size(), failed.front(), failed.size() > 1 ? " and the others'" : "");
+    return kExitError;
 }
 
 // `option` replaces the model and training flags: refuse them next to it rather than ignore them.

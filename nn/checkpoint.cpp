@@ -34,6 +34,17 @@ void check_matches(const std::string& path, const std::string& name, const Tenso
 
 }  // namespace
 
+// The blocks' matrices (c_attn 3C², c_proj C², the MLP 8C²), the token table and, with learned
+// positions only, the position table: RoPE models have no wpe. Norms, biases and g add more, so
+// this is a lower bound, in double so that a hostile config cannot overflow it.
+double min_parameter_values(const GPTConfig& config) {
+    const double C = static_cast<double>(config.n_embd);
+    const double positions =
+        config.pos_emb == PosEmb::learned ? static_cast<double>(config.block_size) : 0.0;
+    return static_cast<double>(config.n_layer) * 12 * C * C +
+           (static_cast<double>(config.vocab_size) + positions) * C;
+}
+
 void save_model(const std::string& path, const GPT& model, const Tokenizer& tokenizer,
                 const std::map<std::string, std::string>& extra_metadata) {
     auto metadata = model.config().to_strings();
@@ -73,14 +84,12 @@ LoadedModel load_model(const std::string& path) {
     // holds before allocating it (a hostile n_embd = 10^9 would otherwise allocate exabytes).
     double stored = 0;
     for (const auto& [name, t] : file.tensors) stored += static_cast<double>(t.numel());
-    const double C = static_cast<double>(config.n_embd);
-    const double needed = static_cast<double>(config.n_layer) * 12 * C * C +
-                          static_cast<double>(config.vocab_size + config.block_size) * C;
+    const double needed = min_parameter_values(config);
     QK_CHECK(needed <= stored,
-             "checkpoint {}: its config (L={}, C={}, V={}, T={}) needs at least "
+             "checkpoint {}: its config (L={}, C={}, V={}, T={}, {} positions) needs at least "
              "{:.0f} parameter values, the file holds {:.0f}",
-             path, config.n_layer, config.n_embd, config.vocab_size, config.block_size, needed,
-             stored);
+             path, config.n_layer, config.n_embd, config.vocab_size, config.block_size,
+             to_string(config.pos_emb), needed, stored);
     out.model = std::make_unique<GPT>(config, 0);
     out.tokenizer = Tokenizer::deserialize(file.metadata.at("tokenizer"));
     QK_CHECK(out.tokenizer.vocab_size() == config.vocab_size,

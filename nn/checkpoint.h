@@ -35,6 +35,9 @@ struct LoadedModel {
 // and dtypes; a missing, extra or mismatched tensor is an error naming it.
 LoadedModel load_model(const std::string& path);
 void load_weights_into(GPT& model, const std::string& path);
+// A lower bound on the number of parameter values a model of this config has: what load_model
+// checks a file's own config against before allocating the model.
+double min_parameter_values(const GPTConfig& config);
 
 // An optimizer's state as a checkpoint holds it: named tensors (AdamW's moments
 // `exp_avg.<parameter>` and `exp_avg_sq.<parameter>`, Muon's `muon_momentum.<matrix>`) and the

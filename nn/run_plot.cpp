@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
+#include "nn/metrics_file.h"
 #include "nn/plot.h"
 #include "nn/trainer.h"
 
@@ -26,14 +27,11 @@ double number(const nlohmann::json& j, const char* key) {
 void write_run_plot(const TrainConfig& cfg) {
     using nlohmann::json;
     const std::string& run_dir = cfg.run_dir;
-    std::ifstream in(run_dir + "/metrics.jsonl");
     // Validation comes every eval_every steps: its points are marked, its line only joins them.
     plot::Series train{"train", {}, {}}, val{"val", {}, {}, true}, grad{"grad norm", {}, {}};
     std::vector<plot::Series> max_logit, entropy, q_norm, k_norm;
-    std::string line;
-    while (std::getline(in, line)) {
-        json j = json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.is_object()) continue;
+    for (const MetricsRecord& record : read_metrics(run_dir).records) {
+        const json& j = record.record;
         const double step = number(j, "step");
         if (j.contains("val_loss")) {  // step 0 holds only the loss at initialisation
             val.x.push_back(step);

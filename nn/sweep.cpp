@@ -29,7 +29,9 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "nn/data.h"
+#include "nn/metrics_file.h"
 #include "nn/plot.h"
+#include "nn/run_control.h"
 
 extern char** environ;
 
@@ -84,6 +86,14 @@ double parse_number(const std::string& text, const std::string& what) {
     return value;
 }
 
+// Layers, heads, width: L=2.9 is refused, not truncated to 2.
+int64_t parse_whole_number(const std::string& text, const std::string& what) {
+    const double value = parse_number(text, what);
+    QK_CHECK(value == std::floor(value) && value >= 1 && value <= 1e9,
+             "sweep: {} must be a whole number >= 1, got '{}'", what, text);
+    return static_cast<int64_t>(value);
+}
+
 }  // namespace
 
 void apply_variant(const Variant& variant, TrainConfig& cfg) {
@@ -102,9 +112,9 @@ void apply_variant(const Variant& variant, TrainConfig& cfg) {
         if (key == "g0") m.qk_scale_init = value;
         if (key == "cap") m.attn_softcap = parse_number(value, what);
         if (key == "scope") m.qk_norm_scope = parse_norm_scope(value);
-        if (key == "L") m.n_layer = static_cast<int64_t>(parse_number(value, what));
-        if (key == "H") m.n_head = static_cast<int64_t>(parse_number(value, what));
-        if (key == "C") m.n_embd = static_cast<int64_t>(parse_number(value, what));
+        if (key == "L") m.n_layer = parse_whole_number(value, what);
+        if (key == "H") m.n_head = parse_whole_number(value, what);
+        if (key == "C") m.n_embd = parse_whole_number(value, what);
         if (key == "precision") m.precision = parse_precision(value);  // fp32 | bf16
         if (key == "opt") cfg.optimizer = value;                       // adamw | muon
         if (key == "pos") m.pos_emb = parse_pos_emb(value);            // learned | rope
@@ -124,7 +134,8 @@ std::string run_dir_name(const std::string& variant, double lr, uint64_t seed) {
         name += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ? c
                 : c == '='                                                          ? '-'
                                                                                     : '_';
-    return fmt::format("{}__lr{:g}__s{}", name, lr, seed);
+    // The shortest text that reads back as the same double: 1e-3 and 1.0000001e-3 differ.
+    return fmt::format("{}__lr{}__s{}", name, lr, seed);
 }
 
 // ---- reading a run back ----------------------------------------------------------------------
@@ -155,11 +166,8 @@ RunSummary summarize_run(const std::string& run_dir) {
         s.final_val_loss = s.diverged ? NAN : number_or_nan(r, "final_val_loss");
         s.seconds = number_or_nan(r, "seconds");
     }
-    std::ifstream in(run_dir + "/metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line)) {
-        const json j = json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.is_object()) continue;
+    for (const MetricsRecord& record : read_metrics(run_dir).records) {
+        const json& j = record.record;
         if (j.value("step", -1) == 0) s.init_val_loss = number_or_nan(j, "val_loss");
         if (!j.contains("layers") || !j["layers"].is_array()) continue;
         const json& layers = j["layers"];
@@ -231,7 +239,29 @@ struct Cell {
 
 enum class Start { fresh, resume, done };
 
-Start prepare_run(const Cell& cell) {
+// A run directory this sweep finds already started must have been started with the settings
+// it would use now (sweep_run.json): another sweep's results are never reported as this one's.
+void check_same_settings(const Cell& cell, const std::string& settings) {
+    const std::string path = cell.run_dir + "/sweep_run.json";
+    QK_CHECK(fs::exists(path),
+             "sweep: {} holds a run but no sweep_run.json: it was not started by a sweep; "
+             "choose another --out",
+             cell.run_dir);
+    const json saved = json::parse(read_text_file(path, "sweep"), nullptr, false);
+    const json now = json::parse(settings);
+    for (const auto& [key, value] : now.items())
+        QK_CHECK(saved.is_object() && saved.contains(key) && saved[key] == value,
+                 "sweep: {} was trained with {} = {}, this sweep asks for {}; resume only with the "
+                 "same settings, or choose another --out",
+                 cell.run_dir, key,
+                 saved.is_object() && saved.contains(key) ? saved[key].dump() : "(nothing)",
+                 value.dump());
+}
+
+Start prepare_run(const Cell& cell, const std::string& settings) {
+    const bool started =
+        fs::exists(cell.run_dir + "/result.json") || !latest_model_checkpoint(cell.run_dir).empty();
+    if (started) check_same_settings(cell, settings);
     if (fs::exists(cell.run_dir + "/result.json")) return Start::done;
     if (!latest_model_checkpoint(cell.run_dir).empty()) return Start::resume;
     fs::remove_all(cell.run_dir);  // started but never checkpointed: nothing worth keeping
@@ -280,7 +310,7 @@ void report_finished(const SweepSpec& spec, const Cell& cell, size_t done, size_
     // elapsed / trained is wall time per run with the jobs already running side by side.
     const double eta =
         trained ? elapsed / static_cast<double>(trained) * static_cast<double>(total - done) : 0;
-    fmt::print("[{}/{}] {} lr {:g} seed {}: {} ({:.0f} s)  elapsed {}  ETA {}\n", done, total,
+    fmt::print("[{}/{}] {} lr {} seed {}: {} ({:.0f} s)  elapsed {}  ETA {}\n", done, total,
                cell.variant, cell.lr, cell.seed, outcome, s.seconds, format_duration(elapsed),
                format_duration(eta));
     std::fflush(stdout);
@@ -302,16 +332,18 @@ void train_cells(const SweepSpec& spec, const std::vector<Cell>& cells) {
         report_finished(spec, *cell, ++done, cells.size(), elapsed(), ++trained);
     };
     for (const Cell& cell : cells) {
-        const Start start = prepare_run(cell);
+        TrainConfig cfg = cell_config(spec, cell);
+        const Start start = prepare_run(cell, cfg.to_json());
         if (start == Start::done) {
             ++done;
             continue;
         }
-        TrainConfig cfg = cell_config(spec, cell);
         fs::create_directories(cell.run_dir);
         write_file_atomic(
             cell.run_dir + "/sweep.json",
             json{{"variant", cell.variant}, {"lr", cell.lr}, {"seed", cell.seed}}.dump());
+        const std::string json_path = cell.run_dir + "/sweep_run.json";
+        write_file_atomic(json_path, cfg.to_json());
         if (spec.qknorm_exe.empty()) {  // in process, one run at a time
             if (spec.train_fn)
                 spec.train_fn(cfg, start == Start::resume);
@@ -320,8 +352,6 @@ void train_cells(const SweepSpec& spec, const std::vector<Cell>& cells) {
             report_finished(spec, cell, ++done, cells.size(), elapsed(), ++trained);
             continue;
         }
-        const std::string json_path = cell.run_dir + "/sweep_run.json";
-        write_file_atomic(json_path, cfg.to_json());
         const std::vector<std::string> args =
             start == Start::resume
                 ? std::vector<std::string>{"train", "--resume", cell.run_dir, "--quiet"}
@@ -361,6 +391,13 @@ void check_sweep(const SweepSpec& spec) {
              "sweep: running {} jobs at once needs the qknorm program (qknorm_exe)", spec.jobs);
     for (double lr : spec.lrs)
         QK_CHECK(lr > 0 && std::isfinite(lr), "sweep: learning rates must be > 0, got {}", lr);
+    // Two cells in one run directory would train twice into it and report one result for both.
+    std::set<std::string> run_dirs;
+    for (const Cell& cell : grid_cells(spec))
+        QK_CHECK(run_dirs.insert(cell.run_dir).second,
+                 "sweep: the grid holds variant '{}', lr {}, seed {} twice (run directory {}); "
+                 "list each variant, learning rate and seed once",
+                 cell.variant, cell.lr, cell.seed, cell.run_dir);
     QK_CHECK(spec.plot_lr == 0 ||
                  std::find(spec.lrs.begin(), spec.lrs.end(), spec.plot_lr) != spec.lrs.end(),
              "sweep: plot_lr {:g} is not in the grid's learning rates ({})", spec.plot_lr,
@@ -379,6 +416,7 @@ SweepResult run_sweep(const SweepSpec& spec) {
     check_sweep(spec);
     const std::vector<Cell> cells = grid_cells(spec);
     fs::create_directories(spec.out_dir + "/runs");
+    const RunDirLock lock(spec.out_dir, "sweep: --out");  // one sweep at a time in a folder
     train_cells(spec, cells);
 
     SweepResult result;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
+#include "nn/metrics_file.h"
 #include "nn/plot.h"
 #include "nn/sweep.h"
 
@@ -112,11 +113,9 @@ plot::Panel loss_against_lr(const std::vector<RunSummary>& runs,
 
 // Per stats step of one run: the largest max |s| over layers, and the lowest entropy.
 void read_signal_curves(const std::string& run_dir, plot::Series& logit, plot::Series& entropy) {
-    std::ifstream in(run_dir + "/metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line)) {
-        const json j = json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.is_object() || !j.contains("layers")) continue;
+    for (const MetricsRecord& record : read_metrics(run_dir).records) {
+        const json& j = record.record;
+        if (!j.contains("layers")) continue;
         double max_logit = 0, min_entropy = INFINITY;
         for (const json& layer : j["layers"]) {
             const json& l = layer.value("max_logit", json());

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "autograd/grad_mode.h"
 #include "core/distributed.h"
@@ -17,8 +18,10 @@
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
 #include "nn/data_parallel.h"
+#include "nn/metrics_file.h"
 #include "nn/plot.h"
 #include "nn/qk_clip.h"
+#include "nn/run_control.h"
 #include "nn/run_optimizer.h"
 #include "nn/sample.h"
 #include "ops/elementwise.h"
@@ -95,21 +98,17 @@ struct MetricsSoFar {
 // Keeps the metrics lines of steps <= last_step (a resumed run rewrites what came after). A line
 // that is not a JSON object with a whole step (the half-written last line of a killed run, or an
 // edit) is dropped with a warning: the metrics are a log, and the checkpoint is what resumes.
-MetricsSoFar truncate_metrics(const std::string& path, int64_t last_step) {
+MetricsSoFar truncate_metrics(const std::string& run_dir, int64_t last_step) {
     MetricsSoFar so_far;
-    if (!fs::exists(path)) return so_far;
-    std::ifstream in(path);
-    std::string line, kept;
-    for (int64_t number = 1; std::getline(in, line); ++number) {
-        if (line.empty()) continue;
-        const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
-            fmt::print(stderr, "resume: dropping line {} of {}: not a metrics record\n", number,
-                       path);
-            continue;
-        }
+    const MetricsFile file = read_metrics(run_dir);
+    const std::string path = run_dir + "/metrics.jsonl";
+    for (const int64_t number : file.malformed_lines)
+        fmt::print(stderr, "resume: dropping line {} of {}: not a metrics record\n", number, path);
+    std::string kept;
+    for (const MetricsRecord& r : file.records) {
+        const json& j = r.record;
         if (j["step"].get<int64_t>() > last_step) continue;
-        kept += line + "\n";
+        kept += r.text + "\n";
         if (j.contains("loss") && j["loss"].is_number()) {
             so_far.last_loss = j["loss"].get<double>();
             so_far.min_loss = std::min(so_far.min_loss, so_far.last_loss);
@@ -121,26 +120,39 @@ MetricsSoFar truncate_metrics(const std::string& path, int64_t last_step) {
     return so_far;
 }
 
-// A process id that no longer runs (a temporary file named after it is a leftover of a kill).
-bool process_gone(const std::string& pid_text) {
-    char* end = nullptr;
-    const long pid = std::strtol(pid_text.c_str(), &end, 10);
-    if (pid_text.empty() || *end != '\0' || pid <= 0) return true;
-    return pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+// The files a run writes into its directory, by name.
+bool is_run_file(const std::string& name) {
+    static const std::set<std::string> fixed{"config.json", "metrics.jsonl", "plot.svg",
+                                             "result.json"};
+    return fixed.count(name) || step_of(name, "model") || step_of(name, "state");
 }
 
-// A kill leaves a checkpoint's temporary file (*.tmp.PID) and, between the two files of a
-// checkpoint, a state file without its model (the model is written last). Neither is ever read:
-// remove them when a run starts or resumes.
+// A temporary file this program wrote (temporary_path: one of the run's files + ".tmp." + the
+// id of a process) whose process no longer runs: the leftover of a kill. Anything else, a user's
+// "notes.tmp.txt" or a folder, is never one.
+bool is_leftover_temporary(const fs::directory_entry& entry) {
+    const std::string name = entry.path().filename().string();
+    const size_t tmp = name.rfind(".tmp.");
+    if (tmp == std::string::npos || !entry.is_regular_file() || entry.is_symlink()) return false;
+    const std::string target = name.substr(0, tmp), pid_text = name.substr(tmp + 5);
+    if (!is_run_file(target) || pid_text.empty() || pid_text.size() > 9 ||
+        pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text[0] == '0')
+        return false;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    return pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// A kill leaves a checkpoint's temporary file and, between the two files of a checkpoint, a
+// state file without its model (the model is written last). Neither is ever read: remove them
+// when a run starts or resumes. Nothing else in the directory is touched.
 void remove_leftovers(const std::string& run_dir) {
     std::vector<fs::path> leftovers;
     for (const auto& entry : fs::directory_iterator(run_dir)) {
         const std::string name = entry.path().filename().string();
-        const size_t tmp = name.rfind(".tmp.");
         const std::optional<int64_t> state_step = step_of(name, "state");
-        if (tmp != std::string::npos && process_gone(name.substr(tmp + 5)))
+        if (is_leftover_temporary(entry))
             leftovers.push_back(entry.path());
-        else if (state_step &&
+        else if (state_step && entry.is_regular_file() && !entry.is_symlink() &&
                  !fs::exists(checkpoint_prefix(run_dir, *state_step) + ".model.safetensors"))
             leftovers.push_back(entry.path());
     }
@@ -151,9 +163,6 @@ void remove_leftovers(const std::string& run_dir) {
 // scratch. A directory whose run stopped before its first checkpoint has nothing to resume: it
 // is started again in place, with a notice, whether --resume was given or not.
 bool prepare_run_dir(const TrainConfig& cfg, bool resume) {
-    QK_CHECK(!fs::exists(cfg.run_dir) || fs::is_directory(cfg.run_dir),
-             "train: --run-dir '{}' is a file, not a directory", cfg.run_dir);
-    fs::create_directories(cfg.run_dir);
     remove_leftovers(cfg.run_dir);
     const bool has_run = fs::exists(cfg.run_dir + "/config.json");
     const bool has_checkpoint = !latest_model_checkpoint(cfg.run_dir).empty();
@@ -373,6 +382,48 @@ std::string checkpoint_after_update(const TrainConfig& cfg, int64_t done, double
     return "";
 }
 
+// The model a checkpoint was written by (its own metadata) against the model the run's
+// config.json builds now: an edited config.json (n_head 2 -> 4) would otherwise load weights of
+// the same shapes into another model and train it.
+void check_checkpoint_config(const std::string& path, const GPTConfig& now) {
+    // Through GPTConfig, so that a field older checkpoints lack reads as its default.
+    const auto written = GPTConfig::from_strings(load_safetensors(path).metadata).to_strings();
+    for (const auto& [key, value] : now.to_strings())
+        QK_CHECK(written.at(key) == value,
+                 "resume: {} was written by a model with {} = {}, but the run's config.json says "
+                 "{} = {}; config.json was edited, or belongs to another run",
+                 path, key, written.at(key), key, value);
+}
+
+// Ctrl-C or SIGTERM asked the run to stop, on any rank: every rank gets the same answer, so that
+// all of them write the checkpoint's collectives and stop together.
+bool stop_asked(const StopSignals& signals) {
+    const double asked = signals.requested() ? 1.0 : 0.0;
+    return (dist::world_size() > 1 ? dist::all_reduce_max(asked) : asked) > 0;
+}
+
+// The checkpoint of a run stopped by a signal after step `done`, whatever --checkpoint-every
+// says, and the message that tells how to go on.
+std::string checkpoint_on_stop(const TrainConfig& cfg, int64_t done, GPT& model,
+                               const RunOptimizer& optimizer, const Tokenizer& tokenizer,
+                               const Generator& data_gen) {
+    if (!optimizer.all_finite())
+        return fmt::format(
+            "stopped at step {}: the last update made a weight NaN or Inf, so no checkpoint of "
+            "it was written",
+            done);
+    write_checkpoint(cfg, model, optimizer, tokenizer,
+                     TrainingState{done,
+                                   data_gen.seed(),
+                                   data_gen.counter(),
+                                   model.dropout_generator().seed(),
+                                   model.dropout_generator().counter(),
+                                   {{"train_config", cfg.to_json()}}});
+    return fmt::format(
+        "stopped at step {} of {}: checkpoint {} written; continue with: qknorm train --resume {}",
+        done, cfg.steps, checkpoint_prefix(cfg.run_dir, done) + ".model.safetensors", cfg.run_dir);
+}
+
 // Where the loop starts: the step, and what metrics.jsonl says of the steps before it.
 struct RunStart {
     int64_t step = 0;
@@ -404,12 +455,13 @@ RunStart resume_run(const TrainConfig& cfg, GPT& model, RunOptimizer& optimizer,
         const std::vector<int64_t> steps = checkpoint_steps(cfg.run_dir);
         QK_CHECK(!steps.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
         const std::string prefix = checkpoint_prefix(cfg.run_dir, steps.back());
+        check_checkpoint_config(prefix + ".model.safetensors", model.config());
         load_weights_into(model, prefix + ".model.safetensors");
         const std::string state_path = prefix + ".state.safetensors";
         TrainingState state = load_training_state(state_path, whole);
         QK_CHECK(state.step == steps.back(), "resume: {} says step {}, but its name says step {}",
                  state_path, state.step, steps.back());
-        so_far = truncate_metrics(cfg.run_dir + "/metrics.jsonl", state.step);
+        so_far = truncate_metrics(cfg.run_dir, state.step);
         resumed = {{"step", state.step},
                    {"data", {state.data_seed, state.data_counter}},
                    {"dropout", {state.dropout_seed, state.dropout_counter}}};
@@ -475,7 +527,14 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
              cfg.batch_size, ranks, cfg.grad_accum, ranks * cfg.grad_accum);
     if (cfg.data_path.empty()) cfg.data_path = default_data_path();
     const std::string text = read_text_file(cfg.data_path, "train: --data");
-    if (root) resume = prepare_run_dir(cfg, resume);
+    std::optional<RunDirLock> lock;  // held to the end: one process per run directory
+    if (root) {
+        QK_CHECK(!fs::exists(cfg.run_dir) || fs::is_directory(cfg.run_dir),
+                 "train: --run-dir '{}' is a file, not a directory", cfg.run_dir);
+        fs::create_directories(cfg.run_dir);
+        lock.emplace(cfg.run_dir, "train: --run-dir");
+        resume = prepare_run_dir(cfg, resume);
+    }
     resume = broadcast_string(resume ? "resume" : "start") == "resume";
 
     const Tokenizer tokenizer =
@@ -510,6 +569,7 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
     // A checkpoint is written only once the next step's loss, measured on its weights, passes
     // the divergence check: a run that blows up never leaves its blown-up weights as "last good".
     std::optional<TrainingState> pending;
+    const StopSignals signals;  // Ctrl-C: stop after the step in progress, with a checkpoint
     for (int64_t step = start_step; step < cfg.steps; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
         const double lr = cosine_lr(step, cfg.warmup, cfg.steps, cfg.lr, cfg.lr_min);
@@ -579,8 +639,19 @@ TrainResult train(const TrainConfig& cfg_in, bool resume) {
                            mean_step * static_cast<double>(cfg.steps - step - 1));
         }
         if (cfg.stop_after > 0 && step + 1 >= cfg.stop_after) return result;  // as if killed
+        if (stop_asked(signals)) {
+            result.stop_signal = signals.signal_number() ? signals.signal_number() : SIGTERM;
+            result.message =
+                checkpoint_on_stop(cfg, step + 1, model, optimizer, tokenizer, data_gen);
+            break;
+        }
     }
     if (cfg.progress && root) fmt::print(stderr, "\n");
+    if (result.stop_signal) {  // not finished: no result.json, no sample; the plot so far
+        result.final_val_loss = last_val;
+        if (root) write_run_plot(cfg);
+        return result;
+    }
     result.final_val_loss = last_val;
     if (!root) return result;  // the other ranks write nothing
     const double seconds =
