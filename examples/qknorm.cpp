@@ -12,6 +12,7 @@
 #include <fmt/chrono.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -19,6 +20,7 @@
 #include <new>
 
 #include "core/distributed.h"
+#include "core/file_io.h"
 #include "core/threading.h"
 #include "examples/qknorm_flags.h"
 #include "nn/checkpoint.h"
@@ -54,14 +56,41 @@ void as_usage(F&& check) {
     }
 }
 
+// What `--resume DIR` takes from the command line besides the run's saved configuration: how
+// long to train (more steps extend the run; its LR schedule keeps its length, and the steps past
+// it run at --lr-min) and how the ranks share the work.
+const std::vector<std::string> kResumeFlags{"--steps",     "--zero",    "--dist-timeout",
+                                            "--bucket-mb", "--overlap", "--quiet"};
+
+TrainConfig resumed_config(const std::string& resume_dir, const TrainConfig& given,
+                           const CLI::App* cmd) {
+    // Rank 0 reads the run's config and hands it to the others (they need no copy of it).
+    const std::string saved = dist::is_root() ? load_run_config(resume_dir).to_json() : "";
+    TrainConfig cfg = TrainConfig::from_json(broadcast_string(saved));
+    cfg.run_dir = resume_dir;
+    auto given_flag = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
+    if (given_flag("--steps") && given.steps != cfg.steps) {
+        cfg.schedule_steps = cfg.schedule_length();
+        cfg.steps = given.steps;
+        QK_CHECK(cfg.steps >= cfg.schedule_steps,
+                 "train: --resume {} --steps {}: the run's schedule is {} steps long; --steps can "
+                 "extend a run, not shorten it",
+                 resume_dir, given.steps, cfg.schedule_steps);
+        if (cfg.steps == cfg.schedule_steps) cfg.schedule_steps = 0;
+    }
+    if (given_flag("--zero")) cfg.zero = given.zero;
+    if (given_flag("--dist-timeout")) cfg.dist_timeout = given.dist_timeout;
+    if (given_flag("--bucket-mb")) cfg.bucket_mb = given.bucket_mb;
+    if (given_flag("--overlap")) cfg.overlap = given.overlap;
+    as_usage([&] { cfg.validate(); });
+    return cfg;
+}
+
 int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resume_dir,
-              const std::string& from_json, bool quiet) {
+              const std::string& from_json, bool quiet, const CLI::App* cmd) {
     bool resume = !resume_dir.empty();
     if (resume) {
-        // Rank 0 reads the run's config and hands it to the others (they need no copy of it).
-        const std::string saved = dist::is_root() ? load_run_config(resume_dir).to_json() : "";
-        cfg = TrainConfig::from_json(broadcast_string(saved));
-        cfg.run_dir = resume_dir;
+        cfg = resumed_config(resume_dir, cfg, cmd);
     } else if (!from_json.empty()) {
         cfg = TrainConfig::from_json(read_text_file(from_json, "train: --from-json"));
     } else {
@@ -144,11 +173,14 @@ int run_sweep_command(SweepSpec spec, const ModelFlags& flags, int threads) {
     return kExitError;
 }
 
-// `option` replaces the model and training flags: refuse them next to it rather than ignore them.
-void check_alone(const CLI::App* cmd, const std::string& option, const std::string& why) {
+// `option` replaces the model and training flags: refuse them next to it rather than ignore them
+// (all but those in `allowed`).
+void check_alone(const CLI::App* cmd, const std::string& option, const std::string& why,
+                 const std::vector<std::string>& allowed = {"--quiet"}) {
     if (cmd->get_option(option)->count() == 0) return;
     for (const CLI::Option* other : cmd->get_options())
-        if (other->count() != 0 && other->get_name() != option && other->get_name() != "--quiet")
+        if (other->count() != 0 && other->get_name() != option &&
+            std::find(allowed.begin(), allowed.end(), other->get_name()) == allowed.end())
             throw UsageError(fmt::format("train: {} {}; {} cannot be combined with it", option, why,
                                          other->get_name()));
 }
@@ -190,6 +222,16 @@ int run_sample(const std::string& run, const std::string& ckpt, const std::strin
     return 0;
 }
 
+// A config is a page of settings: 1 MB is far beyond one, and bounds what parsing it costs (a
+// 200 MB file took 2.7 GB).
+constexpr uint64_t kMaxConfigBytes = 1 << 20;
+
+std::string read_config_file(const std::string& path) {
+    std::string text = read_regular_file(path, "--config", kMaxConfigBytes);
+    QK_CHECK(!text.empty(), "--config: '{}' is empty", path);
+    return text;
+}
+
 // The --config file is read by CLI11, which blocks on a FIFO and accepts an unclosed array as a
 // default value: check it first (a regular file, the TOML subset our configs use).
 void check_config_file(int argc, char** argv) {
@@ -198,16 +240,34 @@ void check_config_file(int argc, char** argv) {
         std::string path;
         if (arg == "--config" && i + 1 < argc) path = argv[i + 1];
         if (arg.rfind("--config=", 0) == 0) path = arg.substr(9);
-        if (!path.empty())
-            as_usage([&] { check_toml_syntax(read_text_file(path, "--config"), path); });
+        if (!path.empty()) as_usage([&] { check_toml_syntax(read_config_file(path), path); });
     }
 }
 
 }  // namespace
 
+// A message with every run of over 200 non-blank characters cut to its first 80 and a count: a
+// hostile 20 MB flag value must not come back as 20 MB of error text (twice).
+std::string elide_long_words(const std::string& message) {
+    constexpr size_t kLongest = 200, kShown = 80;
+    std::string out;
+    for (size_t i = 0; i < message.size();) {
+        size_t j = i;
+        while (j < message.size() && !std::isspace(static_cast<unsigned char>(message[j]))) ++j;
+        if (j - i > kLongest)
+            out += fmt::format("{}...({} bytes)", message.substr(i, kShown), j - i);
+        else
+            out.append(message, i, j - i);
+        for (i = j; i < message.size() && std::isspace(static_cast<unsigned char>(message[i])); ++i)
+            out += message[i];
+    }
+    return out;
+}
+
 // Prints "qknorm: message" and returns status. Under mpirun it ends every rank of the job
 // instead, so that the others do not wait for this one in their next collective.
-int fail(const std::string& message, int status) {
+int fail(const std::string& full_message, int status) {
+    const std::string message = elide_long_words(full_message);
     if (dist::world_size() > 1) dist::abort_job("qknorm: " + message);
     fmt::print(stderr, "qknorm: {}\n", message);
     return status;
@@ -295,14 +355,18 @@ int main(int argc, char** argv) {
         try {
             app.parse(argc, argv);
         } catch (const CLI::ParseError& e) {
-            const int status = app.exit(e);  // prints the help, or the error and a hint
-            return status == 0 ? 0 : kExitUsage;
+            if (e.get_exit_code() == 0) return app.exit(e);  // --help: prints the help
+            return fail(fmt::format("{}\nRun with --help for more information.", e.what()),
+                        kExitUsage);
         }
         set_num_threads(threads);
         if (train_cmd->parsed()) {
-            check_alone(train_cmd, "--resume", "continues the run with the configuration it saved");
+            check_alone(train_cmd, "--resume",
+                        "continues the run with the configuration it saved (of the other flags it "
+                        "takes --steps, --zero, --dist-timeout, --bucket-mb, --overlap, --quiet)",
+                        kResumeFlags);
             check_alone(train_cmd, "--from-json", "takes every setting from the file");
-            return run_train(cfg, flags, resume_dir, from_json, quiet);
+            return run_train(cfg, flags, resume_dir, from_json, quiet, train_cmd);
         }
         if (dist::world_size() > 1)
             throw UsageError(fmt::format(

@@ -111,7 +111,15 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool at
 
 void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
     cmd->add_option("--data", cfg.data_path,
-                    "text file to train on (default: bundled Tiny Shakespeare)");
+                    "text file to train on (default: bundled Tiny Shakespeare)")
+        ->check(
+            [](const std::string& path) {
+                return path.empty() ? std::string(
+                                          "an empty path; give a text file, or leave "
+                                          "--data out for the bundled Tiny Shakespeare")
+                                    : std::string();
+            },
+            "FILE");
     add_value(cmd, "--tokenizer", cfg.tokenizer, "char (sorted unique characters) or byte (256)")
         ->check(CLI::IsMember({"char", "byte"}));
     add_value(cmd, "--device", cfg.device,

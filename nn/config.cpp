@@ -20,6 +20,8 @@ Enum parse_enum(const std::string& s, const std::array<std::pair<const char*, En
     throw Error(fmt::format("config: unknown {} '{}' (expected one of: {})", what, s, valid));
 }
 
+constexpr double kMinSoftcap = 0.1, kMaxSoftcap = 1e6;  // the soft-caps' range when on
+
 constexpr std::array<std::pair<const char*, QKNorm>, 5> kQKNorms{{{"none", QKNorm::none},
                                                                   {"layernorm", QKNorm::layernorm},
                                                                   {"rmsnorm", QKNorm::rmsnorm},
@@ -115,28 +117,33 @@ void GPTConfig::validate() const {
              dropout);
     // p beyond 64 is the max-norm for every practical purpose, and |x|^p overflows long before.
     QK_CHECK(lp_p >= 1 && lp_p <= 64, "config: lp_p (--lp-p) must be in [1, 64], got {}", lp_p);
-    // inf would be accepted by ">= 0" and turn every logit into NaN (c·tanh(s/c) = inf·0).
+    // inf would turn every logit into NaN (c·tanh(s/c) = inf·0), and so would a cap that rounds
+    // to 0 in float32 (1e-300); a cap below 0.1 leaves softmax nothing to tell apart. Gemma 2
+    // caps at 50 (attention) and 30 (output).
     auto cap_or_off = [](double v, const char* name) {
-        QK_CHECK(std::isfinite(v) && v >= 0,
-                 "config: {} must be a finite number >= 0 (0 = off), got {}", with_flag(name), v);
+        QK_CHECK(v == 0 || (std::isfinite(v) && v >= kMinSoftcap && v <= kMaxSoftcap),
+                 "config: {} must be 0 (off) or a number in [{}, {:g}], got {}", with_flag(name),
+                 kMinSoftcap, kMaxSoftcap, v);
     };
     cap_or_off(attn_softcap, "attn_softcap");
     cap_or_off(logit_softcap, "logit_softcap");
-    cap_or_off(z_loss, "z_loss");
+    // PaLM's weight is 1e-4; at 1 the z-loss already outweighs the cross-entropy.
+    QK_CHECK(std::isfinite(z_loss) && z_loss >= 0 && z_loss <= 1,
+             "config: {} must be a number in [0, 1] (0 = off), got {}", with_flag("z_loss"),
+             z_loss);
     QK_CHECK(!qkv_norm || qk_norm != QKNorm::none,
              "config: qkv_norm needs a qk_norm to apply to v (got qk_norm=none)");
     QK_CHECK(block_size >= 2 || (qk_norm != QKNorm::l2 && qk_norm != QKNorm::lp) ||
                  qk_scale_init != "henry",
              "config: the henry scale log2(T²−T) needs block_size >= 2, got {}", block_size);
-    if (pos_emb == PosEmb::rope) {
-        QK_CHECK(head_dim() % 2 == 0,
-                 "config: rope rotates pairs of a head's dimensions, so the head dim n_embd / "
-                 "n_head must be even, got {} / {} = {}",
-                 n_embd, n_head, head_dim());
-        QK_CHECK(std::isfinite(rope_theta) && rope_theta > 1,
-                 "config: rope_theta (--rope-theta) must be a finite number > 1, got {}",
-                 rope_theta);
-    }
+    QK_CHECK(pos_emb == PosEmb::learned || head_dim() % 2 == 0,
+             "config: rope rotates pairs of a head's dimensions, so the head dim n_embd / n_head "
+             "must be even, got {} / {} = {}",
+             n_embd, n_head, head_dim());
+    // Checked whether or not it is used: it is saved either way, and a NaN saved as JSON null
+    // would make the run impossible to resume.
+    QK_CHECK(std::isfinite(rope_theta) && rope_theta > 1,
+             "config: rope_theta (--rope-theta) must be a finite number > 1, got {}", rope_theta);
     // after_rope normalises each head's rotated vector; a norm over the full width runs before
     // the heads are split, where there is nothing rotated yet.
     const bool norm_family = qk_norm == QKNorm::layernorm || qk_norm == QKNorm::rmsnorm;
@@ -146,6 +153,13 @@ void GPTConfig::validate() const {
                  qk_norm_scope == NormScope::head,
              "config: qk_norm_order after_rope needs qk_norm_scope head (a full-width norm runs "
              "before the heads exist to be rotated), got qk_norm_scope full");
+    if (qk_scale_init != "henry" && qk_scale_init != "sqrt_d") {  // a number, used or not
+        const double g0 = parse_number(qk_scale_init, "qk_scale_init (henry, sqrt_d or a number)");
+        QK_CHECK(std::isfinite(g0) && g0 > 0,
+                 "config: qk_scale_init (--qk-scale-init) must be henry, sqrt_d or a finite "
+                 "number > 0, got '{}'",
+                 qk_scale_init);
+    }
     if (qk_norm == QKNorm::l2 || qk_norm == QKNorm::lp) {
         const double g0 = initial_qk_scale();
         QK_CHECK(

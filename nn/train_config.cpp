@@ -70,12 +70,24 @@ json model_to_json(const GPTConfig& m) {
     return j;
 }
 
+// Every key of a train config's JSON (TrainConfig::to_json writes them all).
+const std::set<std::string> kTrainKeys{
+    "model",      "data_path",     "tokenizer",     "device",           "tf32",
+    "batch_size", "grad_accum",    "steps",         "warmup",           "lr",
+    "lr_min",     "beta1",         "beta2",         "weight_decay",     "independent_weight_decay",
+    "optimizer",  "muon_momentum", "qk_clip",       "grad_clip",        "diverge_factor",
+    "eval_every", "eval_batches",  "stats_every",   "checkpoint_every", "keep_checkpoints",
+    "seed",       "run_dir",       "sample_tokens", "schedule_steps",   "zero",
+    "bucket_mb",  "overlap",       "dist_timeout"};
+
 // The model section as GPTConfig::from_strings reads it (which checks each value): JSON numbers
 // and booleans as config.json holds them now, or the strings of files written before.
 std::map<std::string, std::string> model_strings(const json& j) {
     QK_CHECK(j.is_object(), "train config: model must be a JSON object, got {}", j.type_name());
+    static const std::map<std::string, std::string> known = GPTConfig().to_strings();
     std::map<std::string, std::string> fields;
     for (const auto& [key, v] : j.items()) {
+        QK_CHECK(known.count(key), "train config: unknown key 'model.{}'", key);
         if (v.is_string())
             fields[key] = v.get<std::string>();
         else if (v.is_boolean())
@@ -144,7 +156,11 @@ void TrainConfig::validate() const {
     require(std::isfinite(dist_timeout) && dist_timeout > 0, "dist-timeout", dist_timeout,
             "a finite number of seconds > 0");
     require_count(steps, "steps", 1, kMaxSteps);
-    require_count(warmup, "warmup", 0, kMaxSteps);  // longer than steps: lr never peaks
+    require_count(warmup, "warmup", 0, kMaxSteps);
+    QK_CHECK(schedule_steps >= 0 && schedule_steps <= steps,
+             "train config: schedule_steps must be in [0, steps = {}] (0: the run's own steps), "
+             "got {}",
+             steps, schedule_steps);  // longer than steps: lr never peaks
     require(std::isfinite(lr) && lr > 0, "lr", lr, "a finite number > 0");
     require(finite_at_least(lr_min, 0) && lr_min <= lr, "lr-min", lr_min,
             "a finite number in [0, --lr]");
@@ -214,6 +230,13 @@ std::string TrainConfig::to_json() const {
     j["seed"] = seed;
     j["run_dir"] = run_dir;
     j["sample_tokens"] = sample_tokens;
+    // How the ranks share the work: not the math, but a resumed run keeps them unless the
+    // command line says otherwise.
+    j["schedule_steps"] = schedule_steps;
+    j["zero"] = zero;
+    j["bucket_mb"] = bucket_mb;
+    j["overlap"] = overlap;
+    j["dist_timeout"] = dist_timeout;
     return j.dump(2);
 }
 
@@ -260,6 +283,16 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
         j.at("seed").get_to(c.seed);
         j.at("run_dir").get_to(c.run_dir);
         get_integer(j, "sample_tokens", c.sample_tokens);
+        if (j.contains("schedule_steps")) get_integer(j, "schedule_steps", c.schedule_steps);
+        if (j.contains("zero")) get_integer(j, "zero", c.zero);  // saved since resume kept them
+        c.bucket_mb = j.value("bucket_mb", c.bucket_mb);
+        c.overlap = j.value("overlap", c.overlap);
+        c.dist_timeout = j.value("dist_timeout", c.dist_timeout);
+        // A key this version does not read is refused, as in a TOML config: a typo ("stpes") or a
+        // setting of a newer version must not be silently dropped.
+        for (const auto& [key, value] : j.items())
+            QK_CHECK(kTrainKeys.count(key), "train config: unknown key '{}'; the keys are {}", key,
+                     fmt::join(kTrainKeys, ", "));
     } catch (const json::exception& e) {
         throw Error(fmt::format("train config: {}", e.what()));
     }

@@ -44,8 +44,14 @@ struct TrainConfig {
     // Tests: stop after this many steps as if the process were killed (no plot, no sample), to
     // check that resuming gives the same losses. 0 = off. Not saved in config.json.
     int64_t stop_after = 0;
-    // Data-parallel knobs (docs/distributed.md), not saved in config.json: a run may resume on
-    // another number of ranks with other buckets. Every rank must still pass the same values.
+    // The length of the learning-rate schedule (warmup, then cosine to lr_min at this step);
+    // 0 = steps. A finished run extended with `--resume DIR --steps N` keeps its schedule: the
+    // steps past its end run at lr_min.
+    int64_t schedule_steps = 0;
+    int64_t schedule_length() const { return schedule_steps > 0 ? schedule_steps : steps; }
+    // Data-parallel knobs (docs/distributed.md), saved in config.json; a run may resume on
+    // another number of ranks, and `--resume` takes new values of these from the command line.
+    // Every rank must pass the same values.
     double bucket_mb = 25;     // gradients are averaged in buckets of about this many MB
     bool overlap = true;       // start each bucket's average during backward, as soon as ready
     double dist_timeout = 60;  // seconds a collective waits for the other ranks, then the job ends

@@ -77,8 +77,14 @@ TEST_CASE("every numeric flag is checked where it enters, naming the flag, value
         {{"--seed", "-1"}, {"--seed", "'-1'", "whole number"}},
         {{"--steps", "99999999999999999999"}, {"--steps", "99999999999999999999"}},
         {{"--steps", "2.5"}, {"--steps", "2.5", "whole number"}},
-        {{"--logit-softcap", "inf"}, {"--logit-softcap", "inf", "finite"}},
-        {{"--z-loss", "inf"}, {"--z-loss", "inf", "finite"}},
+        {{"--logit-softcap", "inf"}, {"--logit-softcap", "inf", "[0.1, 1e+06]"}},
+        {{"--logit-softcap", "1e-300"}, {"--logit-softcap", "1e-300", "[0.1, 1e+06]"}},
+        {{"--attn-softcap", "1e-300"}, {"--attn-softcap", "1e-300", "[0.1, 1e+06]"}},
+        {{"--z-loss", "inf"}, {"--z-loss", "inf", "[0, 1]"}},
+        {{"--z-loss", "1e300"}, {"--z-loss", "1e+300", "[0, 1]"}},
+        {{"--pos-emb", "learned", "--rope-theta", "nan"}, {"--rope-theta", "nan"}},  // unused
+        {{"--qk-scale-init", "nan"}, {"--qk-scale-init", "nan"}},  // qk_norm layernorm: unused
+        {{"--data", ""}, {"--data", "empty path"}},
         {{"--attn-softcap", "nan"}, {"--attn-softcap", "nan"}},
         {{"--n-layer", "1000000000"}, {"--n-layer", "1000000000", "[1, 1024]"}},
         {{"--dropout", "1"}, {"--dropout", "[0, 1)"}},

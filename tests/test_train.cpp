@@ -247,7 +247,7 @@ TEST_CASE("a diverging run stops with a clear message and keeps its finite check
     CHECK(r.message.find(fmt::format("diverged at step {}: loss", r.steps_done + 1)) !=
           std::string::npos);
     CHECK(r.message.find("nan") != std::string::npos);
-    CHECK(r.message.find("last good checkpoint is kept") != std::string::npos);
+    CHECK(r.message.find("the last good checkpoint, step ") != std::string::npos);
     CHECK(r.sample.empty());
     const std::vector<json> metrics = read_metrics(cfg.run_dir);
     REQUIRE(metrics.size() == static_cast<size_t>(r.steps_done) + 1);
