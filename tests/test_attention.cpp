@@ -128,6 +128,46 @@ TEST_CASE("attention matches a naive float64 loop, signals included, over ragged
         }
 }
 
+TEST_CASE(
+    "attention at lengths around the 64-row tiles, Tq = Tk and Tq < Tk, forward and backward") {
+    // T = 1 (the first step of sampling from a one-token prompt), 63, 64, 65, 127, 128, 129: a
+    // query tile whose last visible key is alone in its key tile is where a tile loop that stops
+    // one tile short goes wrong. Forward against the naive loop; gradients against the unfused
+    // composition (float64, a random probe).
+    std::vector<std::pair<int64_t, int64_t>> lengths;
+    for (int64_t T : {1, 63, 64, 65, 127, 128, 129}) {
+        lengths.push_back({T, T});
+        if (T < 129) lengths.push_back({T, 129});
+        if (T < 65) lengths.push_back({T, 65});
+    }
+    uint64_t seed = 300;
+    for (auto [Tq, Tk] : lengths)
+        for (bool causal : {true, false}) {
+            CAPTURE(Tq);
+            CAPTURE(Tk);
+            CAPTURE(causal);
+            Tensor q = leaf({1, 2, Tq, 8}, ++seed), k = leaf({1, 2, Tk, 8}, ++seed);
+            Tensor v = leaf({1, 2, Tk, 8}, ++seed);
+            const AttentionOptions o{.causal = causal, .softcap = 3.0};
+            AttentionSignals signals;
+            const Tensor out = attention(q, k, v, o, &signals);
+            const Naive want =
+                naive_attention(q, k, v, std::vector<double>(2, 1 / std::sqrt(8.0)), causal, 3.0);
+            CHECK(max_diff(out.to_vector<double>(), want.out) < 1e-13);
+            CHECK(max_diff(signals.max_abs_logit.to_vector<double>(), want.max_abs) < 1e-13);
+            CHECK(max_diff(signals.entropy.to_vector<double>(), want.entropy) < 1e-12);
+            const Tensor probe = leaf(out.shape(), ++seed).detach();
+            auto grads_of = [&](const Tensor& y) {
+                for (Tensor t : {q, k, v}) t.zero_grad();
+                sum(y * probe).backward();
+                return std::vector<Tensor>{q.grad().clone(), k.grad().clone(), v.grad().clone()};
+            };
+            const std::vector<Tensor> fused = grads_of(attention(q, k, v, o));
+            const std::vector<Tensor> unfused = grads_of(attention_unfused(q, k, v, o));
+            for (size_t i = 0; i < 3; ++i) CHECK(max_abs_diff(fused[i], unfused[i]) < 1e-12);
+        }
+}
+
 TEST_CASE("attention's gradients match finite differences in float64 for every variant") {
     // T = 67: two key and query tiles, the second ragged; a random probe inside gradcheck.
     for (const Variant& var : all_variants()) {

@@ -117,6 +117,19 @@ TEST_CASE("cuda attention kernels match the cpu's, float64, every variant, ragge
             }
 }
 
+TEST_CASE("cuda attention kernels at lengths around the tiles, Tq = Tk and Tq < Tk") {
+    // T = 1 (a one-token prompt), 63, 64, 65, 127, 128, 129: a last visible key alone in its key
+    // tile, for the cuda tiles and the cpu's alike (T ≡ 1 mod 16, 32 and 64).
+    if (!cuda_device_or_skip()) return;
+    uint64_t seed = 900;
+    for (int64_t T : {1, 63, 64, 65, 127, 128, 129}) {
+        check_case<double>({2, 2, T, T, 16, true, 0.0, false}, seed += 10);
+        if (T < 129) check_case<double>({2, 2, T, 129, 16, true, 2.0, true}, seed += 10);
+    }
+    check_case<double>({2, 1, 1, 1, 16, false, 0.0, false}, seed += 10);
+    check_case<float>({2, 2, 65, 65, 32, true, 0.0, false}, seed += 10);
+}
+
 TEST_CASE("cuda attention kernels match the cpu's, float32, D = 16, 32, 64") {
     if (!cuda_device_or_skip()) return;
     uint64_t seed = 500;

@@ -316,6 +316,23 @@ TEST_CASE("GEMMs split over threads match the naive loop") {
     set_num_threads(saved);
 }
 
+TEST_CASE("linear's forward with a bias, split over threads by rows and by columns") {
+    // Split by rows when the output is taller than wide, by columns when wider (M = 97 < N =
+    // 301): each column slab must take the bias entries of its own columns. float64 and float32
+    // (the bf16-free path), held to the naive loop.
+    for (auto [rows, outputs] : {std::pair<int64_t, int64_t>{301, 97}, {97, 301}}) {
+        const Tensor x = randn_seeded({rows, 130}, 91), w = randn_seeded({outputs, 130}, 92);
+        const Tensor b = randn_seeded({outputs}, 93);
+        const Tensor want = matmul_ref(x, w.t()) + b;
+        for (int threads : {1, 2, 3, 4}) {
+            const test::ThreadCount scope(threads);
+            INFO("x (", rows, ", 130), W (", outputs, ", 130), ", threads, " threads");
+            CHECK(max_abs_diff(linear(x, w, b), want) < 1e-11);
+            CHECK(max_abs_diff(linear(x.to(kF32), w.to(kF32), b.to(kF32)), want) < 1e-3);
+        }
+    }
+}
+
 TEST_CASE("linear's dx and dW, computed side by side on the threads, match the naive loop") {
     // Large enough that dx = dY·W and dW = dYᵀ·x share one parallel region (each on half of the
     // threads at 2 and 4 threads; one after the other at 1 and 3), with x and dY as views that
