@@ -72,10 +72,11 @@ TrainConfig resumed_config(const std::string& resume_dir, const TrainConfig& giv
     if (given_flag("--steps") && given.steps != cfg.steps) {
         cfg.schedule_steps = cfg.schedule_length();
         cfg.steps = given.steps;
-        QK_CHECK(cfg.steps >= cfg.schedule_steps,
-                 "train: --resume {} --steps {}: the run's schedule is {} steps long; --steps can "
-                 "extend a run, not shorten it",
-                 resume_dir, given.steps, cfg.schedule_steps);
+        if (cfg.steps < cfg.schedule_steps)
+            throw UsageError(fmt::format(
+                "train: --resume {} --steps {}: the run's schedule is {} steps long; --steps can "
+                "extend a run, not shorten it",
+                resume_dir, given.steps, cfg.schedule_steps));
         if (cfg.steps == cfg.schedule_steps) cfg.schedule_steps = 0;
     }
     if (given_flag("--zero")) cfg.zero = given.zero;

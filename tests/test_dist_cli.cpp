@@ -190,6 +190,23 @@ TEST_CASE("ranks started differently, or a batch that does not split, are refuse
     CHECK(mixed.exit_code != 0);
     CHECK(mixed.output.find("other settings") != std::string::npos);
     CHECK(mixed.output.find("lr: 0.001 vs 0.002") != std::string::npos);
+    // The same path and size, other text: each rank reads data.txt in its own working directory.
+    for (const char* rank_dir : {"rank0", "rank1"}) {
+        std::filesystem::create_directories(dir / rank_dir);
+        std::string text = read_file(write_corpus(dir));
+        if (std::string(rank_dir) == "rank1") text[100] = text[100] == 'a' ? 'e' : 'a';
+        std::ofstream(dir / rank_dir + "/data.txt") << text;
+    }
+    std::vector<std::string> content = {"mpirun", "-np", "1", "-wdir", dir / "rank0"};
+    for (const std::string& a : tiny_train(dir, "content", {"--data", "data.txt"}))
+        content.push_back(a);
+    content.insert(content.end(), {":", "-np", "1", "-wdir", dir / "rank1"});
+    for (const std::string& a : tiny_train(dir, "content", {"--data", "data.txt"}))
+        content.push_back(a);
+    Outcome other_text = run_program(content, kMpiEnv, 60);
+    INFO(other_text.output);
+    CHECK(other_text.exit_code != 0);
+    CHECK(other_text.output.find("data_fnv1a64") != std::string::npos);
     Outcome odd = run_program(
         mpirun(2, tiny_train(dir, "odd", {"--batch-size", "6", "--grad-accum", "2"})), kMpiEnv, 60);
     INFO(odd.output);
