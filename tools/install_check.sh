@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # install_check: qknorm as a user of the installed package sees it (./qk install-check, CI).
 #
-#   tools/install_check.sh [--source DIR] [meson options...]
+#   tools/install_check.sh [--source DIR]
 #
-# Configures a packaging build (-Dnative=false, no tests or benchmarks) in DIR/build-install,
-# installs it into DIR/build-install/prefix, and checks what a distribution would ship: only
-# headers under include/qk, each compiling on its own, qk.h (the engine) and nn.h (the nn layer)
-# gathering them; a versioned SONAME; a pkg-config file whose
-# flags are enough (-std=c++20) and private about the backends (no OpenBLAS, MPI or oneDNN in a
-# user's flags); no -march=native and no AVX code in the library; and tools/install_example.cpp
-# built out of tree with `pkg-config --cflags --libs qk` alone, run, and finding the bundled data
-# in the prefix. DIR is this checkout unless --source names another (e.g. an older commit's tree,
-# to compare). Every check runs; the exit status is 1 when any failed.
+# Follows README.md's install recipe word for word: its two ```sh blocks marked install-recipe
+# (tools/readme_commands.py --install-recipe prints them), the first at the source root (it
+# configures build-pkg and installs into $HOME/.local), the second in a scratch project folder
+# whose my_program.cpp is tools/install_example.cpp. HOME points at build-install/home, and
+# neither PKG_CONFIG_PATH nor LD_LIBRARY_PATH is set: only what the README tells a user to set.
+# Then it checks what a distribution would ship: only headers under include/qk, each compiling on
+# its own, qk.h (the engine) and nn.h (the nn layer) gathering them; a versioned SONAME; a
+# pkg-config file whose flags are enough (-std=c++20, the rpath) and private about the backends
+# (no OpenBLAS, MPI or oneDNN in a user's flags); no -march=native and no AVX code in the
+# library; and the program finding the bundled data in the prefix. DIR is this checkout unless
+# --source names another (e.g. an older commit's tree, to compare). Every check runs; the exit
+# status is 1 when any failed.
 set -euo pipefail
 
 tools=$(cd "$(dirname "$0")" && pwd)
@@ -20,20 +23,25 @@ if [ "${1:-}" = --source ]; then
     src=$(cd "$2" && pwd)
     shift 2
 fi
-build=$src/build-install
-prefix=$build/prefix
-work=$build/check
+home=$src/build-install/home
+prefix=$home/.local
+build=$src/build-pkg
+work=$src/build-install/project
 start=$SECONDS
 
-echo "== install check of $src"
-reconfigure=()
-[ -f "$build/build.ninja" ] && reconfigure=(--reconfigure)
-meson setup "${reconfigure[@]}" "$build" "$src" --prefix "$prefix" -Dnative=false -Dtests=false \
-    -Dbench=false "$@" >"$build.setup.log" 2>&1 || { cat "$build.setup.log"; exit 1; }
-ninja -C "$build"
-rm -rf "$prefix" "$work"
-mkdir -p "$work"
-meson install -C "$build" --quiet
+echo "== install check of $src, following README.md's install recipe"
+recipe() { python3 "$tools/readme_commands.py" "$src/README.md" --install-recipe "$1"; }
+as_user() {  # as_user DIR: the recipe's lines from stdin, run in DIR as a fresh user's shell
+    (cd "$1" && env -u PKG_CONFIG_PATH -u LD_LIBRARY_PATH HOME="$home" bash -euo pipefail -x)
+}
+rm -rf "$build" "$home" "$work"
+mkdir -p "$home" "$work"
+recipe source >"$src/build-install/recipe-source.sh"
+recipe project >"$src/build-install/recipe-project.sh"
+[ -s "$src/build-install/recipe-source.sh" ] && [ -s "$src/build-install/recipe-project.sh" ] ||
+    { echo "README.md has no install-recipe blocks"; exit 1; }
+as_user "$src" <"$src/build-install/recipe-source.sh" >"$src/build-install/install.log" 2>&1 ||
+    { tail -n 30 "$src/build-install/install.log"; echo "FAIL  the README's install commands"; exit 1; }
 
 failed=()
 check() {  # check NAME OK [DETAIL]: one line of the report
@@ -49,9 +57,8 @@ ok() { "$@" >/dev/null 2>&1 && echo 1 || echo 0; }
 pc=$(find "$prefix" -name qk.pc | head -n 1)
 lib=$(find "$prefix" -name 'libqk.so' | head -n 1)
 include=$prefix/include
-PKG_CONFIG_PATH=$(dirname "$pc")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PKG_CONFIG_PATH LD_LIBRARY_PATH
+# The checks' own queries (the user's program was built by the recipe, without these).
+export PKG_CONFIG_PATH=$(dirname "$pc")
 cflags=$(pkg-config --cflags qk)
 libs=$(pkg-config --libs qk)
 echo "pkg-config --cflags qk: $cflags"
@@ -114,23 +121,18 @@ nn_in_qk=$(grep -E '^nn(/|\.h$)' "$work/reached_qk" | tr '\n' ' ' || true)
 check "headers: qk.h (the engine) reaches no nn header" \
     "$([ -z "$nn_in_qk" ] && echo 1 || echo 0)" "$nn_in_qk"
 
-# A program of the user's: pkg-config's flags only, the library found through LD_LIBRARY_PATH.
-# shellcheck disable=SC2086  # the flags are words
-built=$(ok "$cxx" -O1 -Wall -Wextra -o "$work/example" "$tools/install_example.cpp" $cflags $libs)
-if [ "$built" = 0 ]; then
-    # shellcheck disable=SC2086
-    "$cxx" -O1 -Wall -Wextra -o "$work/example" "$tools/install_example.cpp" $cflags $libs 2>&1 |
-        grep -m 5 error || true
-fi
-check "example: builds with pkg-config --cflags --libs qk" "$built"
+# The user's program: the README's project block (export PKG_CONFIG_PATH, c++ with pkg-config's
+# flags, ./my_program) in a fresh folder, nothing else set: the rpath finds the library.
+cp "$tools/install_example.cpp" "$work/my_program.cpp"
 ran=0
-data=""
-if [ "$built" = 1 ] && (cd "$work" && ./example) >"$work/example.log" 2>&1; then ran=1; fi
-[ -f "$work/example.log" ] && sed 's/^/    /' "$work/example.log"
-[ -f "$work/example.log" ] && data=$(sed -n 's/^default data: //p' "$work/example.log")
-check "example: runs (tensors, autograd, Linear, GPT + AdamW)" "$ran"
+as_user "$work" <"$src/build-install/recipe-project.sh" >"$work/example.log" 2>&1 && ran=1
+sed 's/^/    /' "$work/example.log"
+data=$(sed -n 's/^default data: //p' "$work/example.log")
+check "example: the README's project commands build and run it (tensors, autograd, Linear, GPT + AdamW)" "$ran"
 check "example: bundled data found in the prefix" \
     "$([[ "$data" == "$prefix"/* ]] && echo 1 || echo 0)" "${data:-not reached}"
+check "pc: an rpath to the installed library in --libs" \
+    "$([[ " $libs " == *"-Wl,-rpath,$(dirname "$lib")"* ]] && echo 1 || echo 0)" "$libs"
 
 if [ ${#failed[@]} = 0 ]; then
     echo "== install check: all passed ($((SECONDS - start)) s)"
