@@ -290,9 +290,10 @@ int main(int argc, char** argv) {
     // C = 192 beat C = 256 and L = 6, beta2 0.95 beat 0.99, decaying to lr/100 beat lr/10;
     // bf16 buys 25-50 % more steps than fp32 in the same time, RoPE 0.01 nats over learned
     // positions at equal steps, and lr 4.5e-3 edged out 3e-3 with RoPE. Dropout hurt (this is
-    // under one epoch). 40 validation batches of 16 are 40,960 tokens. The stability signals
-    // come at the automatic cadence (TrainConfig::stats_interval): every 25 steps here (360
-    // points; every 10 cost 2 % more), every steps / 50 in a shorter run.
+    // under one epoch). 40 validation batches of 16 are 40,960 tokens, measured at the automatic
+    // cadence (TrainConfig::eval_interval): every 450 steps here, steps / 20 in a shorter run.
+    // The stability signals too (TrainConfig::stats_interval): every 25 steps here (360 points;
+    // every 10 cost 2 % more), every steps / 50 in a shorter run.
     TrainConfig cfg;
     cfg.model.qk_norm = QKNorm::layernorm;
     cfg.model.pos_emb = PosEmb::rope;
@@ -306,24 +307,29 @@ int main(int argc, char** argv) {
     cfg.warmup = 100;
     cfg.lr = 4.5e-3;
     cfg.lr_min = 4.5e-5;
-    cfg.eval_every = 500;
     cfg.eval_batches = 40;
     cfg.run_dir = "";  // runs/<date-time> unless --run-dir is given
     ModelFlags flags = model_flags_of(cfg.model);
     std::string resume_dir;
     bool quiet = false;
     int threads = num_threads();
-    CLI::Option* threads_option =
-        app.add_option(
-               "--threads", threads,
-               "cpu threads of the library's pool, which also splits the GEMMs (env "
-               "QK_NUM_THREADS; default: every core, shared out between the runs of a sweep)")
-            ->check(CLI::Range(1, kMaxThreads))
-            ->capture_default_str();
+    // On the program and on each command, so that `qknorm train --help` lists it too.
+    std::vector<CLI::Option*> threads_options;
+    auto add_threads = [&](CLI::App* cmd) {
+        threads_options.push_back(
+            cmd->add_option(
+                   "--threads", threads,
+                   "cpu threads of the library's pool, which also splits the GEMMs (env "
+                   "QK_NUM_THREADS; default: every core, shared out between the runs of a sweep)")
+                ->check(CLI::Range(1, kMaxThreads))
+                ->capture_default_str());
+    };
+    add_threads(&app);
 
     CLI::App* train_cmd = app.add_subcommand(
         "train", "train a model (defaults: the QK-norm model on Tiny Shakespeare)");
     add_model_flags(train_cmd, cfg, flags, true);
+    add_threads(train_cmd);
     add_training_flags(train_cmd, cfg, true);
     train_cmd->add_option("--resume", resume_dir,
                           "continue the run in this directory (its config is reused)");
@@ -341,12 +347,14 @@ int main(int argc, char** argv) {
     add_model_flags(sweep_cmd, sweep.base, sweep_flags, false);
     add_training_flags(sweep_cmd, sweep.base, false);
     add_sweep_flags(sweep_cmd, sweep);
+    add_threads(sweep_cmd);
 
     CLI::App* sample_cmd = app.add_subcommand("sample", "generate text from a trained model");
     std::string run, ckpt, prompt;
     SampleOptions options;
     uint64_t seed = 0;
     add_sample_flags(sample_cmd, run, ckpt, prompt, options, seed);
+    add_threads(sample_cmd);
 
     dist::init();  // joins the MPI world when mpirun or srun started this process
     try {
@@ -374,7 +382,10 @@ int main(int argc, char** argv) {
                 "'qknorm {}' runs in one process; of the commands only train runs under mpirun",
                 sweep_cmd->parsed() ? "sweep" : "sample"));
         if (sweep_cmd->parsed()) {
-            const bool threads_given = threads_option->count() > 0 || std::getenv("QK_NUM_THREADS");
+            const bool threads_given =
+                std::any_of(threads_options.begin(), threads_options.end(),
+                            [](const CLI::Option* o) { return o->count() > 0; }) ||
+                std::getenv("QK_NUM_THREADS");
             return run_sweep_command(sweep, sweep_flags, threads_given ? threads : 0);
         }
         return run_sample(run, ckpt, prompt, options, seed);

@@ -164,7 +164,8 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
               "stop as diverged when the loss exceeds this multiple of the run's lowest loss (or "
               "is NaN/Inf); 0 = on NaN/Inf only");
     add_value(cmd, "--grad-clip", cfg.grad_clip, "global gradient-norm clip; 0 = off");
-    add_value(cmd, "--eval-every", cfg.eval_every, "validate every N steps");
+    add_value(cmd, "--eval-every", cfg.eval_every,
+              "validate every N steps and at the end (0: about 20 times a run, steps / 20)");
     add_value(cmd, "--eval-batches", cfg.eval_batches,
               "validation batches (the same ones each time)");
     add_value(cmd, "--stats-every", cfg.stats_every,

@@ -1,7 +1,7 @@
 // train_mlp — the engine end to end before the transformer: an MLP learns to classify the points
 // of three interleaved spirals, with autodiff, cross-entropy and a hand-written Adam.
 //
-//   ./qk run            (or: ./build/examples/train_mlp [steps])
+//   ./build/examples/train_mlp [steps]       (after `./qk run` or `./qk test` has built it)
 //
 // What to look for: the loss falls from ln(3) ≈ 1.10 towards 0 and the accuracy climbs to ~100 %.
 #include <cstdio>

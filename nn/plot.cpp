@@ -138,11 +138,19 @@ struct Axis {
 
 bool usable(double v, bool log) { return std::isfinite(v) && (!log || v > 0); }
 
-Axis fit_axis(const std::vector<Series>& series, bool use_x, bool log, int max_ticks) {
+// from_x: only points at x >= from_x count for a y axis (all of them, if that leaves none).
+Axis fit_axis(const std::vector<Series>& series, bool use_x, bool log, int max_ticks,
+              double from_x = -1e308) {
+    bool any_from = false;
+    for (const auto& s : series)
+        for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i)
+            any_from = any_from || (s.x[i] >= from_x && std::isfinite(s.y[i]));
+    if (!any_from) from_x = -1e308;
     double lo = std::numeric_limits<double>::infinity(), hi = -lo;
     for (const auto& s : series)
         for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
             if (!usable(s.y[i], log && !use_x) || !usable(s.x[i], log && use_x)) continue;
+            if (!use_x && s.x[i] < from_x) continue;
             double v = use_x ? s.x[i] : s.y[i];
             lo = std::min(lo, v);
             hi = std::max(hi, v);
@@ -171,7 +179,7 @@ std::string render_panel(const Panel& p, double ox, double oy) {
     const double x0 = ox + kLeft, x1 = ox + kPanelW - kRight, y0 = oy + kPanelH - kBottom,
                  y1 = oy + kTop;
     const Axis ax = fit_axis(p.series, true, p.log_x, p.log_x ? kMaxTicksLogX : kMaxTicksX),
-               ay = fit_axis(p.series, false, p.log_y, kMaxTicksY);
+               ay = fit_axis(p.series, false, p.log_y, kMaxTicksY, p.y_range_from_x);
     out += fmt::format(R"(<text x="{}" y="{}" font-size="14" font-weight="bold">{}</text>)"
                        "\n",
                        x0, oy + 20, escape(p.title));
@@ -205,7 +213,9 @@ std::string render_panel(const Panel& p, double ox, double oy) {
         std::string points, markers;
         for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
             if (!usable(s.x[i], p.log_x) || !usable(s.y[i], p.log_y)) continue;
-            const double px = ax.map(s.x[i], x0, x1), py = ay.map(s.y[i], y0, y1);
+            // Clamped to the plot's box: points outside y_range_from_x may lie beyond the axis.
+            const double px = ax.map(s.x[i], x0, x1),
+                         py = std::clamp(ay.map(s.y[i], y0, y1), y1, y0);
             points += fmt::format("{:.1f},{:.1f} ", px, py);
             if (s.markers)
                 markers += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="3" fill="{}"/>)"

@@ -18,6 +18,10 @@ struct Panel {
     std::string title, x_label, y_label;  // a log axis's label gets " (log scale)" appended
     bool log_x = false, log_y = false;
     std::vector<Series> series;
+    // Only points at x >= this set the y axis's range; earlier ones outside it are drawn clamped
+    // to its edge. A loss curve's first steps (the loss at initialisation, 4.2 nats for a
+    // character model) would otherwise squash the rest of the run into a band at the bottom.
+    double y_range_from_x = -1e308;
 };
 
 // The ticks of an axis whose data spans [lo, hi], and the range [lo, hi] it is drawn over.

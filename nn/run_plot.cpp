@@ -29,6 +29,7 @@ void write_run_plot(const TrainConfig& cfg) {
     const std::string& run_dir = cfg.run_dir;
     // Validation comes every eval_every steps: its points are marked, its line only joins them.
     plot::Series train{"train", {}, {}}, val{"val", {}, {}, true}, grad{"grad norm", {}, {}};
+    plot::Series lr{"lr", {}, {}};
     std::vector<plot::Series> max_logit, entropy, q_norm, k_norm;
     for (const MetricsRecord& record : read_metrics(run_dir).records) {
         const json& j = record.record;
@@ -40,6 +41,10 @@ void write_run_plot(const TrainConfig& cfg) {
         if (!j.contains("loss") || !j["loss"].is_number()) continue;
         train.x.push_back(step);
         train.y.push_back(j["loss"].get<double>());
+        if (j.contains("lr")) {
+            lr.x.push_back(step);
+            lr.y.push_back(number(j, "lr"));
+        }
         if (j.contains("grad_norm")) {
             grad.x.push_back(step);
             grad.y.push_back(number(j, "grad_norm"));
@@ -59,8 +64,20 @@ void write_run_plot(const TrainConfig& cfg) {
             add(k_norm, "k_norm");
         }
     }
+    // The loss axis fits the run after its first 5 % of steps: the loss at initialisation
+    // (step 0's validation, ~4.2 nats for characters) is drawn at the top edge, not to scale.
+    const double last_step = train.x.empty() ? 0 : train.x.back();
+    std::string loss_title = "Loss (nats/token)";
+    if (!val.y.empty() && std::isfinite(val.y.back()))
+        loss_title += fmt::format(", final val {:.4f} at step {:g}", val.y.back(), val.x.back());
+    plot::Panel loss{loss_title, "step", "cross-entropy", false, false, {train, val}};
+    if (last_step >= 20) {
+        loss.y_range_from_x = 0.05 * last_step;
+        loss.y_label = "cross-entropy (the first 5 % of steps clipped)";
+    }
     std::vector<plot::Panel> panels{
-        {"Loss (nats/token)", "step", "cross-entropy", false, false, {train, val}},
+        loss,
+        {"Learning rate (warmup, cosine decay)", "step", "lr", false, false, {lr}},
         {"Gradient norm (before clipping)", "step", "‖g‖", false, true, {grad}},
         {"Max |attention logit|", "step", "max |s|", false, true, max_logit},
         {"Attention entropy", "step", "mean −Σ A log A", false, false, entropy},

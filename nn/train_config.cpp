@@ -106,6 +106,11 @@ std::map<std::string, std::string> model_strings(const json& j) {
 
 }  // namespace
 
+// A 300-step run gets a point every 15 steps, the default's 9000 every 450: ~20 per run either way.
+int64_t TrainConfig::eval_interval() const {
+    return eval_every > 0 ? eval_every : std::max<int64_t>(1, (steps + 19) / 20);
+}
+
 int64_t TrainConfig::stats_interval() const {
     return stats_every > 0 ? stats_every : std::clamp<int64_t>(steps / 50, 1, 25);
 }
@@ -184,7 +189,7 @@ void TrainConfig::validate() const {
             "a finite number >= 0 (0 = no clipping)");
     require(diverge_factor == 0 || (std::isfinite(diverge_factor) && diverge_factor > 1),
             "diverge-factor", diverge_factor, "0 (off) or a finite number > 1");
-    require_count(eval_every, "eval-every", 1, kMaxSteps);
+    require_count(eval_every, "eval-every", 0, kMaxSteps);  // 0: auto
     require_count(eval_batches, "eval-batches", 1, 1 << 20);
     require_count(stats_every, "stats-every", 0, kMaxSteps);  // 0: auto
     require_count(checkpoint_every, "checkpoint-every", 1, kMaxSteps);

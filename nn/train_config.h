@@ -33,9 +33,11 @@ struct TrainConfig {
     // A training loss above diverge_factor × the lowest loss of the run so far stops it as
     // diverged, as a NaN or Inf does; 0 = stop on non-finite losses only.
     double diverge_factor = 3.0;
-    int64_t eval_every = 250, eval_batches = 20;
+    // Validation every N steps and at the end; 0 = auto, eval_interval(): about 20 points a run.
+    int64_t eval_every = 0, eval_batches = 20;
     // The stability signals every N steps (they cost an extra pass); 0 = auto, stats_interval().
     int64_t stats_every = 0;
+    int64_t eval_interval() const;
     int64_t checkpoint_every = 500, keep_checkpoints = 2;
     uint64_t seed = 1337;
     std::string run_dir = "runs/default";

@@ -89,7 +89,7 @@ TEST_CASE("every numeric flag is checked where it enters, naming the flag, value
         {{"--n-layer", "1000000000"}, {"--n-layer", "1000000000", "[1, 1024]"}},
         {{"--dropout", "1"}, {"--dropout", "[0, 1)"}},
         {{"--diverge-factor", "0.5"}, {"--diverge-factor", "0.5"}},
-        {{"--eval-every", "0"}, {"--eval-every", "0"}},
+        {{"--eval-every", "-1"}, {"--eval-every", "-1"}},  // 0 is auto
         {{"--qk-norm", "l2", "--qk-scale-init", "-3"}, {"--qk-scale-init", "-3"}},
         {{"--sample-tokens", "1000000000"}, {"--sample-tokens", "1000000000"}},
         {{"--tf32", "true"}, {"--tf32", "--device cuda", "--device cpu"}},

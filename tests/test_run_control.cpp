@@ -278,3 +278,33 @@ TEST_CASE("a sweep whose runs all fail exits with an error") {
     CHECK(out.exit_code == 1);
     CHECK(out.output.find("1 of 1 runs failed") != std::string::npos);
 }
+
+TEST_CASE("short runs validate about 20 times; into a pipe, progress is a plain line a 1/20") {
+    TempDir dir("run_control_cadence");
+    std::vector<std::string> args = tiny_train(dir, "run", 300);
+    args.erase(std::find(args.begin(), args.end(), "--quiet"));
+    args.erase(std::find(args.begin(), args.end(), "--eval-every"),
+               std::find(args.begin(), args.end(), "--eval-every") + 2);
+    const Outcome out = run_program(args, {}, 120);  // stderr is a pipe here, not a terminal
+    INFO(out.output);
+    REQUIRE(out.exit_code == 0);
+    CHECK(out.output.find('\r') == std::string::npos);
+    size_t progress_lines = 0;
+    for (size_t at = 0; (at = out.output.find("\nstep ", at)) != std::string::npos; ++at)
+        ++progress_lines;
+    CHECK(progress_lines == 20);
+    CHECK(out.output.find("step 15/300  loss") != std::string::npos);
+    std::vector<int64_t> validated;
+    for (const auto& [step, record] : metrics_by_step(dir / "run"))
+        if (record.contains("val_loss")) validated.push_back(step);
+    REQUIRE(validated.size() == 21);  // step 0, then every 15 steps
+    CHECK(validated[1] == 15);
+    CHECK(validated.back() == 300);
+    // The plot: the final validation figure, the learning-rate schedule.
+    const std::string svg = read_file(dir / "run/plot.svg");
+    CHECK(svg.find("final val") != std::string::npos);
+    CHECK(svg.find("Learning rate") != std::string::npos);
+    const Outcome help = run_program({qknorm(), "train", "--help"}, {}, 30);
+    CHECK(help.output.find("--threads") != std::string::npos);
+    CHECK(help.output.find("--eval-every") != std::string::npos);
+}

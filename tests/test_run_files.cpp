@@ -10,6 +10,7 @@
 #include "error_in_child.h"
 #include "helpers.h"
 #include "nn/checkpoint.h"
+#include "nn/plot.h"
 #include "nn/run_control.h"
 #include "nn/sweep.h"
 #include "nn/trainer.h"
@@ -198,4 +199,17 @@ TEST_CASE("sweep: one run directory per grid cell, whole layer counts, settings 
     longer.base.steps = 9;
     CHECK(throws_with([&] { run_sweep(longer); }, {"was trained with steps = 6", "asks for 9"}));
     CHECK(run_sweep(spec).runs.size() == 2);  // the same settings: reused, nothing trains
+}
+
+TEST_CASE("a plot's y axis can leave out the first points, which are drawn at its edge") {
+    // A loss curve from 1000 at step 0 down to 1..2: fitted from x >= 5, no tick reaches 1000.
+    plot::Series loss{"loss", {0}, {1000}};
+    for (int x = 5; x <= 100; ++x) loss.x.push_back(x), loss.y.push_back(1 + 1.0 / x);
+    plot::Panel panel{"loss", "step", "nats", false, false, {loss}};
+    const std::string all = plot::render_svg({panel});
+    panel.y_range_from_x = 5;
+    const std::string fitted = plot::render_svg({panel});
+    CHECK(all.find(">1000<") != std::string::npos);
+    CHECK(fitted.find(">1000<") == std::string::npos);
+    CHECK(fitted.find(">1.1<") != std::string::npos);
 }

@@ -117,8 +117,8 @@ TEST_CASE("a run writes config.json, metrics.jsonl, plot.svg and the last K chec
     for (size_t at = svg.find("<polyline"); at != std::string::npos;
          at = svg.find("<polyline", at + 1))
         ++polylines;
-    // train, val, grad norm, and one layer in each of the four signal panels
-    CHECK(polylines == 7);
+    // train, val, lr, grad norm, and one layer in each of the four signal panels
+    CHECK(polylines == 8);
     // Validation's five points (steps 0, 5, 10, 15, 20) are marked, and the legend's val entry.
     size_t circles = 0;
     for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1))
