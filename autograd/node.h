@@ -35,10 +35,14 @@ struct Slab {
     int64_t dim = 0, start = 0;
 };
 
+// What a backward returns: one gradient per input, in the inputs' order (an undefined Tensor for
+// an input that gets none).
+using Grads = std::vector<Tensor>;
+
 struct Node {
     virtual ~Node() = default;
     virtual std::string name() const = 0;
-    virtual std::vector<Tensor> backward(const Tensor& grad_output) = 0;
+    virtual Grads backward(const Tensor& grad_output) = 0;
     virtual void release() = 0;  // drop saved tensors; backward may not be called afterwards
     // Set for a node of one input whose backward returns only a slab of that input's gradient
     // (narrow): the engine puts the slab in place. The pieces of a split then go back into one
@@ -54,7 +58,7 @@ template <typename BackwardFn>
 struct LambdaNode final : Node {
     LambdaNode(std::string op, BackwardFn fn) : op_name(std::move(op)), fn(std::move(fn)) {}
     std::string name() const override { return op_name; }
-    std::vector<Tensor> backward(const Tensor& dy) override { return (*fn)(dy); }
+    Grads backward(const Tensor& dy) override { return (*fn)(dy); }
     void release() override { fn.reset(); }
 
     std::string op_name;

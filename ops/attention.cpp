@@ -66,7 +66,7 @@ namespace qk {
 
 namespace {
 
-using Grads = std::vector<Tensor>;
+using autograd::Grads;
 
 void check_options(const char* op, const AttentionOptions& o, const Tensor& q) {
     const int64_t H = q.size(1);

@@ -197,7 +197,7 @@ Tensor map_backward([[maybe_unused]] const char* op, const Tensor& dy_in, const 
     return dx;
 }
 
-using Grads = std::vector<Tensor>;
+using autograd::Grads;
 
 // What the backward functor of a pointwise op reads besides dy: the op's input x or its output
 // y = f(x), whichever its derivative is cheaper through (tanh: 1 − y², log: 1/x).

@@ -114,7 +114,7 @@ template void cross_entropy_backward<double>(double*, const double*, const int32
 
 namespace {
 
-using Grads = std::vector<Tensor>;
+using autograd::Grads;
 
 void check_cross_entropy_args(const Tensor& logits, const Tensor& targets) {
     QK_CHECK(is_compute_dtype(logits.dtype()) && logits.dim() == 2,

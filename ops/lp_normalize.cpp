@@ -171,7 +171,7 @@ QK_NORM_INSTANTIATE(lp_normalize_backward)
 
 }  // namespace cpu
 
-using Grads = std::vector<Tensor>;
+using autograd::Grads;
 
 Tensor lp_normalize(const Tensor& x_in, double p, int64_t dim, double eps) {
     check_norm_input("lp_normalize", x_in, eps);

@@ -21,22 +21,8 @@
 //                                direct    rstd term
 //              dweight = Σ_rows dy · xhat.  Without weight, dxhat = dy and there is no dweight.
 //
-// Kernels (namespace cpu): v1 mirrors the formulas with plain loops on one thread and is kept as
-// the reference the tests hold v2 against; v2 (no suffix) is what the ops call, 4-30x faster:
-// (a) row sums keep 16 SIMD-lane partial sums (a plain float `acc += x[c]` is one serial chain of
-// dependent adds, which the compiler may not reassociate), (b) it multiplies by rstd instead of
-// dividing per element and recomputes xhat instead of staging rows in buffers, (c) the thread
-// pool over rows.
-//
-// Statistics: two passes over a row (mean, then Σ(x - mean)²) rather than Welford or Σx, Σx².
-// The row (C = 384 floats = 1.5 KB) is in L1 after the first pass, so memory traffic is still one
-// read of x; Welford needs a division per element and a loop-carried running mean (it does not
-// vectorise), and Σx² - (Σx)²/C cancels catastrophically when |mean| ≫ std. Row sums accumulate in
-// T (float for float32), like llm.c, but a row sum that stands alone goes through math::lane_sum
-// (16 interleaved partial sums, the same order in every build): left to `omp simd reduction`, a
-// build that does not vectorise (debug, sanitizers) sums a row in one serial chain, and float32
-// layer_norm at C = 4096, mean 100 measured 10x less accurate there (5e-5). With lanes, float32
-// stays within 1e-6 of float64 (relative to the output's scale) at C = 4096 in the tests.
+// Kernels (namespace cpu): v1 mirrors the formulas and is the tests' reference; v2 is what the
+// ops call. Why v2 is faster, and how its sums keep float32 accurate: above the v2 kernels.
 #include "ops/norm.h"
 
 #include <algorithm>
@@ -129,6 +115,22 @@ void rms_norm_backward_v1(T* dx, T* dweight, const T* dy, const T* x, const T* r
 }
 
 // ---- v2: one read of each input row from memory, vectorised, threads over rows ---------------
+//
+// v2 (no suffix) is what the ops call, 4-30x faster than v1:
+// (a) row sums keep 16 SIMD-lane partial sums (a plain float `acc += x[c]` is one serial chain of
+// dependent adds, which the compiler may not reassociate), (b) it multiplies by rstd instead of
+// dividing per element and recomputes xhat instead of staging rows in buffers, (c) the thread
+// pool over rows.
+//
+// Statistics: two passes over a row (mean, then Σ(x - mean)²) rather than Welford or Σx, Σx².
+// The row (C = 384 floats = 1.5 KB) is in L1 after the first pass, so memory traffic is still one
+// read of x; Welford needs a division per element and a loop-carried running mean (it does not
+// vectorise), and Σx² - (Σx)²/C cancels catastrophically when |mean| ≫ std. Row sums accumulate in
+// T (float for float32), like llm.c, but a row sum that stands alone goes through math::lane_sum
+// (16 interleaved partial sums, the same order in every build): left to `omp simd reduction`, a
+// build that does not vectorise (debug, sanitizers) sums a row in one serial chain, and float32
+// layer_norm at C = 4096, mean 100 measured 10x less accurate there (5e-5). With lanes, float32
+// stays within 1e-6 of float64 (relative to the output's scale) at C = 4096 in the tests.
 
 // Runs row(r, dw, db) for every row, each thread adding its rows' parameter gradients into its own
 // (C) buffers dw, db, summed in thread order afterwards: the result does not depend on which
@@ -275,7 +277,7 @@ QK_NORM_INSTANTIATE(rms_norm_backward)
 
 namespace {
 
-using Grads = std::vector<Tensor>;
+using autograd::Grads;
 
 // A per-channel parameter (weight or bias): undefined, or (C) with x's dtype and device.
 void check_param(const char* op, const char* name, const Tensor& t, const Tensor& x) {

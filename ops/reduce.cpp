@@ -158,7 +158,7 @@ void logsumexp_backward(T* dx, const T* x, const Shape& x_strides, const T* lse,
 
 namespace {
 
-using Grads = std::vector<Tensor>;
+using autograd::Grads;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // The reduced shape with size 1 on reduced dims (keepdim form), and whether each dim is reduced.

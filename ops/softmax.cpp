@@ -34,13 +34,6 @@
 // attention matrix (T² per head per layer, the largest activation); recomputing costs one log per
 // element in the softmax backward only.
 //
-// Speed: every loop over a row vectorises (exp and the cap's tanh are math::exp_fast and
-// math::tanh_fast, polynomials, because glibc's expf and tanhf are scalar calls that would stop the
-// loop from vectorising; the softmax cap backward's log remains a scalar call). Sums accumulate in
-// T in math::lane_sum's 16 interleaved partial sums (ops/lane_sum.h), which held a float32 softmax
-// over 50257 logits to 7e-6 relative of float64 (most of it the rounding of the input) in every
-// build type; double accumulators cost ~25 % here.
-//
 // The naive reference (v1: the same math from composite ops max, exp, sum) lives next to the
 // tests in tests/test_softmax.cpp; this file holds the fused v2, faster because it reads x and
 // writes y once per row (v1 materialises z, z − m, exp and the sums as separate tensors).
@@ -60,6 +53,13 @@
 namespace qk {
 
 namespace cpu {
+
+// Speed: every loop over a row vectorises (exp and the cap's tanh are math::exp_fast and
+// math::tanh_fast, polynomials, because glibc's expf and tanhf are scalar calls that would stop the
+// loop from vectorising; the softmax cap backward's log remains a scalar call). Sums accumulate in
+// T in math::lane_sum's 16 interleaved partial sums (ops/lane_sum.h), which held a float32 softmax
+// over 50257 logits to 7e-6 relative of float64 (most of it the rounding of the input) in every
+// build type; double accumulators cost ~25 % here.
 
 // Keys row `r` may see: all Tk, or the causal prefix up to i + (Tk − Tq), i = r mod Tq.
 inline int64_t visible_keys(int64_t r, int64_t Tq, int64_t Tk, bool causal) {
@@ -229,7 +229,7 @@ template void softmax_backward<double, true>(double*, const double*, const doubl
 
 namespace {
 
-using Grads = std::vector<Tensor>;
+using autograd::Grads;
 
 // The (rows, Tq, Tk) geometry of a softmax over the last dim; Tq matters only for the mask.
 struct RowShape {

@@ -22,7 +22,7 @@
 
 namespace qk {
 
-using Grads = std::vector<Tensor>;
+using autograd::Grads;
 
 namespace {
 
