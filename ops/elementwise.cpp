@@ -17,6 +17,7 @@
 #include "core/strided.h"
 #include "core/threading.h"
 #include "ops/elementwise_math.h"
+#include "ops/on_device.h"
 #include "ops/reduce.h"
 
 namespace qk {
@@ -324,26 +325,18 @@ void add_(Tensor& dst, const Tensor& src) {
                  dst.shape(), dst.strides());
     QK_CHECK(broadcast_shapes(dst.shape(), src.shape(), "add_") == dst.shape(),
              "add_: source {} does not broadcast to destination {}", src.shape(), dst.shape());
-    switch (dst.device()) {
-        case Device::cpu:
-            dispatch_float(dst.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::accumulate(dst.data<T>(), dst.strides(), src.data<T>(),
-                                broadcast_strides(src, dst.shape()), dst.shape());
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(dst.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::accumulate(dst.data<T>(), dst.strides(), src.data<T>(),
-                                 broadcast_strides(src, dst.shape()), dst.shape());
-            });
-#else
-            throw_built_without_cuda("add_");
-#endif
-            break;
-    }
+    on_device(
+        "add_", dst.device(), dst.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::accumulate(dst.data<T>(), dst.strides(), src.data<T>(),
+                            broadcast_strides(src, dst.shape()), dst.shape());
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::accumulate(dst.data<T>(), dst.strides(), src.data<T>(),
+                             broadcast_strides(src, dst.shape()), dst.shape());
+        });
 }
 
 }  // namespace qk

@@ -23,6 +23,7 @@
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "core/threading.h"
+#include "ops/on_device.h"
 
 namespace qk {
 
@@ -90,26 +91,18 @@ void check_ids_in_range(const Tensor& ids, int64_t V, const Shape& weight_shape)
 Tensor embedding_backward(const Tensor& dy_in, const Tensor& ids, int64_t V, int64_t C) {
     Tensor dy = dy_in.contiguous();
     Tensor dweight = zeros({V, C}, dy.dtype(), dy.device());
-    switch (dy.device()) {
-        case Device::cpu:
-            dispatch_float(dy.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::embedding_backward(dweight.data<T>(), dy.data<T>(), ids.data<int32_t>(),
-                                        ids.numel(), C);
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(dy.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::embedding_backward(dweight.data<T>(), dy.data<T>(), ids.data<int32_t>(),
-                                         ids.numel(), C);
-            });
-#else
-            throw_built_without_cuda("embedding backward");
-#endif
-            break;
-    }
+    on_device(
+        "embedding backward", dy.device(), dy.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::embedding_backward(dweight.data<T>(), dy.data<T>(), ids.data<int32_t>(),
+                                    ids.numel(), C);
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::embedding_backward(dweight.data<T>(), dy.data<T>(), ids.data<int32_t>(),
+                                     ids.numel(), C);
+        });
     return dweight;
 }
 

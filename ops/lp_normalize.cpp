@@ -23,6 +23,7 @@
 #include "core/threading.h"
 #include "ops/lane_sum.h"
 #include "ops/norm_common.h"
+#include "ops/on_device.h"
 
 namespace qk {
 
@@ -187,51 +188,35 @@ Tensor lp_normalize(const Tensor& x_in, double p, int64_t dim, double eps) {
         autograd::contiguous_input(d == last ? x_in : autograd::saved(x_in).transpose(d, last));
     const int64_t C = x.size(-1), rows = C > 0 ? x.numel() / C : 0;
     Tensor y = empty_like(x), norm = Tensor::empty({rows}, x.dtype(), x.device());
-    switch (x.device()) {
-        case Device::cpu:
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::lp_normalize_forward(y.data<T>(), norm.data<T>(), x.data<T>(), rows, C, T(p),
-                                          T(eps));
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::lp_normalize_forward(y.data<T>(), norm.data<T>(), x.data<T>(), rows, C, T(p),
-                                           T(eps));
-            });
-#else
-            throw_built_without_cuda("lp_normalize");
-#endif
-            break;
-    }
+    on_device(
+        "lp_normalize", x.device(), x.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::lp_normalize_forward(y.data<T>(), norm.data<T>(), x.data<T>(), rows, C, T(p),
+                                      T(eps));
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::lp_normalize_forward(y.data<T>(), norm.data<T>(), x.data<T>(), rows, C, T(p),
+                                       T(eps));
+        });
     y = autograd::record(
         "lp_normalize", y, {x_in},
         [x = autograd::saved(x), norm = autograd::saved(norm), rows, C, p, eps, d,
          last](const Tensor& dy_in) {
             Tensor dy = dy_in.contiguous(), dx = empty_like(x);
-            switch (x.device()) {
-                case Device::cpu:
-                    dispatch_float(x.dtype(), [&](auto tag) {
-                        using T = decltype(tag);
-                        cpu::lp_normalize_backward(dx.data<T>(), dy.data<T>(), x.data<T>(),
-                                                   norm.data<T>(), rows, C, T(p), T(eps));
-                    });
-                    break;
-                case Device::cuda:
-#ifdef QK_WITH_CUDA
-                    dispatch_float(x.dtype(), [&](auto tag) {
-                        using T = decltype(tag);
-                        cuda::lp_normalize_backward(dx.data<T>(), dy.data<T>(), x.data<T>(),
-                                                    norm.data<T>(), rows, C, T(p), T(eps));
-                    });
-#else
-                    throw_built_without_cuda("lp_normalize backward");
-#endif
-                    break;
-            }
+            on_device(
+                "lp_normalize backward", x.device(), x.dtype(),
+                [&](auto tag) {
+                    using T = decltype(tag);
+                    cpu::lp_normalize_backward(dx.data<T>(), dy.data<T>(), x.data<T>(),
+                                               norm.data<T>(), rows, C, T(p), T(eps));
+                },
+                [&](auto tag) {
+                    using T = decltype(tag);
+                    cuda::lp_normalize_backward(dx.data<T>(), dy.data<T>(), x.data<T>(),
+                                                norm.data<T>(), rows, C, T(p), T(eps));
+                });
             return Grads{d == last ? dx : dx.transpose(d, last)};
         });
     return d == last ? y : y.transpose(d, last);

@@ -63,6 +63,7 @@
 #include "core/strided.h"
 #include "ops/gemm.h"
 #include "ops/matmul_internal.h"
+#include "ops/on_device.h"
 #include "ops/reduce.h"
 
 namespace qk {
@@ -137,34 +138,26 @@ Tensor matmul_forward(const Tensor& a_in, const Tensor& b_in) {
     // The Linear case: one matrix b shared by every batch, a's rows stacked at one stride.
     const bool one_gemm = numel_of(batch_of(b)) == 1 && !la.trans && rows_merge(a, la.ld) &&
                           numel_of(batch) * M <= INT_MAX;
-    switch (y.device()) {
-        case Device::cpu:
-            dispatch_float(y.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                if (one_gemm)
-                    cpu::gemm(cpu::GemmJob<T, T>{y.data<T>(), N, a.data<T>(), la, b.data<T>(), lb,
-                                                 numel_of(batch) * M, N, K});
-                else
-                    cpu::batched_gemm(y.data<T>(), a.data<T>(), batch_strides(a, batch), la,
-                                      b.data<T>(), batch_strides(b, batch), lb, batch, M, N, K);
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(y.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                if (one_gemm)
-                    cuda::gemm(y.data<T>(), N, 0, a.data<T>(), la.trans, la.ld, 0, b.data<T>(),
-                               lb.trans, lb.ld, 0, numel_of(batch) * M, N, K, 1, T(0));
-                else
-                    cuda_batched_gemm(y.data<T>(), a.data<T>(), batch_strides(a, batch), la,
-                                      b.data<T>(), batch_strides(b, batch), lb, batch, M, N, K);
-            });
-#else
-            throw_built_without_cuda("matmul");
-#endif
-            break;
-    }
+    on_device(
+        "matmul", y.device(), y.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            if (one_gemm)
+                cpu::gemm(cpu::GemmJob<T, T>{y.data<T>(), N, a.data<T>(), la, b.data<T>(), lb,
+                                             numel_of(batch) * M, N, K});
+            else
+                cpu::batched_gemm(y.data<T>(), a.data<T>(), batch_strides(a, batch), la,
+                                  b.data<T>(), batch_strides(b, batch), lb, batch, M, N, K);
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            if (one_gemm)
+                cuda::gemm(y.data<T>(), N, 0, a.data<T>(), la.trans, la.ld, 0, b.data<T>(),
+                           lb.trans, lb.ld, 0, numel_of(batch) * M, N, K, 1, T(0));
+            else
+                cuda_batched_gemm(y.data<T>(), a.data<T>(), batch_strides(a, batch), la,
+                                  b.data<T>(), batch_strides(b, batch), lb, batch, M, N, K);
+        });
     return y;
 }
 
@@ -256,46 +249,38 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     out_shape.back() = N;
     Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());
     const Tensor b = autograd::contiguous_input(bias_in);
-    switch (y.device()) {
-        case Device::cpu:
-            dispatch_float(y.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                T* yp = y.data<T>();
-                if (R * N == 0) return;
-                if (K == 0 && !b.defined()) {  // an empty sum and no bias: 0
-                    std::fill_n(yp, R * N, T(0));
-                    return;
-                }
-                auto [a, la] = gemm_operand(rows_of(x));  // (R, K): a view if rows merge
-                auto [w, lw] = gemm_operand(weight.t());  // (K, N): W read transposed
-                // y = b in every row, then += x · Wᵀ (each thread on its own slab)
-                cpu::gemm(cpu::GemmJob<T, T>{yp, N, a.template data<T>(), la, w.template data<T>(),
-                                             lw, R, N, K, T(0),
-                                             b.defined() ? b.template data<T>() : nullptr});
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(y.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                if (R * N == 0) return;
-                if (b.defined())  // y = b in every row (a broadcast copy), then += x · Wᵀ
-                    copy_into(make_view(y, {R, N}, {N, 1}, 0), b.expand({R, N}));
-                if (K == 0) {  // an empty sum: y is the bias, or 0
-                    if (!b.defined()) cuda::fill(y.raw_data(), y.dtype(), R * N, 0.0);
-                    return;
-                }
-                auto [a, la] = gemm_operand(rows_of(x));
-                auto [w, lw] = gemm_operand(weight.t());
-                cuda::gemm(y.data<T>(), N, 0, a.template data<T>(), la.trans, la.ld, 0,
-                           w.template data<T>(), lw.trans, lw.ld, 0, R, N, K, 1,
-                           b.defined() ? T(1) : T(0));
-            });
-#else
-            throw_built_without_cuda("linear");
-#endif
-            break;
-    }
+    on_device(
+        "linear", y.device(), y.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            T* yp = y.data<T>();
+            if (R * N == 0) return;
+            if (K == 0 && !b.defined()) {  // an empty sum and no bias: 0
+                std::fill_n(yp, R * N, T(0));
+                return;
+            }
+            auto [a, la] = gemm_operand(rows_of(x));  // (R, K): a view if rows merge
+            auto [w, lw] = gemm_operand(weight.t());  // (K, N): W read transposed
+            // y = b in every row, then += x · Wᵀ (each thread on its own slab)
+            cpu::gemm(cpu::GemmJob<T, T>{yp, N, a.template data<T>(), la, w.template data<T>(), lw,
+                                         R, N, K, T(0),
+                                         b.defined() ? b.template data<T>() : nullptr});
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            if (R * N == 0) return;
+            if (b.defined())  // y = b in every row (a broadcast copy), then += x · Wᵀ
+                copy_into(make_view(y, {R, N}, {N, 1}, 0), b.expand({R, N}));
+            if (K == 0) {  // an empty sum: y is the bias, or 0
+                if (!b.defined()) cuda::fill(y.raw_data(), y.dtype(), R * N, 0.0);
+                return;
+            }
+            auto [a, la] = gemm_operand(rows_of(x));
+            auto [w, lw] = gemm_operand(weight.t());
+            cuda::gemm(y.data<T>(), N, 0, a.template data<T>(), la.trans, la.ld, 0,
+                       w.template data<T>(), lw.trans, lw.ld, 0, R, N, K, 1,
+                       b.defined() ? T(1) : T(0));
+        });
     const bool need_x = x_in.requires_grad(), need_w = weight_in.requires_grad();
     const bool need_b = bias_in.defined() && bias_in.requires_grad();
     auto backward = [need_x, need_w, need_b, N, x_shape = x.shape(),

@@ -34,6 +34,7 @@
 #include "core/threading.h"
 #include "ops/lane_sum.h"
 #include "ops/norm_common.h"
+#include "ops/on_device.h"
 
 namespace qk {
 
@@ -310,54 +311,38 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
     const Tensor bias = autograd::contiguous_input(bias_in);
     Tensor y = empty_like(x);
     Tensor mean = Tensor::empty({rows}, x.dtype(), x.device()), rstd = empty_like(mean);
-    switch (x.device()) {
-        case Device::cpu:
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(),
-                                        weight.data<T>(), data_or_null<T>(bias), rows, C, T(eps));
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(),
-                                         weight.data<T>(), data_or_null<T>(bias), rows, C, T(eps));
-            });
-#else
-            throw_built_without_cuda("layer_norm");
-#endif
-            break;
-    }
+    on_device(
+        "layer_norm", x.device(), x.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(),
+                                    weight.data<T>(), data_or_null<T>(bias), rows, C, T(eps));
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(),
+                                     weight.data<T>(), data_or_null<T>(bias), rows, C, T(eps));
+        });
     return autograd::record(
         "layer_norm", y, {x_in, weight_in, bias_in},
         [x = autograd::saved(x), weight = autograd::saved(weight), mean = autograd::saved(mean),
          rstd = autograd::saved(rstd), has_bias = bias.defined(), rows, C](const Tensor& dy_in) {
             Tensor dy = dy_in.contiguous(), dx = empty_like(x), dweight = empty_like(weight);
             Tensor dbias = has_bias ? empty_like(weight) : Tensor();
-            switch (x.device()) {
-                case Device::cpu:
-                    dispatch_float(x.dtype(), [&](auto tag) {
-                        using T = decltype(tag);
-                        cpu::layer_norm_backward(
-                            dx.data<T>(), dweight.data<T>(), data_or_null<T>(dbias), dy.data<T>(),
-                            x.data<T>(), mean.data<T>(), rstd.data<T>(), weight.data<T>(), rows, C);
-                    });
-                    break;
-                case Device::cuda:
-#ifdef QK_WITH_CUDA
-                    dispatch_float(x.dtype(), [&](auto tag) {
-                        using T = decltype(tag);
-                        cuda::layer_norm_backward(
-                            dx.data<T>(), dweight.data<T>(), data_or_null<T>(dbias), dy.data<T>(),
-                            x.data<T>(), mean.data<T>(), rstd.data<T>(), weight.data<T>(), rows, C);
-                    });
-#else
-                    throw_built_without_cuda("layer_norm backward");
-#endif
-                    break;
-            }
+            on_device(
+                "layer_norm backward", x.device(), x.dtype(),
+                [&](auto tag) {
+                    using T = decltype(tag);
+                    cpu::layer_norm_backward(
+                        dx.data<T>(), dweight.data<T>(), data_or_null<T>(dbias), dy.data<T>(),
+                        x.data<T>(), mean.data<T>(), rstd.data<T>(), weight.data<T>(), rows, C);
+                },
+                [&](auto tag) {
+                    using T = decltype(tag);
+                    cuda::layer_norm_backward(
+                        dx.data<T>(), dweight.data<T>(), data_or_null<T>(dbias), dy.data<T>(),
+                        x.data<T>(), mean.data<T>(), rstd.data<T>(), weight.data<T>(), rows, C);
+                });
             return Grads{dx, dweight, dbias};
         });
 }
@@ -369,54 +354,38 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
     const Tensor x = autograd::contiguous_input(x_in),
                  weight = autograd::contiguous_input(weight_in);
     Tensor y = empty_like(x), rstd = Tensor::empty({rows}, x.dtype(), x.device());
-    switch (x.device()) {
-        case Device::cpu:
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::rms_norm_forward(y.data<T>(), rstd.data<T>(), x.data<T>(),
-                                      data_or_null<T>(weight), rows, C, T(eps));
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::rms_norm_forward(y.data<T>(), rstd.data<T>(), x.data<T>(),
-                                       data_or_null<T>(weight), rows, C, T(eps));
-            });
-#else
-            throw_built_without_cuda("rms_norm");
-#endif
-            break;
-    }
+    on_device(
+        "rms_norm", x.device(), x.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::rms_norm_forward(y.data<T>(), rstd.data<T>(), x.data<T>(), data_or_null<T>(weight),
+                                  rows, C, T(eps));
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::rms_norm_forward(y.data<T>(), rstd.data<T>(), x.data<T>(),
+                                   data_or_null<T>(weight), rows, C, T(eps));
+        });
     return autograd::record(
         "rms_norm", y, {x_in, weight_in},
         [x = autograd::saved(x), weight = autograd::saved(weight), rstd = autograd::saved(rstd),
          rows, C](const Tensor& dy_in) {
             Tensor dy = dy_in.contiguous(), dx = empty_like(x);
             Tensor dweight = weight.defined() ? empty_like(weight) : Tensor();
-            switch (x.device()) {
-                case Device::cpu:
-                    dispatch_float(x.dtype(), [&](auto tag) {
-                        using T = decltype(tag);
-                        cpu::rms_norm_backward(dx.data<T>(), data_or_null<T>(dweight), dy.data<T>(),
-                                               x.data<T>(), rstd.data<T>(), data_or_null<T>(weight),
-                                               rows, C);
-                    });
-                    break;
-                case Device::cuda:
-#ifdef QK_WITH_CUDA
-                    dispatch_float(x.dtype(), [&](auto tag) {
-                        using T = decltype(tag);
-                        cuda::rms_norm_backward(dx.data<T>(), data_or_null<T>(dweight),
-                                                dy.data<T>(), x.data<T>(), rstd.data<T>(),
-                                                data_or_null<T>(weight), rows, C);
-                    });
-#else
-                    throw_built_without_cuda("rms_norm backward");
-#endif
-                    break;
-            }
+            on_device(
+                "rms_norm backward", x.device(), x.dtype(),
+                [&](auto tag) {
+                    using T = decltype(tag);
+                    cpu::rms_norm_backward(dx.data<T>(), data_or_null<T>(dweight), dy.data<T>(),
+                                           x.data<T>(), rstd.data<T>(), data_or_null<T>(weight),
+                                           rows, C);
+                },
+                [&](auto tag) {
+                    using T = decltype(tag);
+                    cuda::rms_norm_backward(dx.data<T>(), data_or_null<T>(dweight), dy.data<T>(),
+                                            x.data<T>(), rstd.data<T>(), data_or_null<T>(weight),
+                                            rows, C);
+                });
             return Grads{dx, dweight};
         });
 }

@@ -38,6 +38,7 @@
 #include "core/threading.h"
 #include "ops/elementwise.h"
 #include "ops/elementwise_math.h"  // math::exp_fast, the vectorisable exp of the exp-sum kernels
+#include "ops/on_device.h"
 
 namespace qk {
 
@@ -213,40 +214,32 @@ Shape kept_strides(const Shape& kept) {
 Tensor sum_into_shape(const Tensor& x, const Shape& target) {
     Tensor out = zeros(target, x.dtype(), x.device());
     const Shape out_strides = kept_strides(target);
-    switch (x.device()) {
-        case Device::cpu:
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                T* o = out.data<T>();
-                const T* p = x.data<T>();
-                const int64_t last = x.dim() > 0 ? x.shape().back() : 0;
-                if (last == 0 || out_strides.back() == 0) {  // the last dim is reduced too
-                    cpu::sum_accumulate(o, out_strides, p, x.strides(), x.shape());
-                    return;
-                }
-                // The last dim is kept (a bias gradient Σ_r dY[r, :], a broadcast add's backward):
-                // threads take bands of it. Every output element is still summed in the same
-                // order, so the result does not depend on the thread count.
-                auto band = [&](int64_t begin, int64_t end) {
-                    Shape part = x.shape();
-                    part.back() = end - begin;
-                    cpu::sum_accumulate(o + begin * out_strides.back(), out_strides,
-                                        p + begin * x.strides().back(), x.strides(), part);
-                };
-                parallel_for(last, band, x.numel() >= kParallelElementwise);
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::sum_reduce(out.data<T>(), x.data<T>(), x.strides(), x.shape(), target);
-            });
-#else
-            throw_built_without_cuda("sum");
-#endif
-            break;
-    }
+    on_device(
+        "sum", x.device(), x.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            T* o = out.data<T>();
+            const T* p = x.data<T>();
+            const int64_t last = x.dim() > 0 ? x.shape().back() : 0;
+            if (last == 0 || out_strides.back() == 0) {  // the last dim is reduced too
+                cpu::sum_accumulate(o, out_strides, p, x.strides(), x.shape());
+                return;
+            }
+            // The last dim is kept (a bias gradient Σ_r dY[r, :], a broadcast add's backward):
+            // threads take bands of it. Every output element is still summed in the same
+            // order, so the result does not depend on the thread count.
+            auto band = [&](int64_t begin, int64_t end) {
+                Shape part = x.shape();
+                part.back() = end - begin;
+                cpu::sum_accumulate(o + begin * out_strides.back(), out_strides,
+                                    p + begin * x.strides().back(), x.strides(), part);
+            };
+            parallel_for(last, band, x.numel() >= kParallelElementwise);
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::sum_reduce(out.data<T>(), x.data<T>(), x.strides(), x.shape(), target);
+        });
     return out;
 }
 
@@ -258,25 +251,17 @@ void check_floating(const Tensor& x, const char* op) {
 // The group max of x (any strides) in keepdim layout; no autograd.
 Tensor max_into_shape(const Tensor& x, const Shape& kept) {
     Tensor y = full(kept, -kInf, x.dtype(), x.device());
-    switch (x.device()) {
-        case Device::cpu:
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::max_accumulate(y.data<T>(), kept_strides(kept), x.data<T>(), x.strides(),
-                                    x.shape());
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::max_reduce(y.data<T>(), x.data<T>(), x.strides(), x.shape(), kept);
-            });
-#else
-            throw_built_without_cuda("max");
-#endif
-            break;
-    }
+    on_device(
+        "max", x.device(), x.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::max_accumulate(y.data<T>(), kept_strides(kept), x.data<T>(), x.strides(),
+                                x.shape());
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::max_reduce(y.data<T>(), x.data<T>(), x.strides(), x.shape(), kept);
+        });
     return y;
 }
 
@@ -286,29 +271,21 @@ Tensor max_grad(const Tensor& x, const Tensor& y_kept, const Tensor& dy_in) {
     Tensor dy = dy_in.reshape(kept).contiguous();
     Tensor count = zeros(kept, x.dtype(), x.device());
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    switch (x.device()) {
-        case Device::cpu:
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                const Shape ks = kept_strides(kept);
-                cpu::max_count_ties(count.data<T>(), y_kept.data<T>(), ks, x.data<T>(), x.strides(),
-                                    x.shape());
-                cpu::max_backward(dx.data<T>(), x.data<T>(), x.strides(), y_kept.data<T>(),
-                                  dy.data<T>(), count.data<T>(), ks, x.shape());
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::max_backward(dx.data<T>(), x.data<T>(), x.strides(), y_kept.data<T>(),
-                                   dy.data<T>(), x.shape(), kept);
-            });
-#else
-            throw_built_without_cuda("max");
-#endif
-            break;
-    }
+    on_device(
+        "max", x.device(), x.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            const Shape ks = kept_strides(kept);
+            cpu::max_count_ties(count.data<T>(), y_kept.data<T>(), ks, x.data<T>(), x.strides(),
+                                x.shape());
+            cpu::max_backward(dx.data<T>(), x.data<T>(), x.strides(), y_kept.data<T>(),
+                              dy.data<T>(), count.data<T>(), ks, x.shape());
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::max_backward(dx.data<T>(), x.data<T>(), x.strides(), y_kept.data<T>(),
+                               dy.data<T>(), x.shape(), kept);
+        });
     return dx;
 }
 
@@ -346,26 +323,18 @@ Tensor logsumexp_into_shape(const Tensor& x, const Shape& kept) {
 Tensor logsumexp_grad(const Tensor& x, const Tensor& lse_kept, const Tensor& dy_in) {
     Tensor dy = dy_in.reshape(lse_kept.shape()).contiguous();
     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    switch (x.device()) {
-        case Device::cpu:
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::logsumexp_backward(dx.data<T>(), x.data<T>(), x.strides(), lse_kept.data<T>(),
-                                        dy.data<T>(), kept_strides(lse_kept.shape()), x.shape());
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::logsumexp_backward(dx.data<T>(), x.data<T>(), x.strides(), lse_kept.data<T>(),
-                                         dy.data<T>(), x.shape(), lse_kept.shape());
-            });
-#else
-            throw_built_without_cuda("logsumexp");
-#endif
-            break;
-    }
+    on_device(
+        "logsumexp", x.device(), x.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::logsumexp_backward(dx.data<T>(), x.data<T>(), x.strides(), lse_kept.data<T>(),
+                                    dy.data<T>(), kept_strides(lse_kept.shape()), x.shape());
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::logsumexp_backward(dx.data<T>(), x.data<T>(), x.strides(), lse_kept.data<T>(),
+                                     dy.data<T>(), x.shape(), lse_kept.shape());
+        });
     return dx;
 }
 

@@ -24,6 +24,7 @@
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "core/threading.h"
+#include "ops/on_device.h"
 
 namespace qk {
 
@@ -126,26 +127,18 @@ void check_rope_args(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, int direction) {
     const int64_t P = x.size(-2), D = x.size(-1), G = P > 0 ? x.numel() / (P * D) : 0;
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-    switch (x.device()) {
-        case Device::cpu:
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::rope_rotate(y.data<T>(), x.data<T>(), cos.data<T>(), sin.data<T>(), G, P, D,
-                                 direction);
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::rope_rotate(y.data<T>(), x.data<T>(), cos.data<T>(), sin.data<T>(), G, P, D,
-                                  direction);
-            });
-#else
-            throw_built_without_cuda("rope");
-#endif
-            break;
-    }
+    on_device(
+        "rope", x.device(), x.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::rope_rotate(y.data<T>(), x.data<T>(), cos.data<T>(), sin.data<T>(), G, P, D,
+                             direction);
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::rope_rotate(y.data<T>(), x.data<T>(), cos.data<T>(), sin.data<T>(), G, P, D,
+                              direction);
+        });
     return y;
 }
 
