@@ -117,26 +117,18 @@ Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f) {
     check_same_kind(op, a, b);
     Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
     Tensor out = Tensor::empty(shape, a.dtype(), a.device());
-    switch (a.device()) {
-        case Device::cpu:
-            dispatch_float(a.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::binary_forward(out.data<T>(), a.data<T>(), broadcast_strides(a, shape),
-                                    b.data<T>(), broadcast_strides(b, shape), shape, f);
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(a.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::binary_forward<T, F>(out.data<T>(), a.data<T>(), broadcast_strides(a, shape),
-                                           b.data<T>(), broadcast_strides(b, shape), shape);
-            });
-#else
-            throw_built_without_cuda(op);
-#endif
-            break;
-    }
+    on_device(
+        op, a.device(), a.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::binary_forward(out.data<T>(), a.data<T>(), broadcast_strides(a, shape),
+                                b.data<T>(), broadcast_strides(b, shape), shape, f);
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::binary_forward<T, F>(out.data<T>(), a.data<T>(), broadcast_strides(a, shape),
+                                       b.data<T>(), broadcast_strides(b, shape), shape);
+        });
     return out;
 }
 
@@ -148,24 +140,16 @@ Tensor map_unary(const char* op, const Tensor& x, double s, F f) {
              ".to(kF32))",
              op, x.dtype(), x.shape());
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-    switch (x.device()) {
-        case Device::cpu:
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::unary_forward(y.data<T>(), x.data<T>(), x.numel(), T(s), f);
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::unary_forward<T, F>(y.data<T>(), x.data<T>(), x.numel(), T(s));
-            });
-#else
-            throw_built_without_cuda(op);
-#endif
-            break;
-    }
+    on_device(
+        op, x.device(), x.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::unary_forward(y.data<T>(), x.data<T>(), x.numel(), T(s), f);
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::unary_forward<T, F>(y.data<T>(), x.data<T>(), x.numel(), T(s));
+        });
     return y;
 }
 
@@ -175,26 +159,17 @@ Tensor map_backward([[maybe_unused]] const char* op, const Tensor& dy_in, const 
                     double s, F f) {
     Tensor dy = dy_in.contiguous();
     Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-    switch (dy.device()) {
-        case Device::cpu:
-            dispatch_float(dy.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::unary_backward(dx.data<T>(), dy.data<T>(), saved.data<T>(), dy.numel(), T(s),
-                                    f);
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(dy.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::unary_backward<T, F>(dx.data<T>(), dy.data<T>(), saved.data<T>(), dy.numel(),
-                                           T(s));
-            });
-#else
-            throw_built_without_cuda(op);
-#endif
-            break;
-    }
+    on_device(
+        op, dy.device(), dy.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::unary_backward(dx.data<T>(), dy.data<T>(), saved.data<T>(), dy.numel(), T(s), f);
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::unary_backward<T, F>(dx.data<T>(), dy.data<T>(), saved.data<T>(), dy.numel(),
+                                       T(s));
+        });
     return dx;
 }
 

@@ -49,6 +49,7 @@
 #include "core/threading.h"
 #include "ops/elementwise_math.h"  // math::exp_fast, math::tanh_fast
 #include "ops/lane_sum.h"
+#include "ops/on_device.h"
 
 namespace qk {
 
@@ -266,52 +267,35 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, const SoftmaxOptions& o)
     Shape lse_shape = x.shape();
     lse_shape.pop_back();
     Tensor lse = Tensor::empty(lse_shape, x.dtype(), x.device());
-    switch (x.device()) {
-        case Device::cpu:
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cpu::softmax_forward<T, kLog>(y.data<T>(), lse.data<T>(), x.data<T>(), rs.rows,
-                                              rs.Tq, rs.Tk, o.causal, T(o.softcap));
-            });
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            dispatch_float(x.dtype(), [&](auto tag) {
-                using T = decltype(tag);
-                cuda::softmax_forward<T>(y.data<T>(), lse.data<T>(), x.data<T>(), rs.rows, rs.Tq,
-                                         rs.Tk, o.causal, T(o.softcap), kLog);
-            });
-#else
-            throw_built_without_cuda(op);
-#endif
-            break;
-    }
+    on_device(
+        op, x.device(), x.dtype(),
+        [&](auto tag) {
+            using T = decltype(tag);
+            cpu::softmax_forward<T, kLog>(y.data<T>(), lse.data<T>(), x.data<T>(), rs.rows, rs.Tq,
+                                          rs.Tk, o.causal, T(o.softcap));
+        },
+        [&](auto tag) {
+            using T = decltype(tag);
+            cuda::softmax_forward<T>(y.data<T>(), lse.data<T>(), x.data<T>(), rs.rows, rs.Tq, rs.Tk,
+                                     o.causal, T(o.softcap), kLog);
+        });
     auto backward = [op, rs, o, y = autograd::saved(y),
                      lse = autograd::saved(lse)](const Tensor& dy_in) {
         Tensor dy = dy_in.contiguous();
         Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
-        switch (y.device()) {
-            case Device::cpu:
-                dispatch_float(y.dtype(), [&](auto tag) {
-                    using T = decltype(tag);
-                    cpu::softmax_backward<T, kLog>(dx.data<T>(), dy.data<T>(), y.data<T>(),
-                                                   lse.data<T>(), rs.rows, rs.Tq, rs.Tk, o.causal,
-                                                   T(o.softcap));
-                });
-                break;
-            case Device::cuda:
-#ifdef QK_WITH_CUDA
-                dispatch_float(y.dtype(), [&](auto tag) {
-                    using T = decltype(tag);
-                    cuda::softmax_backward<T>(dx.data<T>(), dy.data<T>(), y.data<T>(),
-                                              lse.data<T>(), rs.rows, rs.Tq, rs.Tk, o.causal,
-                                              T(o.softcap), kLog);
-                });
-#else
-                throw_built_without_cuda(op);
-#endif
-                break;
-        }
+        on_device(
+            op, y.device(), y.dtype(),
+            [&](auto tag) {
+                using T = decltype(tag);
+                cpu::softmax_backward<T, kLog>(dx.data<T>(), dy.data<T>(), y.data<T>(),
+                                               lse.data<T>(), rs.rows, rs.Tq, rs.Tk, o.causal,
+                                               T(o.softcap));
+            },
+            [&](auto tag) {
+                using T = decltype(tag);
+                cuda::softmax_backward<T>(dx.data<T>(), dy.data<T>(), y.data<T>(), lse.data<T>(),
+                                          rs.rows, rs.Tq, rs.Tk, o.causal, T(o.softcap), kLog);
+            });
         return Grads{dx};
     };
     return autograd::record(op, y, {x_in}, std::move(backward));
