@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -65,6 +66,26 @@ inline Outcome run_program(const std::vector<std::string>& args,
     ::waitpid(pid, &status, 0);
     if (WIFEXITED(status) && !out.timed_out) out.exit_code = WEXITSTATUS(status);
     return out;
+}
+
+// The qknorm program's path, which meson test passes as QKNORM.
+inline std::string qknorm_program() {
+    const char* exe = std::getenv("QKNORM");
+    REQUIRE_MESSAGE(exe != nullptr, "QKNORM (the qknorm program's path) is set by meson test");
+    return exe;
+}
+
+// args with each flag of `changes` set to the value after it (appended when args lacks it).
+inline std::vector<std::string> with_flags(std::vector<std::string> args,
+                                           const std::vector<std::string>& changes) {
+    for (size_t i = 0; i + 1 < changes.size(); i += 2) {
+        const auto found = std::find(args.begin(), args.end(), changes[i]);
+        if (found != args.end() && found + 1 != args.end())
+            *(found + 1) = changes[i + 1];
+        else
+            args.insert(args.end(), {changes[i], changes[i + 1]});
+    }
+    return args;
 }
 
 }  // namespace qk::test

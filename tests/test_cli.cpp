@@ -29,9 +29,7 @@ namespace {
 // Runs qknorm (its path comes from meson, QKNORM) with args; see run_program.
 Outcome run_qknorm(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
                    int seconds = 60) {
-    const char* exe = std::getenv("QKNORM");
-    REQUIRE_MESSAGE(exe != nullptr, "QKNORM (the qknorm program's path) is set by meson test");
-    std::vector<std::string> argv{exe};
+    std::vector<std::string> argv{qknorm_program()};
     argv.insert(argv.end(), args.begin(), args.end());
     return run_program(argv, env, seconds);
 }

@@ -17,11 +17,7 @@ namespace {
 const std::vector<std::string> kMpiEnv = {"OMPI_ALLOW_RUN_AS_ROOT=1",
                                           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"};
 
-std::string qknorm() {
-    const char* exe = std::getenv("QKNORM");
-    REQUIRE_MESSAGE(exe != nullptr, "QKNORM (the qknorm program's path) is set by meson test");
-    return exe;
-}
+std::string qknorm() { return qknorm_program(); }
 
 // `qknorm train` on a tiny model, 20 steps, checkpoints every 10; `more`: flag-value pairs.
 std::vector<std::string> tiny_train(const TempDir& dir, const std::string& run,
@@ -59,14 +55,7 @@ std::vector<std::string> tiny_train(const TempDir& dir, const std::string& run,
                                      "--quiet",
                                      "--run-dir",
                                      dir / run};
-    for (size_t i = 0; i + 1 < more.size(); i += 2) {  // a flag given again replaces its value
-        auto found = std::find(args.begin(), args.end(), more[i]);
-        if (found != args.end())
-            *(found + 1) = more[i + 1];
-        else
-            args.insert(args.end(), {more[i], more[i + 1]});
-    }
-    return args;
+    return with_flags(args, more);
 }
 
 std::vector<std::string> mpirun(int ranks, const std::vector<std::string>& args) {

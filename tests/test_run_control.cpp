@@ -24,11 +24,7 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string qknorm() {
-    const char* exe = std::getenv("QKNORM");
-    REQUIRE_MESSAGE(exe != nullptr, "QKNORM (the qknorm program's path) is set by meson test");
-    return exe;
-}
+std::string qknorm() { return qknorm_program(); }
 
 // `qknorm train` on a tiny model: 1 layer, C = 16, T = 16, float32, a checkpoint every 1000 steps
 // (so that only a stop writes one), evaluation every 10.
@@ -64,19 +60,6 @@ std::vector<std::string> tiny_train(const TempDir& dir, const std::string& run, 
             "--quiet",
             "--run-dir",
             dir / run};
-}
-
-// args with each flag of `changes` set to the value after it (added when absent).
-std::vector<std::string> with(std::vector<std::string> args,
-                              const std::vector<std::string>& changes) {
-    for (size_t i = 0; i + 1 < changes.size(); i += 2) {
-        const auto found = std::find(args.begin(), args.end(), changes[i]);
-        if (found != args.end())
-            *(found + 1) = changes[i + 1];
-        else
-            args.insert(args.end(), {changes[i], changes[i + 1]});
-    }
-    return args;
 }
 
 std::map<int64_t, json> metrics_by_step(const std::string& run_dir) {
@@ -186,9 +169,9 @@ TEST_CASE("Ctrl-C then resume gives the losses of a run never stopped, bit for b
 TEST_CASE("a second Ctrl-C quits at once") {
     TempDir dir("run_control_twice");
     // Steps of a second or more (C = 512, T = 256), so that the second signal comes mid-step.
-    const std::vector<std::string> args =
-        with(tiny_train(dir, "run", 100),
-             {"--n-embd", "512", "--n-head", "8", "--block-size", "256", "--batch-size", "16"});
+    const std::vector<std::string> args = with_flags(
+        tiny_train(dir, "run", 100),
+        {"--n-embd", "512", "--n-head", "8", "--block-size", "256", "--batch-size", "16"});
     const int status = interrupt_after(args, dir / "log", dir / "run", 1, true);
     INFO(read_file(dir / "log"));
     REQUIRE(WIFSIGNALED(status));
@@ -198,8 +181,8 @@ TEST_CASE("a second Ctrl-C quits at once") {
 TEST_CASE("--resume DIR --steps N extends a finished run; the schedule keeps its length") {
     TempDir dir("run_control_extend");
     const std::vector<std::string> first =
-        with(tiny_train(dir, "run", 10),
-             {"--lr", "0.01", "--lr-min", "0.001", "--zero", "1", "--dist-timeout", "17"});
+        with_flags(tiny_train(dir, "run", 10),
+                   {"--lr", "0.01", "--lr-min", "0.001", "--zero", "1", "--dist-timeout", "17"});
     require_ok(run_program(first, {}, 120));
     json config = json::parse(read_file(dir / "run/config.json"));
     CHECK(config["zero"] == 1);  // kept for --resume
