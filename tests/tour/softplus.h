@@ -1,5 +1,5 @@
 // The tour's softplus: a differentiable op on both backends, written outside the library with
-// only its public API — the solution of the exercises of stops 7 and 11 of docs/tour.md.
+// only its public API — the solution of the exercises of stops 6 and 11 of docs/tour.md.
 #pragma once
 
 #include "qk.h"

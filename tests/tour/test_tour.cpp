@@ -52,20 +52,7 @@ TEST_CASE("tour 2: a gradient through narrow and transpose lands in the slab") {
         }
 }
 
-// Stop 3: a counter-based generator: the numbers depend on the seed only.
-TEST_CASE("tour 3: the same seed gives the same numbers at any thread count") {
-    std::vector<double> draws[2];
-    for (int threads : {1, 2}) {
-        qk::test::ThreadCount count(threads);
-        Generator gen(42);
-        draws[threads - 1] = normal({1000}, 0, 1, kF64, gen).to_vector<double>();
-    }
-    CHECK(draws[0] == draws[1]);
-    Generator other(43);
-    CHECK(normal({1000}, 0, 1, kF64, other).to_vector<double>() != draws[0]);
-}
-
-// Stop 4: a node written by hand. cube(x) = x³, saved x, dx = 3x²·dy.
+// Stop 3: a node written by hand. cube(x) = x³, saved x, dx = 3x²·dy.
 struct CubeNode final : autograd::Node {
     Tensor x;  // saved input, detached
     std::string name() const override { return "cube"; }
@@ -82,16 +69,16 @@ Tensor cube(const Tensor& x_in) {
     return autograd::attach(y, node, {x_in});
 }
 
-TEST_CASE("tour 4: a hand-written Node passes gradcheck") {
+TEST_CASE("tour 3: a hand-written Node passes gradcheck") {
     Tensor x = leaf({3, 5}, 3);
     CHECK(gradcheck([&] { return cube(x); }, {x}).ok);
     CHECK(gradcheck([&] { return cube(x.t()) * x.t(); }, {x}).ok);  // a view, and used twice
     CHECK(max_abs_diff(cube(x), x * x * x) == 0.0);
 }
 
-// Stop 5: the accumulation rule. y = x·x + x uses x three times: dy/dx = 2x + 1, added up; a
+// Stop 4: the accumulation rule. y = x·x + x uses x three times: dy/dx = 2x + 1, added up; a
 // second backward adds again.
-TEST_CASE("tour 5: gradients add up, within a graph and across backward calls") {
+TEST_CASE("tour 4: gradients add up, within a graph and across backward calls") {
     Tensor x = leaf({4}, 5);
     Tensor y = sum(x * x + x);
     y.backward(/*retain_graph=*/true);
@@ -104,7 +91,7 @@ TEST_CASE("tour 5: gradients add up, within a graph and across backward calls") 
     CHECK_FALSE(x.grad().defined());
 }
 
-// Stop 6: why gradcheck uses a random probe. This softmax's backward subtracts the *mean* of dy
+// Stop 5: why gradcheck uses a random probe. This softmax's backward subtracts the *mean* of dy
 // where the true one subtracts the y-weighted sum Σ_j dy_j y_j: the two agree whenever dy is
 // uniform, which is exactly the upstream gradient of sum(out).
 Tensor softmax_with_wrong_backward(const Tensor& x_in) {
@@ -115,7 +102,7 @@ Tensor softmax_with_wrong_backward(const Tensor& x_in) {
     });
 }
 
-TEST_CASE("tour 6: a bug that sum(out) misses and the random probe finds") {
+TEST_CASE("tour 5: a bug that sum(out) misses and the random probe finds") {
     Tensor x = leaf({3, 6}, 6);
     // With a uniform upstream gradient (what sum(out) sends back) the wrong backward agrees with
     // finite differences: both are zero, as every softmax row sums to 1.
@@ -127,8 +114,8 @@ TEST_CASE("tour 6: a bug that sum(out) misses and the random probe finds") {
     CHECK(gradcheck([&] { return softmax(x); }, {x}).ok);  // the library's is right
 }
 
-// Stop 7: softplus, a new pointwise op (tests/tour/softplus.cpp).
-TEST_CASE("tour 7: softplus against its composite, in range and far out, and its gradient") {
+// Stop 6: softplus, a new pointwise op (tests/tour/softplus.cpp).
+TEST_CASE("tour 6: softplus against its composite, in range and far out, and its gradient") {
     Tensor x = leaf({4, 9}, 7, 3.0);
     CHECK(max_abs_diff(tour::softplus(x), log(exp(x) + 1.0)) < 1e-14);
     Tensor far = from_vector({-800, -40, 0, 40, 800}, {5}, kF64);
@@ -146,10 +133,10 @@ TEST_CASE("tour 7: softplus against its composite, in range and far out, and its
         {"softplus", "int32", "[2]"}));
 }
 
-// Stop 8: QK-LayerNorm bounds the logits. With unit gains and no bias a LayerNorm row has mean 0
+// Stop 7: QK-LayerNorm bounds the logits. With unit gains and no bias a LayerNorm row has mean 0
 // and variance 1 (up to eps), so its norm is sqrt(D), and by Cauchy–Schwarz
 // |N(q)·N(k)| / sqrt(D) <= sqrt(D)·sqrt(D) / sqrt(D) = sqrt(D), however large q and k grow.
-TEST_CASE("tour 8: QK-LayerNorm keeps |s| <= sqrt(D) at any scale of q and k") {
+TEST_CASE("tour 7: QK-LayerNorm keeps |s| <= sqrt(D) at any scale of q and k") {
     const int64_t D = 16;
     Generator gen(8);
     Tensor w = ones({D}, kF64);
@@ -163,9 +150,9 @@ TEST_CASE("tour 8: QK-LayerNorm keeps |s| <= sqrt(D) at any scale of q and k") {
     }
 }
 
-// Stop 9: a batched matmul against a 2-D matrix broadcasts it over the batch, so b's gradient
+// Stop 8: a batched matmul against a 2-D matrix broadcasts it over the batch, so b's gradient
 // sums over the batch: db = Σ_i a_iᵀ · dy_i.
-TEST_CASE("tour 9: the gradient of a broadcast matmul sums over the batch") {
+TEST_CASE("tour 8: the gradient of a broadcast matmul sums over the batch") {
     Tensor a = leaf({2, 3, 4}, 9), b = leaf({4, 5}, 10);
     Tensor r = leaf({2, 3, 5}, 11).detach();
     sum(matmul(a, b) * r).backward();
@@ -173,6 +160,19 @@ TEST_CASE("tour 9: the gradient of a broadcast matmul sums over the batch") {
                   matmul(a.detach().select(0, 1).t(), r.select(0, 1));
     CHECK(max_abs_diff(b.grad(), want) < 1e-13);
     CHECK(gradcheck([&] { return matmul(a, b.t().t()); }, {a, b}).ok);
+}
+
+// Stop 9: a counter-based generator: the numbers depend on the seed only.
+TEST_CASE("tour 9: the same seed gives the same numbers at any thread count") {
+    std::vector<double> draws[2];
+    for (int threads : {1, 2}) {
+        qk::test::ThreadCount count(threads);
+        Generator gen(42);
+        draws[threads - 1] = normal({1000}, 0, 1, kF64, gen).to_vector<double>();
+    }
+    CHECK(draws[0] == draws[1]);
+    Generator other(43);
+    CHECK(normal({1000}, 0, 1, kF64, other).to_vector<double>() != draws[0]);
 }
 
 // Stop 10: a deterministic parallel sum: a fixed split, partials added in thread order.
