@@ -22,7 +22,6 @@
 #include "nn/run_optimizer.h"
 #include "nn/sample.h"
 #include "nn/sweep.h"
-#include "nn/toml_check.h"
 #include "nn/train_config.h"
 #include "nn/trainer.h"
 #include "nn/zero.h"

@@ -22,12 +22,12 @@
 #include "core/distributed.h"
 #include "core/file_io.h"
 #include "core/threading.h"
+#include "examples/qknorm_config.h"
 #include "examples/qknorm_flags.h"
 #include "nn/checkpoint.h"
 #include "nn/data.h"
 #include "nn/data_parallel.h"
 #include "nn/sample.h"
-#include "nn/toml_check.h"
 
 using namespace qk;
 using namespace qk::nn;
@@ -223,25 +223,15 @@ int run_sample(const std::string& run, const std::string& ckpt, const std::strin
     return 0;
 }
 
-// A config is a page of settings: 1 MB is far beyond one, and bounds what parsing it costs (a
-// 200 MB file took 2.7 GB).
-constexpr uint64_t kMaxConfigBytes = 1 << 20;
-
-std::string read_config_file(const std::string& path) {
-    std::string text = read_regular_file(path, "--config", kMaxConfigBytes);
-    QK_CHECK(!text.empty(), "--config: '{}' is empty", path);
-    return text;
-}
-
-// The --config file is read by CLI11, which blocks on a FIFO and accepts an unclosed array as a
-// default value: check it first (a regular file, the TOML subset our configs use).
-void check_config_file(int argc, char** argv) {
+// The --config file, if one is named, read and checked against the flags before CLI11 reads it
+// (CLI11 alone would block on a FIFO and take any value as text).
+void check_config_flag(int argc, char** argv, CLI::App& app) {
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         std::string path;
         if (arg == "--config" && i + 1 < argc) path = argv[i + 1];
         if (arg.rfind("--config=", 0) == 0) path = arg.substr(9);
-        if (!path.empty()) as_usage([&] { check_toml_syntax(read_config_file(path), path); });
+        if (!path.empty()) as_usage([&] { check_config_file(path, app); });
     }
 }
 
@@ -281,6 +271,7 @@ int main(int argc, char** argv) {
     // examples/stability/); flags on the command line win. Fallthrough lets the option follow
     // the subcommand's name.
     app.set_config("--config", "", "TOML file setting flags, in a [train] or [sweep] section");
+    app.config_formatter(std::make_shared<TomlConfig>());  // toml++, checked first
     app.fallthrough();
     app.allow_config_extras(CLI::config_extras_mode::error);  // a mistyped key is an error
     // The default model: QK-LayerNorm per head with RoPE, bf16 mixed precision, sized to reach a
@@ -360,7 +351,7 @@ int main(int argc, char** argv) {
     try {
         if (const char* env = std::getenv("QK_NUM_THREADS"))
             as_usage([&] { parse_thread_count(env, "QK_NUM_THREADS"); });
-        check_config_file(argc, argv);
+        check_config_flag(argc, argv, app);
         try {
             app.parse(argc, argv);
         } catch (const CLI::ParseError& e) {

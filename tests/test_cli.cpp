@@ -141,14 +141,58 @@ TEST_CASE("paths of the wrong kind are named: a file as a directory, a directory
                   {"lp:p=inf", "inf"});
 }
 
-TEST_CASE("a config file must be a regular file in the TOML our configs use") {
+TEST_CASE("a config file: a regular file in TOML, every key a flag, every value of its type") {
     TempDir dir("cli_config");
-    const std::string unclosed = dir / "unclosed.toml";
-    std::ofstream(unclosed) << "[sweep]\nlrs = [1e-3, 3e-3\nsteps = 5\n";
-    check_refused(run_qknorm({"sweep", "--config", unclosed}), 2, {unclosed, "line"});
+    auto config = [&](const std::string& name, const std::string& text) {
+        std::ofstream(dir / name) << text;
+        return dir / name;
+    };
+    const std::string unclosed = config("unclosed.toml", "[sweep]\nlrs = [1e-3, 3e-3\nsteps = 5\n");
+    check_refused(run_qknorm({"sweep", "--config", unclosed}), 2, {unclosed + ":3:"});
     const std::string fifo = dir / "fifo.toml";
     REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
     check_refused(run_qknorm({"sweep", "--config", fifo}, {}, 20), 2, {fifo});
+    // Each refusal names the place, the key, what it holds and what the flag takes.
+    const std::string text = config("text.toml", "[sweep]\njobs = 1\nsteps = \"5\"\n");
+    check_refused(
+        run_qknorm({"sweep", "--config", text}), 2,
+        {text + ":3:1", "'steps' in [sweep] is a string (5)", "--steps takes an integer"});
+    const std::string unknown = config("unknown.toml", "[sweep]\nstpes = 5\n");
+    check_refused(run_qknorm({"sweep", "--config", unknown}), 2,
+                  {unknown + ":2:1", "unknown key 'stpes' in [sweep]", "steps"});
+    const std::string scalar = config("scalar.toml", "[sweep]\nlrs = 0.01\n");
+    check_refused(run_qknorm({"sweep", "--config", scalar}), 2,
+                  {scalar + ":2:1", "is a number (0.01)", "--lrs takes a number array"});
+    const std::string flag = config("flag.toml", "[sweep]\nbias = \"no\"\n");
+    check_refused(run_qknorm({"sweep", "--config", flag}), 2, {"--bias takes a boolean"});
+    const std::string section = config("section.toml", "[swep]\nsteps = 5\n");
+    check_refused(run_qknorm({"sweep", "--config", section}), 2,
+                  {section + ":2:1", "[swep] is not a command"});
+    const std::string nested = config("nested.toml", "[sweep]\nmodel.n_layer = 2\n");
+    check_refused(run_qknorm({"sweep", "--config", nested}), 2,
+                  {nested + ":2:1", "one level deep"});
+    // A good file's values reach the flags: a whole tiny sweep from it.
+    const std::string good =
+        config("good.toml",
+               "[sweep]\nvariants = [\"baseline\"]\nlrs = [0.01]\nseeds = [3]\nsteps = 2\n"
+               "n-layer = 1\nn-embd = 16\nn-head = 2\nblock-size = 16\nbatch-size = 4\n"
+               "eval-batches = 1\nbias = false\nout = \"" +
+                   dir / "sweep" + "\"\n");
+    const Outcome swept = run_qknorm({"sweep", "--config", good, "--data", write_corpus(dir)});
+    CAPTURE(swept.output);
+    CHECK(swept.exit_code == 0);
+    CHECK(swept.output.find("1 variants x 1 learning rates x 1 seeds") != std::string::npos);
+    CHECK(swept.output.find("L=1 C=16 T=16 B=4 steps 2") != std::string::npos);
+    // Every committed experiment passes: the run then stops at --jobs 0, given on the command line
+    // (which wins over the file), not at the file.
+    for (const auto& e : std::filesystem::directory_iterator(QK_SOURCE_DIR "/examples/stability")) {
+        if (e.path().extension() != ".toml") continue;
+        const Outcome out = run_qknorm({"sweep", "--config", e.path().string(), "--jobs", "0"});
+        CAPTURE(out.output);
+        CHECK(out.exit_code == 2);
+        CHECK(out.output.find("--jobs") != std::string::npos);
+        CHECK(out.output.find(e.path().string()) == std::string::npos);
+    }
 }
 
 TEST_CASE("sample: options checked, tokens streamed, non-finite logits refused") {

@@ -1,8 +1,8 @@
 // libFuzzer target: bytes as each kind of configuration text qknorm reads from a user, a run
 // directory or a checkpoint: a run's config.json (TrainConfig::from_json), a checkpoint's model
 // metadata (GPTConfig::from_strings, given a JSON object of strings), a tokenizer string
-// (Tokenizer::deserialize) and a sweep TOML (check_toml_syntax). A qk::Error is the accepted
-// refusal; any other exception, crash, sanitizer report, leak or timeout is a finding.
+// (Tokenizer::deserialize) and a sweep TOML (parse_config_toml, on toml++). A qk::Error is the
+// accepted refusal; any other exception, crash, sanitizer report, leak or timeout is a finding.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -11,8 +11,8 @@
 
 #include "core/error.h"
 #include "nn/config.h"
+#include "nn/config_file.h"
 #include "nn/data.h"
-#include "nn/toml_check.h"
 #include "nn/trainer.h"
 
 namespace {
@@ -47,6 +47,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const qk::nn::Tokenizer tokenizer = qk::nn::Tokenizer::deserialize(text);
         (void)tokenizer.decode(tokenizer.encode(tokenizer.decode({0})));
     });
-    refused_or_accepted([&] { qk::nn::check_toml_syntax(text, "fuzz.toml"); });
+    refused_or_accepted([&] { (void)qk::nn::parse_config_toml(text, "fuzz.toml"); });
     return 0;
 }

@@ -1,0 +1,26 @@
+// `--config FILE`: a TOML file whose [train] and [sweep] sections set the flags of those commands
+// (examples/stability/*.toml), read by toml++ (nn/config_file.h) and checked against the flags
+// themselves before anything runs. Flags on the command line win over the file.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+namespace qk::cli {
+
+// Reads and checks the file (a regular file of at most 1 MB): every key must be a flag of its
+// section's command (keys before any section: the program's own, --threads), and every value of
+// the flag's type: an integer for INT, a number for FLOAT, true/false for a switch, a string
+// for a word or a path, an array for a list (--lrs, --variants, --seeds). Throws qk::Error
+// "FILE:line:column: ..." naming the key, what it holds and what the flag takes.
+void check_config_file(const std::string& path, CLI::App& app);
+
+// CLI11's reader of --config files, on toml++: one item per setting, the section as the parent.
+// It sees the file after check_config_file has accepted it.
+class TomlConfig : public CLI::Config {
+  public:
+    std::string to_config(const CLI::App*, bool, bool, std::string) const override;
+    std::vector<CLI::ConfigItem> from_config(std::istream& input) const override;
+};
+
+}  // namespace qk::cli
