@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -87,6 +88,23 @@ TrainConfig resumed_config(const std::string& resume_dir, const TrainConfig& giv
     return cfg;
 }
 
+// For the tests of data-parallel faults (tests/test_dist_cli.cpp): QK_FAULT_INJECT="kill:R:S" (or
+// "stop:R:S") makes rank R SIGKILL (or SIGSTOP) itself at the start of step S, as a crashed (or
+// frozen) process would. Unset, the run has no hooks.
+TrainHooks fault_injection() {
+    const char* spec = std::getenv("QK_FAULT_INJECT");
+    char what[8] = {};
+    long fault_rank = -1, fault_step = -1;
+    if (!spec || std::sscanf(spec, "%4[a-z]:%ld:%ld", what, &fault_rank, &fault_step) != 3)
+        return {};
+    const int signal_number = std::string(what) == "stop" ? SIGSTOP : SIGKILL;
+    TrainHooks hooks;
+    hooks.before_step = [=](int64_t step) {
+        if (fault_rank == dist::rank() && fault_step == step) std::raise(signal_number);
+    };
+    return hooks;
+}
+
 int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resume_dir,
               const std::string& from_json, bool quiet, const CLI::App* cmd) {
     bool resume = !resume_dir.empty();
@@ -118,7 +136,7 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
         fmt::print("data-parallel: {} ranks x {} sequences x {} micro-batch(es) per step\n",
                    dist::world_size(), cfg.batch_size / (dist::world_size() * cfg.grad_accum),
                    cfg.grad_accum);
-    TrainResult result = train(cfg, resume);
+    TrainResult result = train(cfg, resume, fault_injection());
     // Stopped by Ctrl-C or SIGTERM: the shell's status for a signal, 128 + its number.
     if (result.stop_signal) {
         if (dist::is_root()) fmt::print(stderr, "qknorm train: {}\n", result.message);

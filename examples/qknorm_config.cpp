@@ -27,10 +27,14 @@ struct FlagType {
     bool accepts(const ConfigSetting& s) const {
         if (s.array != array) return false;
         switch (s.kind) {
-            case ConfigSetting::Kind::integer: return name == "an integer" || name == "a number";
-            case ConfigSetting::Kind::floating: return name == "a number";
-            case ConfigSetting::Kind::boolean: return name == "a boolean";
-            case ConfigSetting::Kind::string: return name == "a string";
+            case ConfigSetting::Kind::integer:
+                return name == "an integer" || name == "a number";
+            case ConfigSetting::Kind::floating:
+                return name == "a number";
+            case ConfigSetting::Kind::boolean:
+                return name == "a boolean";
+            case ConfigSetting::Kind::string:
+                return name == "a string";
         }
         return false;
     }
@@ -64,17 +68,18 @@ void check_setting(const ConfigSetting& s, CLI::App& app) {
         cmd = nullptr;
         for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
             if (sub->get_name() == s.section) cmd = sub;
-        QK_CHECK(cmd != nullptr, "{}: [{}] is not a command of qknorm; the sections are [train] "
+        QK_CHECK(cmd != nullptr,
+                 "{}: [{}] is not a command of qknorm; the sections are [train] "
                  "and [sweep]",
                  s.where, s.section);
     }
     const CLI::Option* option = cmd->get_option_no_throw("--" + s.key);
     const std::string in = s.section.empty() ? "before any section" : "in [" + s.section + "]";
-    QK_CHECK(option != nullptr && option->get_configurable() && s.key != "help" &&
-                 s.key != "config",
-             "{}: unknown key '{}' {}; the keys are the flags of the command without their "
-             "dashes: {}",
-             s.where, s.key, in, flag_names(cmd));
+    QK_CHECK(
+        option != nullptr && option->get_configurable() && s.key != "help" && s.key != "config",
+        "{}: unknown key '{}' {}; the keys are the flags of the command without their "
+        "dashes: {}",
+        s.where, s.key, in, flag_names(cmd));
     const FlagType type = type_of(option);
     const std::string wanted = type.array ? type.name + " array" : type.name;
     const std::string shown = s.array ? fmt::format("[{}]", fmt::join(s.values, ", "))

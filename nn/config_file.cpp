@@ -35,12 +35,18 @@ bool scalar_of(const toml::node& node, ConfigSetting::Kind& kind, std::string& t
 
 const char* type_name(const toml::node& node) {
     switch (node.type()) {
-        case toml::node_type::table: return "a table";
-        case toml::node_type::array: return "an array";
-        case toml::node_type::date: return "a date";
-        case toml::node_type::time: return "a time";
-        case toml::node_type::date_time: return "a date-time";
-        default: return "a value";
+        case toml::node_type::table:
+            return "a table";
+        case toml::node_type::array:
+            return "an array";
+        case toml::node_type::date:
+            return "a date";
+        case toml::node_type::time:
+            return "a time";
+        case toml::node_type::date_time:
+            return "a date-time";
+        default:
+            return "a value";
     }
 }
 
@@ -66,13 +72,12 @@ ConfigSetting setting_of(const std::string& origin, const std::string& section,
         QK_CHECK(scalar_of(element, kind, text), "{}: '{}' holds {}; an array holds plain values",
                  place(origin, element.source()), name, type_name(element));
         // Integers among floats are numbers too: lrs = [1e-3, 1].
-        const bool numbers = (kind == ConfigSetting::Kind::integer ||
-                              kind == ConfigSetting::Kind::floating) &&
-                             (s.kind == ConfigSetting::Kind::integer ||
-                              s.kind == ConfigSetting::Kind::floating);
-        QK_CHECK(s.values.empty() || kind == s.kind || numbers,
-                 "{}: '{}' mixes {} and {} values", place(origin, element.source()), name,
-                 describe(s.kind, false), describe(kind, false));
+        const bool numbers =
+            (kind == ConfigSetting::Kind::integer || kind == ConfigSetting::Kind::floating) &&
+            (s.kind == ConfigSetting::Kind::integer || s.kind == ConfigSetting::Kind::floating);
+        QK_CHECK(s.values.empty() || kind == s.kind || numbers, "{}: '{}' mixes {} and {} values",
+                 place(origin, element.source()), name, describe(s.kind, false),
+                 describe(kind, false));
         if (s.values.empty() || kind == ConfigSetting::Kind::floating) s.kind = kind;
         s.values.push_back(text);
     }
@@ -87,9 +92,7 @@ std::string describe(ConfigSetting::Kind kind, bool array) {
     return array ? s + " array" : s;
 }
 
-std::string describe(const ConfigSetting& setting) {
-    return describe(setting.kind, setting.array);
-}
+std::string describe(const ConfigSetting& setting) { return describe(setting.kind, setting.array); }
 
 std::vector<ConfigSetting> parse_config_toml(const std::string& text, const std::string& origin) {
     toml::table root;

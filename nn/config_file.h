@@ -15,10 +15,10 @@ struct ConfigSetting {
     enum class Kind { string, integer, floating, boolean };
     std::string section;  // "" for a key before any [section]
     std::string key;
-    Kind kind = Kind::string;           // of the value, or of every element of an array
-    bool array = false;                 // an array of values (even with one element)
-    std::vector<std::string> values;    // as text: strings as written, numbers read back exactly
-    std::string where;                  // "file:line:column" of the key
+    Kind kind = Kind::string;         // of the value, or of every element of an array
+    bool array = false;               // an array of values (even with one element)
+    std::vector<std::string> values;  // as text: strings as written, numbers read back exactly
+    std::string where;                // "file:line:column" of the key
 };
 
 // "a string", "an integer", "a number", "a boolean" (with " array" appended for an array).

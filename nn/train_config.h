@@ -43,9 +43,6 @@ struct TrainConfig {
     std::string run_dir = "runs/default";
     int64_t sample_tokens = 300;
     bool progress = true;  // the progress bar on stderr
-    // Tests: stop after this many steps as if the process were killed (no plot, no sample), to
-    // check that resuming gives the same losses. 0 = off. Not saved in config.json.
-    int64_t stop_after = 0;
     // The length of the learning-rate schedule (warmup, then cosine to lr_min at this step);
     // 0 = steps. A finished run extended with `--resume DIR --steps N` keeps its schedule: the
     // steps past its end run at lr_min.

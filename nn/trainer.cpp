@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -137,18 +138,6 @@ std::string replica_settings(const TrainConfig& cfg, const std::string& text) {
 Tensor micro_rows(const Tensor& batch, int64_t k, int64_t micro_size) {
     const int64_t index = k * dist::world_size() + dist::rank();
     return batch.narrow(0, index * micro_size, micro_size).contiguous();
-}
-
-// Tests of data-parallel faults: QK_FAULT_INJECT="kill:R:S" (or "stop:R:S") makes rank R
-// SIGKILL (or SIGSTOP) itself at the start of step S, as a crashed (or frozen) process would.
-void inject_fault(int64_t step) {
-    static const char* spec = std::getenv("QK_FAULT_INJECT");
-    if (!spec) return;
-    char what[8] = {};
-    long fault_rank = -1, fault_step = -1;
-    if (std::sscanf(spec, "%4[a-z]:%ld:%ld", what, &fault_rank, &fault_step) != 3) return;
-    if (fault_rank != dist::rank() || fault_step != step) return;
-    std::raise(std::string(what) == "stop" ? SIGSTOP : SIGKILL);
 }
 
 // A micro-batch's stats joined to those of the earlier ones (none yet: so_far is empty): the
@@ -356,8 +345,8 @@ RunStart resume_run(const TrainConfig& cfg, GPT& model, RunOptimizer& optimizer,
 
 // The end of a run, on rank 0: plot.svg, result.json (the marker of a finished run, which a
 // sweep skips) and, unless it diverged, the sample of cfg.sample_tokens characters.
-void finish_run(const TrainConfig& cfg, GPT& model, const Tokenizer& tokenizer, double seconds,
-                TrainResult& result) {
+void write_run_end(const TrainConfig& cfg, GPT& model, const Tokenizer& tokenizer, double seconds,
+                   TrainResult& result) {
     write_run_plot(cfg);
     write_file_atomic(cfg.run_dir + "/result.json", json{{"steps_done", result.steps_done},
                                                          {"final_loss", result.final_loss},
@@ -374,6 +363,183 @@ void finish_run(const TrainConfig& cfg, GPT& model, const Tokenizer& tokenizer, 
     }
 }
 
+// ---- the run, step by step -------------------------------------------------------------------
+
+// What a run holds from open_run to its end.
+struct TrainingRun {
+    TrainConfig cfg;
+    bool root = dist::is_root();       // the one rank that writes the run directory
+    std::unique_ptr<RunDirLock> lock;  // held to the end: one process per run directory
+    Tokenizer tokenizer = Tokenizer::byte_level();
+    std::unique_ptr<TextDataset> data;
+    std::unique_ptr<GPT> model;
+    std::unique_ptr<RunOptimizer> optimizer;
+    Generator data_gen{0};
+    std::ofstream metrics;  // metrics.jsonl, appended a line per step (rank 0)
+    int64_t start_step = 0;
+    TrainResult result;
+    double last_val = NAN, min_loss = INFINITY, step_seconds_total = 0;
+    // A checkpoint is written only once the next step's loss, measured on its weights, passes
+    // the divergence check: a run that blows up never leaves its blown-up weights as "last good".
+    std::optional<TrainingState> pending;
+    std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
+
+    double tokens_per_step() const {
+        return static_cast<double>(cfg.batch_size * cfg.model.block_size);
+    }
+};
+
+// Checks the config, reads the data, locks and prepares the run directory, builds the model and
+// the optimizer, and starts the run from scratch or from its latest checkpoint.
+TrainingRun open_run(const TrainConfig& config, bool resume) {
+    TrainingRun run;
+    TrainConfig& cfg = run.cfg = config;
+    cfg.validate();
+    dist::set_timeout(cfg.dist_timeout);
+    const int64_t ranks = dist::world_size();
+    QK_CHECK(cfg.batch_size % (ranks * cfg.grad_accum) == 0,
+             "train: --batch-size {} does not split over {} rank(s) x --grad-accum {}: it must be "
+             "a multiple of {} (each rank's micro-batch has batch-size / (ranks * grad-accum) "
+             "sequences)",
+             cfg.batch_size, ranks, cfg.grad_accum, ranks * cfg.grad_accum);
+    if (cfg.data_path.empty()) cfg.data_path = default_data_path();
+    const std::string text = read_text_file(cfg.data_path, "train: --data");
+    if (run.root) {
+        QK_CHECK(!fs::exists(cfg.run_dir) || fs::is_directory(cfg.run_dir),
+                 "train: --run-dir '{}' is a file, not a directory", cfg.run_dir);
+        fs::create_directories(cfg.run_dir);
+        run.lock = std::make_unique<RunDirLock>(cfg.run_dir, "train: --run-dir");
+        resume = prepare_run_dir(cfg, resume);
+    }
+    resume = broadcast_string(resume ? "resume" : "start") == "resume";
+
+    run.tokenizer = cfg.tokenizer == "char" ? Tokenizer::char_level(text) : Tokenizer::byte_level();
+    cfg.model.vocab_size = run.tokenizer.vocab_size();
+    run.data = std::make_unique<TextDataset>(run.tokenizer.encode(text), cfg.model.block_size);
+    const Device device = cfg.device == "cuda" ? Device::cuda : Device::cpu;
+    if (device == Device::cuda) set_tf32(cfg.tf32);
+    // Initialised on the cpu: the same weights on every device.
+    run.model = std::make_unique<GPT>(cfg.model, cfg.seed);
+    run.model->to(device);
+    check_replicas_agree(replica_settings(cfg, text), run.model->parameters());
+    run.optimizer =
+        std::make_unique<RunOptimizer>(run.model->named_parameters(), run_optimizer_options(cfg));
+    if (run.root && (ranks > 1 || cfg.zero))
+        fmt::print("optimizer state: {:.1f} MB on each of {} rank(s){}\n",
+                   static_cast<double>(run.optimizer->state_bytes()) / (1 << 20), ranks,
+                   cfg.zero ? " (ZeRO-1: AdamW's moments sharded)" : "");
+    run.data_gen = Generator(cfg.seed + 1);
+    const RunStart begun = resume ? resume_run(cfg, *run.model, *run.optimizer, run.data_gen)
+                                  : start_run(cfg, *run.model, *run.data);
+    run.start_step = begun.step;
+    run.result.steps_done = begun.step;  // a resumed run that was already complete says so
+    run.result.final_loss = begun.so_far.last_loss;
+    run.last_val = begun.so_far.last_val_loss;
+    run.min_loss = begun.so_far.min_loss;
+    if (run.root) run.metrics.open(cfg.run_dir + "/metrics.jsonl", std::ios::app);
+    return run;
+}
+
+// One optimisation step: the gradients of the global batch, clipping, the divergence check, the
+// update (and QK-Clip), and the step's line of metrics.jsonl, with the validation loss when due.
+// Returns false when the step diverged (the run's result says why; the weights are unchanged).
+bool train_step(TrainingRun& run, int64_t step) {
+    const TrainConfig& cfg = run.cfg;
+    const auto t0 = std::chrono::steady_clock::now();
+    const double lr = cosine_lr(step, cfg.warmup, cfg.schedule_length(), cfg.lr, cfg.lr_min);
+    const bool with_stats = step % cfg.stats_interval() == 0 || step + 1 == cfg.steps;
+    std::vector<AttentionStats> stats;  // every step with QK-Clip: it reads S_h from them
+    const bool measure = with_stats || cfg.qk_clip > 0;
+    const StepGradients grads = accumulate_gradients(*run.model, *run.data, cfg, run.data_gen,
+                                                     *run.optimizer, measure ? &stats : nullptr);
+    const double loss = grads.loss;
+    const double grad_norm = grads.backward_done ? run.optimizer->clip(cfg.grad_clip) : NAN;
+    if (const std::string why = divergence(loss, grad_norm, run.min_loss, cfg.diverge_factor);
+        !why.empty()) {
+        run.result.diverged = true;
+        run.result.message = fmt::format("training diverged at step {}: {}; {}", step + 1, why,
+                                         kept_checkpoint_note(cfg.run_dir));
+        // JSON has no NaN or Inf: such a loss is written as null.
+        if (run.root)
+            run.metrics << json{{"step", step + 1},
+                                {"loss", std::isfinite(loss) ? json(loss) : json()},
+                                {"diverged", true},
+                                {"reason", why}}
+                               .dump()
+                        << "\n";
+        return false;
+    }
+    run.min_loss = std::min(run.min_loss, loss);
+    // This step's loss was measured on the weights of the pending checkpoint and passed: only
+    // now is that checkpoint known to be good (the weights are still unchanged).
+    if (run.pending) write_checkpoint(cfg, *run.model, *run.optimizer, run.tokenizer, *run.pending);
+    run.pending.reset();
+    run.optimizer->step(lr);
+    run.optimizer->zero_grad();
+    const int64_t heads_clipped = cfg.qk_clip > 0 ? qk_clip(*run.model, stats, cfg.qk_clip) : 0;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    run.step_seconds_total += seconds;
+
+    json line{{"step", step + 1},
+              {"loss", loss},
+              {"lr", lr},
+              {"grad_norm", grad_norm},
+              {"tokens_per_s", run.tokens_per_step() / seconds}};
+    if ((step + 1) % cfg.eval_interval() == 0 || step + 1 == cfg.steps) {
+        run.last_val = evaluate(*run.model, *run.data, cfg);
+        line["val_loss"] = run.last_val;
+    }
+    if (with_stats) line["layers"] = stats_to_json(stats);
+    if (cfg.qk_clip > 0) line["heads_clipped"] = heads_clipped;
+    if (run.root) run.metrics << line.dump() << "\n" << std::flush;
+    run.result.final_loss = loss;
+    run.result.steps_done = step + 1;
+    return true;
+}
+
+// At a checkpoint step (every --checkpoint-every, and the last): its state goes pending, or, at
+// the last step, is written. Returns false when the update or the final validation diverged.
+bool checkpoint_if_due(TrainingRun& run, int64_t done) {
+    if (done % run.cfg.checkpoint_every != 0 && done != run.cfg.steps) return true;
+    run.result.message =
+        checkpoint_after_update(run.cfg, done, run.last_val, run.min_loss, *run.model,
+                                *run.optimizer, run.tokenizer, run.data_gen, run.pending);
+    run.result.diverged = !run.result.message.empty();
+    return !run.result.diverged;
+}
+
+void report_progress(const TrainingRun& run, int64_t done) {
+    if (!run.cfg.progress || !run.root) return;
+    const double mean_step = run.step_seconds_total / static_cast<double>(done - run.start_step);
+    print_progress(done, run.cfg.steps, run.result.final_loss, run.last_val,
+                   run.tokens_per_step() / mean_step,
+                   mean_step * static_cast<double>(run.cfg.steps - done));
+}
+
+// Ctrl-C or SIGTERM after step `done`: its checkpoint and the plot so far; not finished, so no
+// result.json and no sample.
+TrainResult stop_with_checkpoint(TrainingRun& run, int64_t done, const StopSignals& signals) {
+    if (run.cfg.progress && run.root && progress_on_terminal()) fmt::print(stderr, "\n");
+    run.result.stop_signal = signals.signal_number() ? signals.signal_number() : SIGTERM;
+    run.result.message =
+        checkpoint_on_stop(run.cfg, done, *run.model, *run.optimizer, run.tokenizer, run.data_gen);
+    run.result.final_val_loss = run.last_val;
+    if (run.root) write_run_plot(run.cfg);
+    return run.result;
+}
+
+// The end of a run, finished or diverged: the plot, result.json and the sample (rank 0).
+TrainResult finish(TrainingRun& run) {
+    if (run.cfg.progress && run.root && progress_on_terminal()) fmt::print(stderr, "\n");
+    run.result.final_val_loss = run.last_val;
+    if (!run.root) return run.result;  // the other ranks write nothing
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - run.start_time).count();
+    write_run_end(run.cfg, *run.model, run.tokenizer, seconds, run.result);
+    return run.result;
+}
+
 }  // namespace
 
 std::string format_duration(double seconds) {
@@ -382,149 +548,18 @@ std::string format_duration(double seconds) {
                      : fmt::format("{}m{:02d}s", s / 60, s % 60);
 }
 
-TrainResult train(const TrainConfig& cfg_in, bool resume) {
-    TrainConfig cfg = cfg_in;
-    cfg.validate();
-    dist::set_timeout(cfg.dist_timeout);
-    const int64_t ranks = dist::world_size();
-    const bool root = dist::is_root();  // the one rank that writes the run directory
-    QK_CHECK(cfg.batch_size % (ranks * cfg.grad_accum) == 0,
-             "train: --batch-size {} does not split over {} rank(s) x --grad-accum {}: it must be "
-             "a multiple of {} (each rank's micro-batch has batch-size / (ranks * grad-accum) "
-             "sequences)",
-             cfg.batch_size, ranks, cfg.grad_accum, ranks * cfg.grad_accum);
-    if (cfg.data_path.empty()) cfg.data_path = default_data_path();
-    const std::string text = read_text_file(cfg.data_path, "train: --data");
-    std::optional<RunDirLock> lock;  // held to the end: one process per run directory
-    if (root) {
-        QK_CHECK(!fs::exists(cfg.run_dir) || fs::is_directory(cfg.run_dir),
-                 "train: --run-dir '{}' is a file, not a directory", cfg.run_dir);
-        fs::create_directories(cfg.run_dir);
-        lock.emplace(cfg.run_dir, "train: --run-dir");
-        resume = prepare_run_dir(cfg, resume);
-    }
-    resume = broadcast_string(resume ? "resume" : "start") == "resume";
-
-    const Tokenizer tokenizer =
-        cfg.tokenizer == "char" ? Tokenizer::char_level(text) : Tokenizer::byte_level();
-    cfg.model.vocab_size = tokenizer.vocab_size();
-    const TextDataset data(tokenizer.encode(text), cfg.model.block_size);
-
-    const Device device = cfg.device == "cuda" ? Device::cuda : Device::cpu;
-    if (device == Device::cuda) set_tf32(cfg.tf32);
-    GPT model(cfg.model, cfg.seed);  // initialised on the cpu: the same weights on every device
-    model.to(device);
-    check_replicas_agree(replica_settings(cfg, text), model.parameters());
-    RunOptimizer optimizer(model.named_parameters(), run_optimizer_options(cfg));
-    if (root && (ranks > 1 || cfg.zero))
-        fmt::print("optimizer state: {:.1f} MB on each of {} rank(s){}\n",
-                   static_cast<double>(optimizer.state_bytes()) / (1 << 20), ranks,
-                   cfg.zero ? " (ZeRO-1: AdamW's moments sharded)" : "");
-    Generator data_gen(cfg.seed + 1);
-    const RunStart begun =
-        resume ? resume_run(cfg, model, optimizer, data_gen) : start_run(cfg, model, data);
-    const int64_t start_step = begun.step;
-    const MetricsSoFar& so_far = begun.so_far;
-    std::ofstream metrics;
-    if (root) metrics.open(cfg.run_dir + "/metrics.jsonl", std::ios::app);
-    const auto start_time = std::chrono::steady_clock::now();
-
-    TrainResult result;
-    result.steps_done = start_step;  // a resumed run that was already complete reports its steps
-    result.final_loss = so_far.last_loss;
-    double last_val = so_far.last_val_loss, min_loss = so_far.min_loss, step_seconds_total = 0;
-    const double tokens_per_step = static_cast<double>(cfg.batch_size * cfg.model.block_size);
-    // A checkpoint is written only once the next step's loss, measured on its weights, passes
-    // the divergence check: a run that blows up never leaves its blown-up weights as "last good".
-    std::optional<TrainingState> pending;
+TrainResult train(const TrainConfig& config, bool resume, const TrainHooks& hooks) {
+    TrainingRun run = open_run(config, resume);  // data, model, optimizer, where the loop starts
     const StopSignals signals;  // Ctrl-C: stop after the step in progress, with a checkpoint
-    for (int64_t step = start_step; step < cfg.steps; ++step) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const double lr = cosine_lr(step, cfg.warmup, cfg.schedule_length(), cfg.lr, cfg.lr_min);
-        inject_fault(step);
-        const bool with_stats = step % cfg.stats_interval() == 0 || step + 1 == cfg.steps;
-        std::vector<AttentionStats> stats;  // every step with QK-Clip: it reads S_h from them
-        const bool measure = with_stats || cfg.qk_clip > 0;
-        const StepGradients grads =
-            accumulate_gradients(model, data, cfg, data_gen, optimizer, measure ? &stats : nullptr);
-        const double loss = grads.loss;
-        double grad_norm = NAN;
-        if (grads.backward_done) grad_norm = optimizer.clip(cfg.grad_clip);
-        if (const std::string why = divergence(loss, grad_norm, min_loss, cfg.diverge_factor);
-            !why.empty()) {
-            result.diverged = true;
-            result.message = fmt::format("training diverged at step {}: {}; {}", step + 1, why,
-                                         kept_checkpoint_note(cfg.run_dir));
-            // JSON has no NaN or Inf: such a loss is written as null.
-            if (root)
-                metrics << json{{"step", step + 1},
-                                {"loss", std::isfinite(loss) ? json(loss) : json()},
-                                {"diverged", true},
-                                {"reason", why}}
-                               .dump()
-                        << "\n";
-            break;
-        }
-        min_loss = std::min(min_loss, loss);
-        // This step's loss was measured on the weights of the pending checkpoint and passed:
-        // only now is that checkpoint known to be good (the weights are still unchanged).
-        if (pending) write_checkpoint(cfg, model, optimizer, tokenizer, *pending);
-        pending.reset();
-        optimizer.step(lr);
-        optimizer.zero_grad();
-        const int64_t heads_clipped = cfg.qk_clip > 0 ? qk_clip(model, stats, cfg.qk_clip) : 0;
-        const double seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        step_seconds_total += seconds;
-
-        json line{{"step", step + 1},
-                  {"loss", loss},
-                  {"lr", lr},
-                  {"grad_norm", grad_norm},
-                  {"tokens_per_s", tokens_per_step / seconds}};
-        if ((step + 1) % cfg.eval_interval() == 0 || step + 1 == cfg.steps) {
-            last_val = evaluate(model, data, cfg);
-            line["val_loss"] = last_val;
-        }
-        if (with_stats) line["layers"] = stats_to_json(stats);
-        if (cfg.qk_clip > 0) line["heads_clipped"] = heads_clipped;
-        if (root) metrics << line.dump() << "\n" << std::flush;
-        result.final_loss = loss;
-        result.steps_done = step + 1;
-        if ((step + 1) % cfg.checkpoint_every == 0 || step + 1 == cfg.steps) {
-            result.message = checkpoint_after_update(cfg, step + 1, last_val, min_loss, model,
-                                                     optimizer, tokenizer, data_gen, pending);
-            if (!result.message.empty()) {
-                result.diverged = true;
-                break;
-            }
-        }
-        if (cfg.progress && root) {
-            const double mean_step =
-                step_seconds_total / static_cast<double>(step + 1 - start_step);
-            print_progress(step + 1, cfg.steps, loss, last_val, tokens_per_step / mean_step,
-                           mean_step * static_cast<double>(cfg.steps - step - 1));
-        }
-        if (cfg.stop_after > 0 && step + 1 >= cfg.stop_after) return result;  // as if killed
-        if (stop_asked(signals)) {
-            result.stop_signal = signals.signal_number() ? signals.signal_number() : SIGTERM;
-            result.message =
-                checkpoint_on_stop(cfg, step + 1, model, optimizer, tokenizer, data_gen);
-            break;
-        }
+    for (int64_t step = run.start_step; step < run.cfg.steps; ++step) {
+        if (hooks.before_step) hooks.before_step(step);
+        if (!train_step(run, step)) break;             // diverged: the loss or the gradient
+        if (!checkpoint_if_due(run, step + 1)) break;  // diverged: the update or the final val
+        report_progress(run, step + 1);
+        if (hooks.kill_after > 0 && step + 1 >= hooks.kill_after) return run.result;
+        if (stop_asked(signals)) return stop_with_checkpoint(run, step + 1, signals);
     }
-    if (cfg.progress && root && progress_on_terminal()) fmt::print(stderr, "\n");
-    if (result.stop_signal) {  // not finished: no result.json, no sample; the plot so far
-        result.final_val_loss = last_val;
-        if (root) write_run_plot(cfg);
-        return result;
-    }
-    result.final_val_loss = last_val;
-    if (!root) return result;  // the other ranks write nothing
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
-    finish_run(cfg, model, tokenizer, seconds, result);
-    return result;
+    return finish(run);
 }
 
 }  // namespace qk::nn

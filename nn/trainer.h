@@ -19,9 +19,19 @@ struct TrainResult {
     std::string sample;
 };
 
+// What a test can hook into a run (tests/, and QK_FAULT_INJECT in examples/qknorm.cpp); nothing
+// here is needed to train.
+struct TrainHooks {
+    std::function<void(int64_t step)> before_step;  // at the start of each step, 0-based
+    // End the run after this many steps as if the process had been killed there: no checkpoint
+    // beyond the regular ones, no plot, no result.json, no sample. 0 = never.
+    int64_t kill_after = 0;
+};
+
 // Trains from scratch into config.run_dir (which must not hold a run yet) or, with resume,
-// continues the run found there from its latest checkpoint.
-TrainResult train(const TrainConfig& config, bool resume = false);
+// continues the run found there from its latest checkpoint. Ctrl-C or SIGTERM stops it after
+// the step in progress, with a checkpoint (result.stop_signal).
+TrainResult train(const TrainConfig& config, bool resume = false, const TrainHooks& hooks = {});
 
 // plot.svg in cfg.run_dir, drawn from its metrics.jsonl under a title from cfg (nn/run_plot.cpp).
 void write_run_plot(const TrainConfig& cfg);

@@ -242,8 +242,7 @@ TEST_CASE("generate refuses non-finite logits and bad options, and streams every
 TEST_CASE("a loss spike stops the run, and no checkpoint of the blown-up weights is kept") {
     TempDir dir("faults_spike");
     TrainConfig cfg = faults_run(dir, "run");
-    cfg.stop_after = 5;  // killed after step 5: checkpoints 1-4 are vouched for
-    train(cfg);
+    train(cfg, false, {.kill_after = 5});  // killed after step 5: checkpoints 1-4 are vouched for
     TrainConfig hot = load_run_config(cfg.run_dir);
     hot.lr = hot.lr_min = 1e6, hot.progress = false;
     const TrainResult r = train(hot, /*resume=*/true);
@@ -262,14 +261,12 @@ TEST_CASE("a run killed before its first checkpoint starts again in place; lefto
     TempDir dir("faults_restart");
     TrainConfig cfg = faults_run(dir, "run");
     cfg.checkpoint_every = 100;
-    cfg.stop_after = 3;  // killed at step 3, no checkpoint yet
-    train(cfg);
+    train(cfg, false, {.kill_after = 3});  // killed at step 3, no checkpoint yet
     REQUIRE(latest_model_checkpoint(cfg.run_dir).empty());
     // What kills leave behind: a temporary of a process that is gone, a state file whose model
     // was never written.
     std::ofstream(cfg.run_dir + "/step-000002.model.safetensors.tmp.99999999") << "partial";
     std::ofstream(cfg.run_dir + "/step-000002.state.safetensors") << "orphan";
-    cfg.stop_after = 0;
     const TrainResult fresh = train(cfg);  // no --resume: allowed, nothing would be lost
     CHECK(fresh.steps_done == cfg.steps);
     CHECK(!fs::exists(cfg.run_dir + "/step-000002.model.safetensors.tmp.99999999"));
@@ -280,8 +277,7 @@ TEST_CASE("a run killed before its first checkpoint starts again in place; lefto
 TEST_CASE("resume drops malformed metrics lines and refuses a corrupt step") {
     TempDir dir("faults_resume");
     TrainConfig cfg = faults_run(dir, "run");
-    cfg.stop_after = 4;
-    train(cfg);
+    train(cfg, false, {.kill_after = 4});
     {
         std::ofstream metrics(cfg.run_dir + "/metrics.jsonl", std::ios::app);
         metrics << "{\"step\": \"x\"}\n42\n{\"step\": 5, \"loss\": 1.0\n";  // last: cut by a kill

@@ -111,9 +111,7 @@ TEST_CASE("one process per run directory: a second trainer is refused while the 
 TEST_CASE("resume reads metrics.jsonl as hostile input: a FIFO, /dev/zero, /dev/urandom") {
     TempDir dir("run_files_metrics");
     TrainConfig cfg = short_run(dir, "run");
-    cfg.stop_after = 4;
-    train(cfg);
-    cfg.stop_after = 0;
+    train(cfg, false, {.kill_after = 4});
     const std::string metrics = cfg.run_dir + "/metrics.jsonl";
     auto replace_with = [&](const std::function<void()>& make) {
         fs::remove(metrics);
@@ -135,8 +133,7 @@ TEST_CASE("resume reads metrics.jsonl as hostile input: a FIFO, /dev/zero, /dev/
 TEST_CASE("resume compares the checkpoint's own model config with config.json") {
     TempDir dir("run_files_edited");
     TrainConfig cfg = short_run(dir, "run");
-    cfg.stop_after = 4;
-    train(cfg);
+    train(cfg, false, {.kill_after = 4});
     json edited = json::parse(read_file(cfg.run_dir + "/config.json"));
     edited["model"]["n_head"] = 4;  // the same shapes: the weights would load
     std::ofstream(cfg.run_dir + "/config.json") << edited.dump(2);

@@ -186,8 +186,8 @@ TEST_CASE("resuming gives bit-identical losses to a run that never stopped, drop
 
         TrainConfig b = a;
         b.run_dir = dir / "interrupted";
-        b.stop_after = 6;  // killed at step 6: the last checkpoint is step 4, steps 5-6 are redone
-        TrainResult stopped = train(b);
+        // Killed at step 6: the last checkpoint is step 4, steps 5-6 are redone.
+        TrainResult stopped = train(b, false, {.kill_after = 6});
         CHECK(stopped.steps_done == 6);
         CHECK(read_metrics(b.run_dir).size() == 6);
         CHECK(latest_model_checkpoint(b.run_dir) == b.run_dir + "/step-000004.model.safetensors");
@@ -274,8 +274,8 @@ TEST_CASE("an update that overflows the weights is caught before it is saved") {
     TrainConfig cfg = tiny_run(dir, "run");
     // Killed after step 5: checkpoint 4 is written once step 5's loss vouched for it, and
     // checkpoint 5, still waiting for step 6's, is lost with the process.
-    cfg.steps = 40, cfg.checkpoint_every = 1, cfg.stop_after = 5, cfg.sample_tokens = 0;
-    train(cfg);
+    cfg.steps = 40, cfg.checkpoint_every = 1, cfg.sample_tokens = 0;
+    train(cfg, false, {.kill_after = 5});
     TrainConfig hot = load_run_config(cfg.run_dir);  // resume it with an absurd learning rate
     hot.lr = 1e20, hot.lr_min = 1e20, hot.weight_decay = 1e20, hot.grad_clip = 0,
     hot.progress = false;
