@@ -380,8 +380,9 @@ int main(int argc, char** argv) {
         set_num_threads(threads);
         if (train_cmd->parsed()) {
             check_alone(train_cmd, "--resume",
-                        "continues the run with the configuration it saved (of the other flags it "
-                        "takes --steps, --zero, --dist-timeout, --bucket-mb, --overlap, --quiet)",
+                        fmt::format("continues the run with the configuration it saved (of the "
+                                    "other flags it takes {})",
+                                    fmt::join(kResumeFlags, ", ")),
                         kResumeFlags);
             check_alone(train_cmd, "--from-json", "takes every setting from the file");
             return run_train(cfg, flags, resume_dir, from_json, quiet, train_cmd);

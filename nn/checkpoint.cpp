@@ -55,7 +55,10 @@ void save_model(const std::string& path, const GPT& model, const Tokenizer& toke
 }
 
 void load_weights_into(GPT& model, const std::string& path) {
-    SafetensorsFile file = load_safetensors(path);
+    load_weights_into(model, load_safetensors(path), path);
+}
+
+void load_weights_into(GPT& model, const SafetensorsFile& file, const std::string& path) {
     auto params = model.named_parameters();
     // Every check before the first copy, so that a bad file leaves the model untouched; each
     // error names the tensor (a bare count mismatch would not say which one).
@@ -97,7 +100,7 @@ LoadedModel load_model(const std::string& path) {
              "config vocab_size is {}",
              path, out.tokenizer.vocab_size(), config.vocab_size);
     out.metadata = file.metadata;
-    load_weights_into(*out.model, path);
+    load_weights_into(*out.model, file, path);
     return out;
 }
 

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
 
@@ -35,6 +36,8 @@ struct LoadedModel {
 // and dtypes; a missing, extra or mismatched tensor is an error naming it.
 LoadedModel load_model(const std::string& path);
 void load_weights_into(GPT& model, const std::string& path);
+// The same from a file already read (path names it in errors).
+void load_weights_into(GPT& model, const SafetensorsFile& file, const std::string& path);
 // A lower bound on the number of parameter values a model of this config has: what load_model
 // checks a file's own config against before allocating the model.
 double min_parameter_values(const GPTConfig& config);

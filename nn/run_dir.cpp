@@ -155,9 +155,11 @@ bool prepare_run_dir(const TrainConfig& cfg, bool resume) {
 // The model a checkpoint was written by (its own metadata) against the model the run's
 // config.json builds now: an edited config.json (n_head 2 -> 4) would otherwise load weights of
 // the same shapes into another model and train it.
-void check_checkpoint_config(const std::string& path, const GPTConfig& now) {
+void check_checkpoint_config(const std::string& path,
+                             const std::map<std::string, std::string>& metadata,
+                             const GPTConfig& now) {
     // Through GPTConfig, so that a field older checkpoints lack reads as its default.
-    const auto written = GPTConfig::from_strings(load_safetensors(path).metadata).to_strings();
+    const auto written = GPTConfig::from_strings(metadata).to_strings();
     for (const auto& [key, value] : now.to_strings())
         QK_CHECK(written.at(key) == value,
                  "resume: {} was written by a model with {} = {}, but the run's config.json says "

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,9 @@ bool prepare_run_dir(const TrainConfig& cfg, bool resume);
 // that there is none.
 std::string kept_checkpoint_note(const std::string& run_dir);
 
-// Throws unless the model config in the checkpoint's own metadata is `now`.
-void check_checkpoint_config(const std::string& path, const GPTConfig& now);
+// Throws unless the model config in the checkpoint's own metadata (of the file at path) is `now`.
+void check_checkpoint_config(const std::string& path,
+                             const std::map<std::string, std::string>& metadata,
+                             const GPTConfig& now);
 
 }  // namespace qk::nn

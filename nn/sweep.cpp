@@ -259,11 +259,11 @@ void check_same_settings(const Cell& cell, const std::string& settings) {
 }
 
 Start prepare_run(const Cell& cell, const std::string& settings) {
-    const bool started =
-        fs::exists(cell.run_dir + "/result.json") || !latest_model_checkpoint(cell.run_dir).empty();
-    if (started) check_same_settings(cell, settings);
-    if (fs::exists(cell.run_dir + "/result.json")) return Start::done;
-    if (!latest_model_checkpoint(cell.run_dir).empty()) return Start::resume;
+    const bool finished = fs::exists(cell.run_dir + "/result.json");
+    const bool checkpointed = !latest_model_checkpoint(cell.run_dir).empty();
+    if (finished || checkpointed) check_same_settings(cell, settings);
+    if (finished) return Start::done;
+    if (checkpointed) return Start::resume;
     fs::remove_all(cell.run_dir);  // started but never checkpointed: nothing worth keeping
     fs::create_directories(fs::path(cell.run_dir).parent_path());
     return Start::fresh;

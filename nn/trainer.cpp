@@ -315,8 +315,10 @@ RunStart resume_run(const TrainConfig& cfg, GPT& model, RunOptimizer& optimizer,
         const std::vector<int64_t> steps = checkpoint_steps(cfg.run_dir);
         QK_CHECK(!steps.empty(), "resume: {} has no complete checkpoint", cfg.run_dir);
         const std::string prefix = checkpoint_prefix(cfg.run_dir, steps.back());
-        check_checkpoint_config(prefix + ".model.safetensors", model.config());
-        load_weights_into(model, prefix + ".model.safetensors");
+        const std::string model_path = prefix + ".model.safetensors";
+        const SafetensorsFile checkpoint = load_safetensors(model_path);  // read once
+        check_checkpoint_config(model_path, checkpoint.metadata, model.config());
+        load_weights_into(model, checkpoint, model_path);
         const std::string state_path = prefix + ".state.safetensors";
         TrainingState state = load_training_state(state_path, whole);
         QK_CHECK(state.step == steps.back(), "resume: {} says step {}, but its name says step {}",
