@@ -12,6 +12,7 @@
 // between the uses of a tensor inside one graph (x used twice gets both contributions) and across
 // backward calls into a leaf's .grad. Nothing resets .grad but zero_grad() or the optimizer.
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -170,6 +171,73 @@ Tensor gather(Pending& pending) {
     return full;
 }
 
+// The node -> pending output gradient table of the walk.
+class GradientTable {
+  public:
+    GradientTable(const Tensor& root, const Tensor& grad_root) {
+        table_.emplace(root.grad_fn().get(), Pending{grad_root, {}, root.shape(), root.dtype()});
+    }
+    // Adds a consumer's contribution to `producer`'s output gradient.
+    void add(Node* producer, Pending incoming) {
+        auto [entry, fresh] = table_.try_emplace(producer, std::move(incoming));
+        if (fresh) return;
+        Pending& pending = entry->second;
+        for (auto& piece : incoming.slabs) pending.slabs.push_back(std::move(piece));
+        if (!incoming.sum.defined()) return;
+        if (pending.sum.defined())
+            accumulate_pending(pending.sum, incoming.sum);
+        else
+            pending.sum = std::move(incoming.sum);
+    }
+    // Removes and returns `node`'s output gradient (empty if none flowed in): the walk reaches a
+    // node after all its consumers, so the gradient is complete, and it is freed once consumed.
+    std::optional<Pending> take(Node* node) {
+        auto found = table_.find(node);
+        if (found == table_.end()) return std::nullopt;
+        Pending pending = std::move(found->second);
+        table_.erase(found);
+        return pending;
+    }
+
+  private:
+    std::unordered_map<Node*, Pending> table_;
+};
+
+Grads call_backward(Node& node, Pending output_gradient) {
+    QK_CHECK(!node.released,
+             "backward: the graph through '{}' was already freed by an earlier backward(); "
+             "call backward(/*retain_graph=*/true) the first time to go through it twice",
+             node.name());
+    Grads dinputs = node.backward(gather(output_gradient));
+    // The gathered dy is a temporary, gone here: an input gradient that is a view of it (a
+    // transpose's, a reshape's) then holds its memory alone and is added into without a copy.
+    QK_CHECK(dinputs.size() == node.inputs.size(),
+             "backward of {}: returned {} gradients for {} inputs", node.name(), dinputs.size(),
+             node.inputs.size());
+    return dinputs;
+}
+
+// Sends the gradient of `node`'s input i where that input came from: the producing node's
+// pending entry, or the leaf's .grad. A slab (narrow's gradient) travels as a slab.
+void send(const Node& node, size_t i, Tensor g, GradientTable& grads) {
+    const Edge& edge = node.inputs[i];
+    if (!g.defined() || (!edge.fn && !edge.leaf)) return;  // a constant, or no gradient
+    check_gradient(node, i, g);
+    Pending incoming{Tensor(), {}, edge.shape, edge.dtype};
+    if (const std::optional<Slab> slab = node.gradient_slab())
+        incoming.slabs.emplace_back(*slab, std::move(g));
+    else
+        incoming.sum = std::move(g);
+    if (edge.leaf)
+        accumulate_into_leaf(*edge.leaf, gather(incoming));
+    else
+        grads.add(edge.fn.get(), std::move(incoming));
+}
+
+void free_saved(Node& node) {
+    node.release();
+    node.released = true;
+}
 }  // namespace
 
 bool grad_enabled() { return grad_mode_enabled; }
@@ -218,57 +286,20 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
         ReadyHooks::run(root.impl());
         return;
     }
-    std::unordered_map<Node*, Pending> grads{
-        {root.grad_fn().get(), Pending{grad_root, {}, root.shape(), root.dtype()}}};
+    // The walk, as micrograd's: each node, consumers first, turns the gradient of its output
+    // into gradients of its inputs, and each is added where that input came from.
     const std::vector<Node*> order = topological_order(root.grad_fn().get());
-    ReadyHooks hooks(order);
+    GradientTable grads(root, grad_root);
+    ReadyHooks hooks(order);  // extra: data-parallel training starts reducing a leaf's gradient
     for (Node* node : order) {
-        auto found = grads.find(node);
-        if (found == grads.end()) continue;  // no gradient flowed into this node
-        QK_CHECK(!node->released,
-                 "backward: the graph through '{}' was already freed by an earlier backward(); "
-                 "call backward(/*retain_graph=*/true) the first time to go through it twice",
-                 node->name());
-        std::vector<Tensor> dinputs;
-        {
-            Tensor dy = gather(found->second);
-            grads.erase(found);  // frees this gradient as soon as it is consumed
-            dinputs = node->backward(dy);
-        }  // dy dropped here, so that an input gradient that is a view of it (a transpose's, a
-           // reshape's) holds its memory alone and can be accumulated into or kept without a copy
-        QK_CHECK(dinputs.size() == node->inputs.size(),
-                 "backward of {}: returned {} gradients for {} inputs", node->name(),
-                 dinputs.size(), node->inputs.size());
-        const std::optional<Slab> slab = node->gradient_slab();
+        std::optional<Pending> dy = grads.take(node);
+        if (!dy) continue;  // no gradient flowed into this node
+        Grads dinputs = call_backward(*node, std::move(*dy));
         for (size_t i = 0; i < dinputs.size(); ++i) {
-            const Edge& edge = node->inputs[i];
-            Tensor g = std::move(dinputs[i]);
-            if (!g.defined() || (!edge.fn && !edge.leaf)) {
-                hooks.edge_passed(edge);
-                continue;
-            }
-            check_gradient(*node, i, g);
-            Pending incoming{slab ? Tensor() : std::move(g), {}, edge.shape, edge.dtype};
-            if (slab) incoming.slabs.emplace_back(*slab, std::move(g));
-            if (edge.leaf) {
-                accumulate_into_leaf(*edge.leaf, gather(incoming));
-                hooks.edge_passed(edge);
-                continue;
-            }
-            auto [entry, fresh] = grads.try_emplace(edge.fn.get(), std::move(incoming));
-            if (fresh) continue;
-            Pending& pending = entry->second;
-            for (auto& piece : incoming.slabs) pending.slabs.push_back(std::move(piece));
-            if (!incoming.sum.defined()) continue;
-            if (pending.sum.defined())
-                accumulate_pending(pending.sum, incoming.sum);
-            else
-                pending.sum = std::move(incoming.sum);
+            send(*node, i, std::move(dinputs[i]), grads);
+            hooks.edge_passed(node->inputs[i]);
         }
-        if (!retain_graph) {
-            node->release();
-            node->released = true;
-        }
+        if (!retain_graph) free_saved(*node);  // extra: memory back as soon as possible
     }
     hooks.run_the_rest();
 }
