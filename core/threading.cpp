@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/help_meter.h"
 
 namespace qk {
 
@@ -90,7 +91,7 @@ class Pool {
     // with the workers it did start, and a notice: never std::terminate on a joinable thread.
     Pool(int threads, std::chrono::nanoseconds spin) : spin_(spin) {
         try {
-            for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { work(w); });
+            for (int w = 1; w < threads; ++w) workers_.emplace_back([this] { work(); });
         } catch (const std::system_error& e) {
             fmt::print(stderr, "qk: the system refused thread {} of {} ({}): running on {}\n",
                        workers_.size() + 1, threads, e.what(), workers_.size() + 1);
@@ -106,27 +107,30 @@ class Pool {
 
     void park() { park_.store(true, std::memory_order_relaxed); }
 
-    void run(int threads, const ThreadTask& task) {
-        park_.store(false, std::memory_order_relaxed);
+    void run(int tasks, const ThreadTask& task) {
         task_ = &task;
-        job_threads_ = threads;
-        pending_.store(static_cast<uint32_t>(workers_.size()), std::memory_order_relaxed);
-        publish();
-        run_share(0);
-        spin_then_sleep(
-            pending_, [](uint32_t left) { return left == 0; }, spin_);
+        tasks_ = tasks;
+        const Clock::time_point start = Clock::now();
+        if (meter_.workers_resting(start, threads_)) {
+            next_task_.store(0, std::memory_order_relaxed);
+            run_tasks();
+        } else {
+            const int by_caller = run_with_workers();
+            meter_.record(tasks, by_caller, threads_, start);
+        }
         task_ = nullptr;
         if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
     }
 
   private:
+    static constexpr uint32_t kClosed = 1u << 31;  // in inside_, above the count of workers
+
     // The job's fields are written before this release and read after the workers' acquire.
     void publish() {
         generation_.fetch_add(1, std::memory_order_release);
         generation_.notify_all();  // a system call only when a worker sleeps
     }
-    void run_share(int t) {
-        if (t >= job_threads_) return;
+    void run_task(int t) {
         try {
             (*task_)(t);
         } catch (...) {
@@ -134,7 +138,40 @@ class Pool {
             if (!error_) error_ = std::current_exception();
         }
     }
-    void work(int w) {
+    // Publishes the job, runs task 0 and claims more alongside the workers; returns how many tasks
+    // the caller ran.
+    int run_with_workers() {
+        park_.store(false, std::memory_order_relaxed);
+        next_task_.store(1, std::memory_order_relaxed);  // task 0 is the caller's
+        inside_.store(0, std::memory_order_release);     // open: a worker that joins sees the above
+        publish();
+        run_task(0);
+        const int by_caller = 1 + run_tasks();
+        // Close the job to latecomers, then wait only for the workers inside it: a worker still
+        // asleep, or waiting for a core, joins nothing and is not waited for.
+        inside_.fetch_or(kClosed, std::memory_order_acq_rel);
+        spin_then_sleep(
+            inside_, [](uint32_t s) { return s == kClosed; }, spin_);
+        return by_caller;
+    }
+    // Claims and runs the job's next task until none is left; returns how many it ran.
+    int run_tasks() {
+        int ran = 0;
+        for (int t; (t = next_task_.fetch_add(1, std::memory_order_relaxed)) < tasks_; ++ran)
+            run_task(t);
+        return ran;
+    }
+    // A worker enters the current job unless the caller has closed it.
+    bool join() {
+        uint32_t s = inside_.load(std::memory_order_acquire);
+        while (!(s & kClosed))
+            if (inside_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) return true;
+        return false;
+    }
+    void leave() {
+        if (inside_.fetch_sub(1, std::memory_order_acq_rel) == (kClosed | 1)) inside_.notify_one();
+    }
+    void work() {
         enable_flush_to_zero();
         inside_task = true;  // a worker's own parallel_run calls run serially
         uint32_t seen = 0;
@@ -143,19 +180,22 @@ class Pool {
                 generation_, [seen](uint32_t g) { return g != seen; }, spin_, &park_);
             seen = generation_.load(std::memory_order_acquire);
             if (stopping_) return;
-            run_share(w);
-            if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+            if (!join()) continue;  // that job is over: wait for the next
+            run_tasks();
+            leave();
         }
     }
 
+    HelpMeter meter_;
     int threads_ = 1;  // the workers that started, and the calling thread
     const std::chrono::nanoseconds spin_;
     std::vector<std::thread> workers_;
-    std::atomic<uint32_t> generation_{0};  // one increment per job
-    std::atomic<uint32_t> pending_{0};     // workers yet to finish the current job
-    std::atomic<bool> park_{false};        // idle workers: sleep now, do not spin
+    std::atomic<uint32_t> generation_{0};    // one increment per job
+    std::atomic<uint32_t> inside_{kClosed};  // workers inside the current job, | kClosed
+    std::atomic<int> next_task_{0};          // the next task to claim
+    std::atomic<bool> park_{false};          // idle workers: sleep now, do not spin
     const ThreadTask* task_ = nullptr;
-    int job_threads_ = 0;
+    int tasks_ = 0;
     bool stopping_ = false;
     std::mutex error_mutex_;
     std::exception_ptr error_;
@@ -191,6 +231,17 @@ std::chrono::nanoseconds spin_budget(int threads) {
 
 }  // namespace
 
+bool idle_cores_for(int workers) {
+    std::FILE* file = std::fopen("/proc/loadavg", "r");
+    if (!file) return false;
+    double load[3];
+    int runnable = 0, total = 0;
+    const bool read = std::fscanf(file, "%lf %lf %lf %d/%d", &load[0], &load[1], &load[2],
+                                  &runnable, &total) == 5;
+    std::fclose(file);
+    return read && runnable + workers <= available_cores();
+}
+
 void enable_flush_to_zero() {
     _MM_SET_FLUSH_ZERO_MODE(_MM_FLUSH_ZERO_ON);
     _MM_SET_DENORMALS_ZERO_MODE(_MM_DENORMALS_ZERO_ON);
@@ -203,11 +254,11 @@ void park_threads() {
     if (pool) pool->park();
 }
 
-void parallel_run(int threads, ThreadTask task) {
-    threads = std::clamp(threads, 1, current_threads);
+void parallel_run(int tasks, ThreadTask task) {
+    if (tasks <= 0) return;
     std::unique_lock<std::mutex> lock(pool_mutex, std::defer_lock);
-    if (threads == 1 || inside_task || !lock.try_lock()) {
-        for (int t = 0; t < threads; ++t) task(t);
+    if (tasks == 1 || current_threads == 1 || inside_task || !lock.try_lock()) {
+        for (int t = 0; t < tasks; ++t) task(t);
         return;
     }
     if (!pool || pool->threads() != current_threads) {
@@ -216,13 +267,12 @@ void parallel_run(int threads, ThreadTask task) {
         pool = nullptr;
         pool = new Pool(current_threads, spin);
         current_threads = pool->threads();  // fewer, if the system refused some
-        threads = std::min(threads, current_threads);
     }
     inside_task = true;
     struct Leave {
         ~Leave() { inside_task = false; }
     } leave;
-    pool->run(threads, task);
+    pool->run(tasks, task);
 }
 
 void set_num_threads(int n) {

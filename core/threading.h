@@ -16,17 +16,22 @@
 //     sleeps on a futex, so an idle pool costs nothing and never holds a core for long;
 //   * with more threads than cores the budget is 0: spinning threads on oversubscribed cores is
 //     the catastrophic case (each spinner keeps a worker that has work off its core);
-//   * the caller is thread 0 and does its share; it waits for the others the same way.
-// Maps (parallel_for) hand out chunks to whichever thread is free; sums (parallel_run with a fixed
-// split) add per-thread partials in thread order. Results are identical run to run at a given
-// thread count; a different count may split a sum differently.
+//   * the caller runs task 0, then claims tasks alongside the workers; it waits only for tasks a
+//     worker has started, never for a worker still asleep or waiting for a core;
+//   * when another program holds the cores, the workers barely get to help, and waking them
+//     costs more than they bring (2 threads beside one busy process on 2 cores: 0.43x the speed
+//     of 1 thread): the pool notices (core/help_meter.h) and runs jobs on the caller alone until
+//     cores are free again.
+// A job is a fixed list of tasks, whoever runs them: maps (parallel_for) cut [0, n) into chunks;
+// sums (parallel_run with a fixed split) add per-task partials in task order. Results are
+// identical run to run at a given thread count, busy machine or not; a different count may split
+// a sum differently.
 //
 // Every thread computing runs with flush-to-zero and denormals-are-zero: denormal values (in
 // Adam's second moment, for one) made a cpu training run ~10x slower.
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -59,11 +64,13 @@ class ThreadTask {
     void (*call_)(void*, int);
 };
 
-// Runs task(t) for t = 0 … threads-1 at once, the calling thread being t = 0, and returns when
-// every one has returned (the first exception thrown by any of them is rethrown here). threads is
-// clamped to num_threads(). Called from inside a task, or while another thread of the program
-// holds the pool, the tasks run one after another on the calling thread: same results, no waiting.
-void parallel_run(int threads, ThreadTask task);
+// Runs task(t) once for each t = 0 … tasks-1, on up to num_threads() threads: the calling thread
+// runs task 0, and it and the pool's workers then claim the next task until none is left. Returns
+// when every one has returned (the first exception thrown by any of them is rethrown here). Which
+// thread runs which task changes from run to run: task t must depend on t alone. Called from inside
+// a task, or while another thread of the program holds the pool, the tasks run one after another
+// on the calling thread: same results, no waiting.
+void parallel_run(int tasks, ThreadTask task);
 
 // Puts the pool's idle workers to sleep now rather than at the end of their spin budget: for a
 // program about to hand the cores to other threads (another library's, a child process's).
@@ -73,12 +80,11 @@ void park_threads();
 bool in_parallel_region();
 
 // body(begin, end) on contiguous ranges that together cover [0, n), each once: [0, n) is cut into
-// kChunksPerThread equal chunks per thread, which the threads take in turn, so a thread that the
-// kernel preempted (or, with more threads than cores, one still waiting for a core) leaves its
-// chunks to the others instead of holding every thread up. Which thread computes a chunk changes
-// from run to run: use it for maps, where each element's result depends on nothing else, and
-// parallel_run with a fixed split for sums. With parallel == false, or one thread, body(0, n)
-// runs on the caller. Callers pass `parallel` as "the work is worth a wake-up" (a size threshold).
+// kChunksPerThread equal chunks per thread, claimed in turn, so that a thread that the kernel
+// preempted leaves its chunks to the others instead of holding every thread up. Use it for maps,
+// where each element's result depends on nothing else, and parallel_run with a fixed split for
+// sums. With parallel == false, or one thread, body(0, n) runs on the caller. Callers pass
+// `parallel` as "the work is worth a wake-up" (a size threshold).
 constexpr int kChunksPerThread = 4;
 template <class Body>
 void parallel_for(int64_t n, Body&& body, bool parallel = true) {
@@ -88,12 +94,8 @@ void parallel_for(int64_t n, Body&& body, bool parallel = true) {
         return;
     }
     const int64_t chunks = std::min<int64_t>(n, int64_t{threads} * kChunksPerThread);
-    std::atomic<int64_t> next{0};
-    auto take_chunks = [&](int) {
-        for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;)
-            body(n * c / chunks, n * (c + 1) / chunks);
-    };
-    parallel_run(threads, take_chunks);
+    auto chunk = [&](int c) { body(n * c / chunks, n * (c + 1) / chunks); };
+    parallel_run(static_cast<int>(chunks), chunk);
 }
 
 }  // namespace qk

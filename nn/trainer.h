@@ -22,7 +22,7 @@ struct TrainResult {
 // What a test can hook into a run (tests/, and QK_FAULT_INJECT in examples/qknorm.cpp); nothing
 // here is needed to train.
 struct TrainHooks {
-    std::function<void(int64_t step)> before_step;  // at the start of each step, 0-based
+    std::function<void(int64_t step)> before_step = {};  // at the start of each step, 0-based
     // End the run after this many steps as if the process had been killed there: no checkpoint
     // beyond the regular ones, no plot, no result.json, no sample. 0 = never.
     int64_t kill_after = 0;

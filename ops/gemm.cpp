@@ -2,7 +2,9 @@
 // product split over the pool's threads, two independent products side by side, and batches.
 //
 // Threads: OpenBLAS runs single-threaded, and a large GEMM is split here into one slab of rows
-// (or of columns, when the output is wider than tall) per thread of the pool (core/threading.h);
+// (or of columns, when the output is wider than tall) per thread of the pool (core/threading.h),
+// not more: each slab packs the shared operand again, and 4 slabs per thread made a step of the
+// default model 7 % slower run on one thread (bench_busy, with its workers forced to rest);
 // many small GEMMs (the attention products, one per batch and head) go to the threads whole, and
 // linear's dx and dW, independent products of equal size, run side by side (gemm_pair). One
 // pool then serves every op: OpenBLAS's own workers yield in a loop while they wait (sched_yield),
@@ -102,7 +104,7 @@ void gemm(const GemmJob<In, Out>& job) {
         gemm_slab(job, 0, 1);
         return;
     }
-    auto slab_of = [&](int t) { gemm_slab(job, t, threads); };
+    auto slab_of = [&](int s) { gemm_slab(job, s, threads); };
     parallel_run(threads, slab_of);
 }
 
@@ -116,11 +118,11 @@ void gemm_pair(const GemmJob<In, Out>& first, const GemmJob<In, Out>& second) {
         return;
     }
     const int half = threads / 2;
-    auto slab_of = [&](int t) {
-        if (t < half)
-            gemm_slab(first, t, half);
+    auto slab_of = [&](int s) {
+        if (s < half)
+            gemm_slab(first, s, half);
         else
-            gemm_slab(second, t - half, half);
+            gemm_slab(second, s - half, half);
     };
     parallel_run(threads, slab_of);
 }

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/help_meter.h"
 #include "helpers.h"
 #include "nn/gpt.h"
 #include "nn/optim.h"
@@ -19,17 +20,91 @@ using namespace qk::test;
 TEST_CASE("parallel_run runs every task once, the caller as task 0") {
     for (int n : {1, 2, 3, 8}) {
         ThreadCount threads(n);
-        std::vector<std::atomic<int>> runs(n);
-        std::vector<std::thread::id> who(n);
-        auto task = [&](int t) {
-            runs[t]++;
-            who[t] = std::this_thread::get_id();
-        };
-        for (int repeat = 0; repeat < 100; ++repeat) parallel_run(n, task);
-        for (int t = 0; t < n; ++t) CHECK(runs[t] == 100);
-        CHECK(who[0] == std::this_thread::get_id());
-        if (n > 1) CHECK(who[1] != std::this_thread::get_id());
+        for (int tasks : {1, n, 3 * n + 1}) {  // fewer tasks than threads, as many, more
+            std::vector<std::atomic<int>> runs(tasks);
+            std::vector<std::thread::id> who(tasks);
+            auto task = [&](int t) {
+                runs[t]++;
+                who[t] = std::this_thread::get_id();
+            };
+            for (int repeat = 0; repeat < 100; ++repeat) parallel_run(tasks, task);
+            for (int t = 0; t < tasks; ++t) CHECK(runs[t] == 100);
+            CHECK(who[0] == std::this_thread::get_id());
+        }
     }
+}
+
+TEST_CASE("parallel_run shares a job with the workers") {
+    ThreadCount threads(2);
+    // Task 0 (the caller's) waits until task 1 has run elsewhere: a pool whose workers never
+    // joined would time out here. Up to 10 s, for a loaded machine.
+    std::atomic<bool> second_ran{false};
+    std::thread::id second_thread;
+    auto task = [&](int t) {
+        if (t == 1) {
+            second_thread = std::this_thread::get_id();
+            second_ran = true;
+            return;
+        }
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!second_ran && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::yield();
+    };
+    parallel_run(2, task);
+    CHECK(second_ran);
+    CHECK(second_thread != std::this_thread::get_id());
+}
+
+namespace {
+bool never_free(int) { return false; }
+bool always_free(int) { return true; }
+using MeterClock = HelpMeter::Clock;
+using std::chrono::milliseconds;
+// One window of 2-task jobs on 2 threads, in which the worker ran one task of each, or none.
+void window(HelpMeter& meter, MeterClock::time_point now, bool worker_helped) {
+    for (int job = 0; job < HelpMeter::kWindowJobs; ++job)
+        meter.record(/*tasks=*/2, /*by_caller=*/worker_helped ? 1 : 2, /*threads=*/2, now);
+}
+}  // namespace
+
+TEST_CASE("the pool rests its workers while they cannot help, longer while that lasts") {
+    MeterClock::time_point t = MeterClock::time_point{} + std::chrono::hours(1);
+    HelpMeter meter(never_free);
+    window(meter, t, true);
+    CHECK(!meter.workers_resting(t, 2));
+    window(meter, t, false);  // one window alone: a page fault, a thread starting
+    CHECK(!meter.workers_resting(t, 2));
+    window(meter, t, false);  // two: a neighbour holds the cores
+    CHECK(meter.workers_resting(t + milliseconds(1), 2));
+    CHECK(meter.workers_resting(t + milliseconds(499), 2));
+    t += milliseconds(500);
+    CHECK(!meter.workers_resting(t, 2));          // the first spell is over
+    for (int spell : {1000, 2000, 4000, 4000}) {  // the neighbour stays: each spell doubles
+        window(meter, t, false);                  // one window after a spell is enough
+        CHECK(meter.workers_resting(t + milliseconds(spell - 1), 2));
+        CHECK(!meter.workers_resting(t + milliseconds(spell), 2));
+        t += milliseconds(spell);
+    }
+    window(meter, t, true);  // it left: back to sharing, and the next spell is short again
+    window(meter, t, false);
+    CHECK(!meter.workers_resting(t, 2));
+    window(meter, t, false);
+    CHECK(!meter.workers_resting(t + milliseconds(500), 2));
+}
+
+TEST_CASE("a resting pool wakes its workers as soon as the system has cores free") {
+    const MeterClock::time_point t = MeterClock::time_point{} + std::chrono::hours(1);
+    HelpMeter meter(always_free);
+    window(meter, t, false);
+    window(meter, t, false);
+    CHECK(!meter.workers_resting(t + milliseconds(1), 2));
+}
+
+TEST_CASE("jobs of one task, which a worker cannot share, never send the workers to rest") {
+    const MeterClock::time_point t = MeterClock::time_point{} + std::chrono::hours(1);
+    HelpMeter meter(never_free);
+    for (int job = 0; job < 10 * HelpMeter::kWindowJobs; ++job) meter.record(1, 1, 2, t);
+    CHECK(!meter.workers_resting(t, 2));
 }
 
 TEST_CASE("parallel_for covers [0, n) once, in contiguous chunks") {

@@ -175,7 +175,7 @@ TEST_CASE("tour 9: the same seed gives the same numbers at any thread count") {
     CHECK(normal({1000}, 0, 1, kF64, other).to_vector<double>() != draws[0]);
 }
 
-// Stop 10: a deterministic parallel sum: a fixed split, partials added in thread order.
+// Stop 10: a deterministic parallel sum: a fixed split, partials added in task order.
 double parallel_sum(const std::vector<double>& v) {
     const int threads = num_threads();
     std::vector<double> partial(threads, 0.0);
@@ -184,7 +184,7 @@ double parallel_sum(const std::vector<double>& v) {
         for (size_t i = begin; i < end; ++i) partial[t] += v[i];
     };
     parallel_run(threads, task);
-    return std::accumulate(partial.begin(), partial.end(), 0.0);  // in thread order
+    return std::accumulate(partial.begin(), partial.end(), 0.0);  // in task order
 }
 
 TEST_CASE("tour 10: a parallel sum that replays bit for bit") {
