@@ -285,6 +285,9 @@ Tensor relu(const Tensor& x) {
 Tensor gelu(const Tensor& x) {
     return pointwise<math::Gelu, math::GeluBackward>("gelu", x, Saves::input);
 }
+Tensor silu(const Tensor& x) {
+    return pointwise<math::Silu, math::SiluBackward>("silu", x, Saves::input);
+}
 
 Tensor softcap(const Tensor& x, double c) {
     QK_CHECK(c > 0, "softcap: cap c must be > 0, got {} (input shape {})", c, x.shape());

@@ -26,6 +26,7 @@ Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x);               // tanh approximation (GPT-2)
+Tensor silu(const Tensor& x);               // x σ(x), SwiGLU's gate
 Tensor softcap(const Tensor& x, double c);  // c * tanh(x / c), fused
 
 // In place, not recorded by autograd (gradient accumulation, optimizers): dst += src,

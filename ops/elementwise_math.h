@@ -250,6 +250,30 @@ struct Gelu {
     }
 };
 
+// silu(x) = x σ(x) = x / (1 + exp(−x))   (SiLU, or swish; the gate of SwiGLU)
+// e = exp(−x) with the exponent capped as gelu_exp caps it, for the same reasons: e stays finite
+// (so that e σ is never inf · 0), and in float the exponent is clamped from below at kExpLo.
+template <class T>
+QK_HOST_DEVICE inline T silu_exp(T x) {
+    constexpr T cap = sizeof(T) == 4 ? T(80) : T(700);
+    const T t = -x;
+#ifdef __CUDA_ARCH__
+    return std::exp(t > cap ? cap : t);
+#else
+    if constexpr (std::is_same_v<T, double>) {
+        return std::exp(t > cap ? cap : t);
+    } else {
+        return exp_in_range(std::min(std::max(kExpLo, t), cap));  // max(lo, NaN) = lo
+    }
+#endif
+}
+struct Silu {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T x, T) const {
+        return x / (T(1) + silu_exp(x));
+    }
+};
+
 // ---- unary backward: dx = f(dy, saved, s) -----------------------------------------------------
 // saved is the op's input x or its output y, as the op's call to pointwise() says (Saves::input
 // or Saves::output); each comment names which.
@@ -340,6 +364,16 @@ struct GeluBackward {
         const T e = gelu_exp(x), s = T(1) / (T(1) + e);
         const T du_dx = T(kGeluA) * (T(1) + T(3 * kGeluB) * x * x);
         return dy * (s + T(2) * x * s * (e * s) * du_dx);
+    }
+};
+
+// d/dx silu = σ(x) + x σ(x) (1 − σ(x)) = s (1 + x (1 − s)),   s = σ(x), with x saved
+// and 1 − s = e s with e = exp(−x): no cancellation where s is near 1.
+struct SiluBackward {
+    template <class T>
+    QK_HOST_DEVICE T operator()(T dy, T x, T) const {
+        const T e = silu_exp(x), s = T(1) / (T(1) + e);
+        return dy * s * (T(1) + x * (e * s));
     }
 };
 

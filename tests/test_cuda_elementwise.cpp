@@ -93,6 +93,7 @@ TEST_CASE("unary ops and scalar forms: cuda matches the cpu, forward and backwar
         {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, false},
         {"relu", [](const Tensor& x) { return relu(x); }, false},
         {"gelu", [](const Tensor& x) { return gelu(x); }, false},
+        {"silu", [](const Tensor& x) { return silu(x); }, false},
         {"softcap", [](const Tensor& x) { return softcap(x, 1.3); }, false},
     };
     for (DType dt : {kF32, kF64})

@@ -23,6 +23,7 @@ double gelu_ref(double x) {
     return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
 }
 double sigmoid_ref(double x) { return 1 / (1 + std::exp(-x)); }
+double silu_ref(double x) { return x / (1 + std::exp(-x)); }
 double relu_ref(double x) { return x > 0 ? x : 0; }
 double softcap3_ref(double x) { return 3 * std::tanh(x / 3); }
 double neg_ref(double x) { return -x; }
@@ -43,6 +44,7 @@ TEST_CASE("unary forward matches std:: math, on a transposed input") {
     check_unary([](const Tensor& t) { return sigmoid(t); }, sigmoid_ref, x * 20.0);
     check_unary([](const Tensor& t) { return relu(t); }, relu_ref, x);
     check_unary([](const Tensor& t) { return gelu(t); }, gelu_ref, x);
+    check_unary([](const Tensor& t) { return silu(t); }, silu_ref, x * 20.0);
     check_unary([](const Tensor& t) { return softcap(t, 3); }, softcap3_ref, x * 10.0);
     check_unary([](const Tensor& t) { return -t; }, neg_ref, x);
     check_unary([](const Tensor& t) { return pow(t, 3); }, pow3_ref, x);
@@ -81,6 +83,7 @@ TEST_CASE("unary gradients match finite differences") {
     CHECK_GRADCHECK([&] { return sigmoid(x); }, {x});
     CHECK_GRADCHECK([&] { return relu(x); }, {x});
     CHECK_GRADCHECK([&] { return gelu(x); }, {x});
+    CHECK_GRADCHECK([&] { return silu(x * 3.0); }, {x});
     CHECK_GRADCHECK([&] { return softcap(x * 5.0, 2.0); }, {x});
     CHECK_GRADCHECK([&] { return -x; }, {x});
     CHECK_GRADCHECK([&] { return 3.0 / pos + (1.0 - x) * 2.0 - 4.0; }, {x, pos});
@@ -135,15 +138,15 @@ TEST_CASE("math::tanh_fast (float) is within 3 ulp of tanh, and keeps ±1, 0 and
     CHECK(math::tanh_fast(0.3) == std::tanh(0.3));  // double: std::tanh itself
 }
 
-TEST_CASE("float32 gelu, tanh and softcap agree with float64, forward and backward") {
+TEST_CASE("float32 gelu, silu, tanh and softcap agree with float64, forward and backward") {
     Tensor x64 = leaf({64, 257}, 9, 4.0);  // |x| up to ~16: both tanh branches, gelu's tails
     Tensor x32 = x64.detach().to(kF32);
     x32.requires_grad_();
     Tensor dy = randn({64, 257}, kF64);
     using Op = Tensor (*)(const Tensor&);
-    const Op ops[] = {[](const Tensor& t) { return gelu(t); },
-                      [](const Tensor& t) { return tanh(t); },
-                      [](const Tensor& t) { return softcap(t, 3.0); }};
+    const Op ops[] = {
+        [](const Tensor& t) { return gelu(t); }, [](const Tensor& t) { return silu(t); },
+        [](const Tensor& t) { return tanh(t); }, [](const Tensor& t) { return softcap(t, 3.0); }};
     for (Op op : ops) {
         x64.zero_grad(), x32.zero_grad();
         Tensor y64 = op(x64), y32 = op(x32);
@@ -172,6 +175,37 @@ TEST_CASE("float32 gelu, tanh and softcap agree with float64, forward and backwa
     CHECK(std::isnan(g_odd.to_vector<double>()[0]));
     CHECK(std::isnan(odd.grad().to_vector<double>()[0]));
     CHECK(g_odd.to_vector<double>()[1] == INFINITY);
+}
+
+TEST_CASE("silu's far tails are finite, and NaN stays NaN") {
+    // silu(x) -> 0 below (slope -> 0), = x above (slope 1); e = exp(−x) is capped, never inf.
+    Tensor tails = from_vector({-1000, -100, -20, 20, 100, 1000}, {6}, kF32);
+    tails.requires_grad_();
+    Tensor y = silu(tails);
+    y.backward(ones({6}));
+    const auto values = y.to_vector<double>(), slopes = tails.grad().to_vector<double>();
+    for (size_t i = 0; i < values.size(); ++i) {
+        CHECK(std::isfinite(values[i]));
+        CHECK(std::isfinite(slopes[i]));
+    }
+    CHECK(values[0] == doctest::Approx(0).epsilon(1e-20));
+    CHECK(values[5] == 1000);
+    CHECK(slopes[0] == doctest::Approx(0).epsilon(1e-20));
+    CHECK(slopes[5] == 1);
+    // The slope dips below 0 for negative x (its minimum, −0.09984 at x = −2.3994) and overshoots
+    // 1 above (1.09984 at x = 2.3994): checked against the closed form in float64.
+    Tensor at = from_vector({-2.399357280515467, 2.399357280515467}, {2}, kF64);
+    at.requires_grad_();
+    silu(at).backward(ones({2}, kF64));
+    CHECK(at.grad().to_vector<double>()[0] == doctest::Approx(-0.0998393).epsilon(1e-5));
+    CHECK(at.grad().to_vector<double>()[1] == doctest::Approx(1.0998393).epsilon(1e-5));
+    Tensor odd = from_vector({std::nan(""), INFINITY}, {2}, kF32);
+    odd.requires_grad_();
+    Tensor y_odd = silu(odd);
+    y_odd.backward(ones({2}));
+    CHECK(std::isnan(y_odd.to_vector<double>()[0]));
+    CHECK(std::isnan(odd.grad().to_vector<double>()[0]));
+    CHECK(y_odd.to_vector<double>()[1] == INFINITY);
 }
 
 TEST_CASE("binary ops and copies give the same bits on 1 and 2 threads") {
