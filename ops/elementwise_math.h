@@ -219,20 +219,20 @@ struct Softcap {
 // and one division, and no cancellation in 1 + tanh u for very negative x.
 inline constexpr double kGeluA = 0.7978845608028654;  // sqrt(2/pi)
 inline constexpr double kGeluB = 0.044715;
-// e = exp(−2u) at x; then σ(2u) = 1 / (1 + e) and 1 − σ(2u) = e σ(2u) (no cancellation near 1).
-// The exponent is capped (80 in float, 700 in double) so that e stays finite: e = inf would make
-// e σ = inf · 0 = NaN (float: for x < −10). Past the cap σ(2u) < 2e-35 (float; 1e-304 double):
-// gelu and its slope come out as tiny as they truly are, to within that.
+// exp(t) for a sigmoid written as 1 / (1 + exp(t)), t = −2u for gelu, −x for silu: then
+// σ = 1 / (1 + e) and 1 − σ = e σ (no cancellation near 1). The exponent is capped (80 in float,
+// 700 in double) so that e stays finite: e = inf would make e σ = inf · 0 = NaN (gelu in float:
+// for x < −10). Past the cap σ < 2e-35 (float; 1e-304 double): the function and its slope come
+// out as tiny as they truly are, to within that.
 //
 // float: the exponent is also clamped from below, at kExpLo, instead of flushing exp to 0 there:
 // e = exp(−87.3) = 1.2e-38 next to 1 changes neither 1 + e nor any product the callers form, so
-// gelu_exp needs exp_in_range only, without exp_fast's selects. GELU is compute-bound: with this
-// and −2u as one multiply-add, forward 1.5x and backward 1.2x faster (bench_elementwise, 1 thread).
+// this needs exp_in_range only, without exp_fast's selects. GELU is compute-bound: with this and
+// −2u as one multiply-add, forward 1.5x and backward 1.2x faster (bench_elementwise, 1 thread).
 // A NaN exponent clamps to kExpLo (a finite e), and the callers' factor x keeps the result NaN.
 template <class T>
-QK_HOST_DEVICE inline T gelu_exp(T x) {
+QK_HOST_DEVICE inline T sigmoid_exp(T t) {
     constexpr T cap = sizeof(T) == 4 ? T(80) : T(700);
-    const T t = x * (T(-2 * kGeluA) + T(-2 * kGeluA * kGeluB) * (x * x));  // −2u
 #ifdef __CUDA_ARCH__
     return std::exp(t > cap ? cap : t);
 #else
@@ -243,6 +243,11 @@ QK_HOST_DEVICE inline T gelu_exp(T x) {
     }
 #endif
 }
+// e = exp(−2u) at x
+template <class T>
+QK_HOST_DEVICE inline T gelu_exp(T x) {
+    return sigmoid_exp(x * (T(-2 * kGeluA) + T(-2 * kGeluA * kGeluB) * (x * x)));  // −2u
+}
 struct Gelu {
     template <class T>
     QK_HOST_DEVICE T operator()(T x, T) const {
@@ -250,22 +255,10 @@ struct Gelu {
     }
 };
 
-// silu(x) = x σ(x) = x / (1 + exp(−x))   (SiLU, or swish; the gate of SwiGLU)
-// e = exp(−x) with the exponent capped as gelu_exp caps it, for the same reasons: e stays finite
-// (so that e σ is never inf · 0), and in float the exponent is clamped from below at kExpLo.
+// silu(x) = x σ(x) = x / (1 + exp(−x))   (SiLU, or swish; the gate of SwiGLU), e = exp(−x)
 template <class T>
 QK_HOST_DEVICE inline T silu_exp(T x) {
-    constexpr T cap = sizeof(T) == 4 ? T(80) : T(700);
-    const T t = -x;
-#ifdef __CUDA_ARCH__
-    return std::exp(t > cap ? cap : t);
-#else
-    if constexpr (std::is_same_v<T, double>) {
-        return std::exp(t > cap ? cap : t);
-    } else {
-        return exp_in_range(std::min(std::max(kExpLo, t), cap));  // max(lo, NaN) = lo
-    }
-#endif
+    return sigmoid_exp(-x);
 }
 struct Silu {
     template <class T>
