@@ -96,6 +96,11 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool at
               "per head, no wpe)")
         ->check(CLI::IsMember({"learned", "rope"}));
     add_value(cmd, "--rope-theta", m.rope_theta, "RoPE base theta (pair i turns theta^(-2i/D))");
+    add_value(cmd, "--mlp", flags.mlp,
+              "the MLP: gelu (GPT-2), or gated, c_proj(act(c_gate x) * c_fc x): swiglu (SiLU; "
+              "Llama, Qwen3, OLMo 2) or geglu (tanh-GELU; Gemma)")
+        ->check(CLI::IsMember({"gelu", "swiglu", "geglu"}));
+    add_value(cmd, "--mlp-hidden", m.mlp_hidden, "the MLP's inner width; 0 = 4 x n-embd");
     add_value(cmd, "--qk-norm-order", flags.qk_norm_order,
               "with rope: before_rope normalises q and k, then rotates (OLMo 2, Qwen3); "
               "after_rope the other way (qk-norm-scope head only)")
@@ -193,6 +198,7 @@ void apply_model_flags(TrainConfig& cfg, const ModelFlags& flags) {
     cfg.model.precision = parse_precision(flags.precision);
     cfg.model.pos_emb = parse_pos_emb(flags.pos_emb);
     cfg.model.qk_norm_order = parse_qk_norm_order(flags.qk_norm_order);
+    cfg.model.mlp = parse_mlp_kind(flags.mlp);
 }
 
 ModelFlags model_flags_of(const GPTConfig& m) {
@@ -202,7 +208,8 @@ ModelFlags model_flags_of(const GPTConfig& m) {
             .attention = m.fused_attention ? "fused" : "naive",
             .precision = to_string(m.precision),
             .pos_emb = to_string(m.pos_emb),
-            .qk_norm_order = to_string(m.qk_norm_order)};
+            .qk_norm_order = to_string(m.qk_norm_order),
+            .mlp = to_string(m.mlp)};
 }
 
 // Experiment 1 of the stability lab (docs/results.md#experiment-1-logit-growth-and-lr-sensitivity)

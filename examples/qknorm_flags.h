@@ -16,6 +16,7 @@ struct ModelFlags {
     std::string attention = "fused";
     std::string precision = "fp32";
     std::string pos_emb = "learned", qk_norm_order = "before_rope";
+    std::string mlp = "gelu";
 };
 
 // With attention_flags false (the sweep), the variant strings choose the attention instead.

@@ -34,14 +34,17 @@ void check_matches(const std::string& path, const std::string& name, const Tenso
 
 }  // namespace
 
-// The blocks' matrices (c_attn 3C², c_proj C², the MLP 8C²), the token table and, with learned
-// positions only, the position table: RoPE models have no wpe. Norms, biases and g add more, so
-// this is a lower bound, in double so that a hostile config cannot overflow it.
+// The blocks' matrices (c_attn 3C², c_proj C², the MLP 2 or, gated, 3 matrices of C × hidden),
+// the token table and, with learned positions only, the position table: RoPE models have no wpe.
+// Norms, biases and g add more, so this is a lower bound, in double so that a hostile config
+// cannot overflow it.
 double min_parameter_values(const GPTConfig& config) {
     const double C = static_cast<double>(config.n_embd);
+    const double hidden = static_cast<double>(config.mlp_width());
+    const double mlp_matrices = config.mlp == MLPKind::gelu ? 2 : 3;
     const double positions =
         config.pos_emb == PosEmb::learned ? static_cast<double>(config.block_size) : 0.0;
-    return static_cast<double>(config.n_layer) * 12 * C * C +
+    return static_cast<double>(config.n_layer) * (4 * C * C + mlp_matrices * C * hidden) +
            (static_cast<double>(config.vocab_size) + positions) * C;
 }
 

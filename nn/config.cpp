@@ -35,6 +35,8 @@ constexpr std::array<std::pair<const char*, PosEmb>, 2> kPosEmbs{
     {{"learned", PosEmb::learned}, {"rope", PosEmb::rope}}};
 constexpr std::array<std::pair<const char*, QKNormOrder>, 2> kQKNormOrders{
     {{"before_rope", QKNormOrder::before_rope}, {"after_rope", QKNormOrder::after_rope}}};
+constexpr std::array<std::pair<const char*, MLPKind>, 3> kMLPKinds{
+    {{"gelu", MLPKind::gelu}, {"swiglu", MLPKind::swiglu}, {"geglu", MLPKind::geglu}}};
 constexpr std::array<std::pair<const char*, Precision>, 2> kPrecisions{
     {{"fp32", Precision::full}, {"bf16", Precision::bf16}}};
 
@@ -85,6 +87,8 @@ std::string to_string(Precision v) { return enum_name(v, kPrecisions); }
 std::string to_string(PosEmb v) { return enum_name(v, kPosEmbs); }
 std::string to_string(QKNormOrder v) { return enum_name(v, kQKNormOrders); }
 PosEmb parse_pos_emb(const std::string& s) { return parse_enum(s, kPosEmbs, "pos_emb"); }
+std::string to_string(MLPKind v) { return enum_name(v, kMLPKinds); }
+MLPKind parse_mlp_kind(const std::string& s) { return parse_enum(s, kMLPKinds, "mlp"); }
 QKNormOrder parse_qk_norm_order(const std::string& s) {
     return parse_enum(s, kQKNormOrders, "qk_norm_order");
 }
@@ -131,6 +135,9 @@ void GPTConfig::validate() const {
     QK_CHECK(std::isfinite(z_loss) && z_loss >= 0 && z_loss <= 1,
              "config: {} must be a number in [0, 1] (0 = off), got {}", with_flag("z_loss"),
              z_loss);
+    QK_CHECK(mlp_hidden >= 0 && mlp_hidden <= int64_t{1} << 18,
+             "config: {} must be 0 (4 · n_embd) or a width in [1, 2^18], got {}",
+             with_flag("mlp_hidden"), mlp_hidden);
     QK_CHECK(!qkv_norm || qk_norm != QKNorm::none,
              "config: qkv_norm needs a qk_norm to apply to v (got qk_norm=none)");
     QK_CHECK(block_size >= 2 || (qk_norm != QKNorm::l2 && qk_norm != QKNorm::lp) ||
@@ -192,7 +199,9 @@ std::map<std::string, std::string> GPTConfig::to_strings() const {
             {"precision", to_string(precision)},
             {"pos_emb", to_string(pos_emb)},
             {"rope_theta", fmt::format("{}", rope_theta)},
-            {"qk_norm_order", to_string(qk_norm_order)}};
+            {"qk_norm_order", to_string(qk_norm_order)},
+            {"mlp", to_string(mlp)},
+            {"mlp_hidden", std::to_string(mlp_hidden)}};
 }
 
 GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fields) {
@@ -243,6 +252,10 @@ GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fiel
         c.rope_theta = parse_number(it->second, "rope_theta");
     if (auto it = fields.find("qk_norm_order"); it != fields.end())
         c.qk_norm_order = parse_qk_norm_order(it->second);
+    // Absent from checkpoints written before gated MLPs: those had GPT-2's, 4 · n_embd wide.
+    if (auto it = fields.find("mlp"); it != fields.end()) c.mlp = parse_mlp_kind(it->second);
+    if (auto it = fields.find("mlp_hidden"); it != fields.end())
+        c.mlp_hidden = parse_integer(it->second, "mlp_hidden");
     c.validate();
     return c;
 }

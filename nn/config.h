@@ -24,6 +24,9 @@ enum class NormScope { head, full };  // statistics over D per head, or over all
 enum class PosEmb { learned, rope };
 // With RoPE and a QK-norm: normalise q and k, then rotate (OLMo 2, Qwen3), or the other way.
 enum class QKNormOrder { before_rope, after_rope };
+// The MLP: c_proj(gelu(c_fc x)) (GPT-2), or gated, c_proj(act(c_gate x) ⊙ c_fc x) with act = SiLU
+// (SwiGLU: Llama, Qwen3, OLMo 2) or tanh-GELU (GeGLU: Gemma).
+enum class MLPKind { gelu, swiglu, geglu };
 
 struct GPTConfig {
     int64_t vocab_size = 65;
@@ -38,6 +41,8 @@ struct GPTConfig {
     PosEmb pos_emb = PosEmb::learned;
     double rope_theta = 10000.0;  // RoPE's base θ: pair i turns by θ^(−2i/D) per position
     QKNormOrder qk_norm_order = QKNormOrder::before_rope;
+    MLPKind mlp = MLPKind::gelu;
+    int64_t mlp_hidden = 0;  // the MLP's inner width; 0 = 4 · n_embd
 
     QKNorm qk_norm = QKNorm::none;
     NormScope qk_norm_scope = NormScope::head;
@@ -56,6 +61,7 @@ struct GPTConfig {
     Precision precision = Precision::full;
 
     int64_t head_dim() const { return n_embd / n_head; }
+    int64_t mlp_width() const { return mlp_hidden > 0 ? mlp_hidden : 4 * n_embd; }
     double initial_qk_scale() const;  // g₀ for l2/lp, from qk_scale_init
     void validate() const;            // throws qk::Error naming the offending field
 
@@ -70,6 +76,8 @@ std::string to_string(NormScope v);
 std::string to_string(NormKind v);
 std::string to_string(PosEmb v);
 std::string to_string(QKNormOrder v);
+std::string to_string(MLPKind v);
+MLPKind parse_mlp_kind(const std::string& s);
 PosEmb parse_pos_emb(const std::string& s);
 QKNormOrder parse_qk_norm_order(const std::string& s);
 QKNorm parse_qk_norm(const std::string& s);

@@ -24,16 +24,28 @@ class Holder : public Module {
 
 }  // namespace
 
-MLP::MLP(const GPTConfig& config, Generator& gen, DType dtype) {
-    const int64_t C = config.n_embd;
+MLP::MLP(const GPTConfig& config, Generator& gen, DType dtype) : kind(config.mlp) {
+    const int64_t C = config.n_embd, hidden = config.mlp_width();
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-    c_fc = register_module("c_fc", std::make_shared<Linear>(C, 4 * C, config.bias, 0.02, gen, dtype,
-                                                            config.precision));
-    c_proj = register_module("c_proj", std::make_shared<Linear>(4 * C, C, config.bias, proj_std,
-                                                                gen, dtype, config.precision));
+    auto linear = [&](int64_t in, int64_t out, double std) {
+        return std::make_shared<Linear>(in, out, config.bias, std, gen, dtype, config.precision);
+    };
+    c_fc = register_module("c_fc", linear(C, hidden, 0.02));
+    if (kind != MLPKind::gelu) c_gate = register_module("c_gate", linear(C, hidden, 0.02));
+    c_proj = register_module("c_proj", linear(hidden, C, proj_std));
 }
 
-Tensor MLP::forward(const Tensor& x) const { return c_proj->forward(gelu(c_fc->forward(x))); }
+Tensor MLP::forward(const Tensor& x) const {
+    switch (kind) {
+        case MLPKind::gelu:
+            return c_proj->forward(gelu(c_fc->forward(x)));
+        case MLPKind::swiglu:
+            return c_proj->forward(silu(c_gate->forward(x)) * c_fc->forward(x));
+        case MLPKind::geglu:
+            return c_proj->forward(gelu(c_gate->forward(x)) * c_fc->forward(x));
+    }
+    throw Error("MLP: unknown kind");
+}
 
 Block::Block(const GPTConfig& config, Generator& gen, DType dtype) : dropout(config.dropout) {
     if (!config.qkv_norm)

@@ -11,9 +11,11 @@ namespace qk::nn {
 class MLP : public Module {
   public:
     MLP(const GPTConfig& config, Generator& gen, DType dtype = kF32);
-    Tensor forward(const Tensor& x) const;  // c_proj(gelu_tanh(c_fc(x)))
+    // c_proj(gelu_tanh(c_fc(x))), or gated: c_proj(act(c_gate(x)) * c_fc(x)), act = silu | gelu
+    Tensor forward(const Tensor& x) const;
 
-    std::shared_ptr<Linear> c_fc, c_proj;
+    MLPKind kind;
+    std::shared_ptr<Linear> c_fc, c_gate, c_proj;  // c_gate: gated kinds only
 };
 
 class Block : public Module {

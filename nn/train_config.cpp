@@ -46,8 +46,8 @@ void get_integer(const json& j, const char* key, int64_t& out) {
 // qk_norm, qk_scale_init, ...) are names, strings. GPTConfig's string form (to_strings, the
 // form of a checkpoint's metadata) is the list of fields, so that a new field reaches
 // config.json at once, as a string until it is named here.
-const std::set<std::string> kModelIntegers{"vocab_size", "block_size", "n_layer", "n_head",
-                                           "n_embd"};
+const std::set<std::string> kModelIntegers{"vocab_size", "block_size", "n_layer",
+                                           "n_head",     "n_embd",     "mlp_hidden"};
 const std::set<std::string> kModelNumbers{"dropout",       "lp_p",   "attn_softcap",
                                           "logit_softcap", "z_loss", "rope_theta"};
 const std::set<std::string> kModelBooleans{"bias", "tie_embeddings", "qk_scale_per_head",
@@ -128,6 +128,8 @@ std::string describe_run(const TrainConfig& c) {
     if (m.dropout > 0) model += fmt::format(", dropout {}", m.dropout);
     if (m.logit_softcap > 0) model += fmt::format(", logit soft-cap {}", m.logit_softcap);
     if (m.z_loss > 0) model += fmt::format(", z-loss {}", m.z_loss);
+    if (m.mlp != MLPKind::gelu || m.mlp_hidden > 0)
+        model += fmt::format(", {} MLP {} wide", to_string(m.mlp), m.mlp_width());
     std::string training = fmt::format(
         "B={}{}, {} steps, {} lr {:g} to {:g} (warmup {}), weight decay {:g}", c.batch_size,
         c.grad_accum > 1 ? fmt::format(" in {} micro-batches", c.grad_accum) : "", c.steps,

@@ -532,6 +532,7 @@ TEST_CASE("GPTConfig round-trips through to_strings / from_strings") {
     c.qk_scale_per_head = true;
     c.attn_softcap = 50, c.qkv_norm = true, c.logit_softcap = 30, c.z_loss = 1e-4;
     c.pos_emb = PosEmb::rope, c.rope_theta = 500000, c.qk_norm_order = QKNormOrder::after_rope;
+    c.mlp = MLPKind::geglu, c.mlp_hidden = 96;
     const auto fields = c.to_strings();
     GPTConfig back = GPTConfig::from_strings(fields);
     CHECK(back.to_strings() == fields);
@@ -543,6 +544,14 @@ TEST_CASE("GPTConfig round-trips through to_strings / from_strings") {
     CHECK(back.pos_emb == PosEmb::rope);
     CHECK(back.rope_theta == 500000);
     CHECK(back.qk_norm_order == QKNormOrder::after_rope);
+    CHECK(back.mlp == MLPKind::geglu);
+    CHECK(back.mlp_hidden == 96);
+    // Checkpoints from before gated MLPs have GPT-2's, 4C wide.
+    auto gpt2_fields = fields;
+    for (const char* key : {"mlp", "mlp_hidden"}) gpt2_fields.erase(key);
+    const GPTConfig gpt2 = GPTConfig::from_strings(gpt2_fields);
+    CHECK(gpt2.mlp == MLPKind::gelu);
+    CHECK(gpt2.mlp_width() == 4 * 40);
     // Checkpoints from before RoPE have none of its fields: learned positions.
     auto old_fields = fields;
     for (const char* key : {"pos_emb", "rope_theta", "qk_norm_order"}) old_fields.erase(key);
@@ -566,6 +575,10 @@ TEST_CASE("GPTConfig::validate and from_strings name the offending field") {
     CHECK(bad([](GPTConfig& c) { c.n_layer = 0; }, {"n_layer", "0"}));
     CHECK(bad([](GPTConfig& c) { c.dropout = 1; }, {"dropout"}));
     CHECK(bad([](GPTConfig& c) { c.lp_p = 0.5; }, {"lp_p", "0.5"}));
+    CHECK(bad([](GPTConfig& c) { c.mlp_hidden = -4; }, {"mlp_hidden", "-4"}));
+    auto fields = GPTConfig{}.to_strings();
+    fields["mlp"] = "relu2";
+    CHECK(test::throws_with([&] { GPTConfig::from_strings(fields); }, {"mlp", "relu2"}));
     CHECK(bad([](GPTConfig& c) { c.attn_softcap = -1; }, {"attn_softcap"}));
     CHECK(bad([](GPTConfig& c) { c.qkv_norm = true; }, {"qkv_norm", "none"}));
     CHECK(bad([](GPTConfig& c) { c.qk_norm = QKNorm::l2, c.qk_scale_init = "big"; },

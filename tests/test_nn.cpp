@@ -85,6 +85,15 @@ const std::vector<Variant>& variants() {
              c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::l2;
              c.qk_norm_order = QKNormOrder::after_rope;
          }},
+        {"swiglu MLP 12 wide, rmsnorm head, no bias",
+         [](GPTConfig& c) {
+             c.mlp = MLPKind::swiglu, c.mlp_hidden = 12, c.qk_norm = QKNorm::rmsnorm;
+             c.bias = false;
+         }},
+        {"geglu MLP, rope, layernorm head",
+         [](GPTConfig& c) {
+             c.mlp = MLPKind::geglu, c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::layernorm;
+         }},
     };
     return list;
 }
@@ -121,8 +130,10 @@ std::map<std::string, Shape> expected_shapes(const GPTConfig& c) {
             m[p + "attn.qk_scale"] = {c.qk_scale_per_head ? c.n_head : 1};
         linear(p + "attn.c_proj", C, C);
         norm(p + "ln_2", C, block_ln);
-        linear(p + "mlp.c_fc", 4 * C, C);
-        linear(p + "mlp.c_proj", C, 4 * C);
+        const int64_t hidden = c.mlp_hidden > 0 ? c.mlp_hidden : 4 * C;
+        linear(p + "mlp.c_fc", hidden, C);
+        if (c.mlp != MLPKind::gelu) linear(p + "mlp.c_gate", hidden, C);
+        linear(p + "mlp.c_proj", C, hidden);
     }
     norm("transformer.ln_f", C, block_ln);
     if (!c.tie_embeddings) m["lm_head.weight"] = {V, C};
@@ -217,6 +228,60 @@ TEST_CASE("parameter names and shapes follow the model spec for every switch and
     c = base;
     c.qk_norm = QKNorm::lp, c.qk_scale_per_head = true;
     CHECK(actual_shapes(GPT(c, 1)).at("transformer.h.0.attn.qk_scale") == Shape{2});
+    c = base;
+    c.mlp = MLPKind::swiglu, c.mlp_hidden = 24;
+    shapes = actual_shapes(GPT(c, 1));
+    CHECK(shapes.at("transformer.h.1.mlp.c_gate.weight") == Shape{24, 16});
+    CHECK(shapes.at("transformer.h.1.mlp.c_fc.weight") == Shape{24, 16});
+    CHECK(shapes.at("transformer.h.1.mlp.c_proj.weight") == Shape{16, 24});
+}
+
+TEST_CASE("the gated MLPs compute c_proj(act(c_gate x) * c_fc x), against naive loops") {
+    GPTConfig c = tiny_config();
+    c.mlp_hidden = 5;
+    for (const MLPKind kind : {MLPKind::gelu, MLPKind::swiglu, MLPKind::geglu}) {
+        CAPTURE(to_string(kind));
+        c.mlp = kind;
+        Generator gen(11);
+        MLP mlp(c, gen, kF64);
+        {  // O(1) weights and biases, so that every term and the activations' curvature show
+            NoGradGuard no_grad;
+            for (auto& [name, p] : mlp.named_parameters())
+                copy_into(p, normal(p.shape(), 0.0, 0.7, kF64, gen));
+        }
+        const Tensor x = normal({3, c.n_embd}, 0.0, 1.0, kF64, gen);
+        const auto y = mlp.forward(x).to_vector<double>();
+        auto weights = [&](const std::shared_ptr<Linear>& l) {
+            return std::pair{l->weight.to_vector<double>(), l->bias.to_vector<double>()};
+        };
+        const auto [w_fc, b_fc] = weights(mlp.c_fc);
+        const auto [w_proj, b_proj] = weights(mlp.c_proj);
+        std::vector<double> w_gate, b_gate;
+        if (kind != MLPKind::gelu) std::tie(w_gate, b_gate) = weights(mlp.c_gate);
+        const auto xs = x.to_vector<double>();
+        const int64_t C = c.n_embd, H = 5;
+        auto gelu_tanh = [](double v) {
+            return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+        };
+        for (int64_t r = 0; r < 3; ++r) {
+            std::vector<double> h(H);
+            for (int64_t j = 0; j < H; ++j) {
+                double up = b_fc[j], gate = kind == MLPKind::gelu ? 0 : b_gate[j];
+                for (int64_t i = 0; i < C; ++i) {
+                    up += w_fc[j * C + i] * xs[r * C + i];
+                    if (kind != MLPKind::gelu) gate += w_gate[j * C + i] * xs[r * C + i];
+                }
+                h[j] = kind == MLPKind::gelu     ? gelu_tanh(up)
+                       : kind == MLPKind::swiglu ? gate / (1 + std::exp(-gate)) * up
+                                                 : gelu_tanh(gate) * up;
+            }
+            for (int64_t o = 0; o < C; ++o) {
+                double out = b_proj[o];
+                for (int64_t j = 0; j < H; ++j) out += w_proj[o * H + j] * h[j];
+                CHECK(y[r * C + o] == doctest::Approx(out).epsilon(1e-12));
+            }
+        }
+    }
 }
 
 TEST_CASE("initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), norms 1/0") {
@@ -288,7 +353,8 @@ void gradcheck_variants(size_t first, size_t last) {
                 name.find("h.0.attn.v_norm") != std::string::npos || ends_with(name, "qk_scale") ||
                 name == "transformer.h.1.attn.c_proj.bias" || name == "transformer.wte.weight" ||
                 name == "transformer.h.1.ln_1.weight" || name == "transformer.ln_f.weight" ||
-                name == "lm_head.weight")
+                name == "lm_head.weight" || ends_with(name, "h.1.mlp.c_gate.weight") ||
+                ends_with(name, "h.1.mlp.c_fc.weight"))
                 inputs.push_back(p);
         REQUIRE(inputs.size() >= 4);
         // The logits and the loss together: the probe weighs every logit, the loss adds

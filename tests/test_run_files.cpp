@@ -57,16 +57,18 @@ TEST_CASE("load_model takes the default RoPE model's checkpoint; the size bound 
     for (const PosEmb pos : {PosEmb::learned, PosEmb::rope})
         for (const bool bias : {false, true})
             for (const bool tied : {false, true})
-                for (const NormKind norm : {NormKind::layernorm, NormKind::rmsnorm}) {
-                    GPTConfig c;
-                    c.vocab_size = 11, c.block_size = 40, c.n_layer = 2, c.n_head = 2;
-                    c.n_embd = 8, c.pos_emb = pos, c.bias = bias, c.tie_embeddings = tied;
-                    c.norm = norm;
-                    CAPTURE(to_string(pos));
-                    CAPTURE(bias);
-                    CAPTURE(tied);
-                    CHECK(min_parameter_values(c) <= parameter_values(GPT(c, 0)));
-                }
+                for (const MLPKind mlp : {MLPKind::gelu, MLPKind::swiglu})
+                    for (const NormKind norm : {NormKind::layernorm, NormKind::rmsnorm}) {
+                        GPTConfig c;
+                        c.vocab_size = 11, c.block_size = 40, c.n_layer = 2, c.n_head = 2;
+                        c.n_embd = 8, c.pos_emb = pos, c.bias = bias, c.tie_embeddings = tied;
+                        c.norm = norm, c.mlp = mlp, c.mlp_hidden = mlp == MLPKind::gelu ? 0 : 20;
+                        CAPTURE(to_string(mlp));
+                        CAPTURE(to_string(pos));
+                        CAPTURE(bias);
+                        CAPTURE(tied);
+                        CHECK(min_parameter_values(c) <= parameter_values(GPT(c, 0)));
+                    }
 }
 
 TEST_CASE("a run directory's cleanup removes only the temporaries the run wrote") {
