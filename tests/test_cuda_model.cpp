@@ -111,6 +111,16 @@ TEST_CASE("the tiny GPT with RoPE on cuda follows the cpu's losses, in both norm
     }
 }
 
+TEST_CASE("the tiny GPT with gated MLPs on cuda follows the cpu's losses") {
+    if (!cuda_runnable()) return;
+    for (MLPKind mlp : {MLPKind::swiglu, MLPKind::geglu}) {
+        CAPTURE(to_string(mlp));
+        GPTConfig c = tiny_config();
+        c.mlp = mlp, c.mlp_hidden = 40, c.qk_norm = QKNorm::rmsnorm;
+        check_variant(c);
+    }
+}
+
 TEST_CASE("the tiny GPT in bf16 mixed precision on cuda follows the cpu's bf16 losses") {
     if (!cuda_runnable()) return;
     GPTConfig c = tiny_config();
