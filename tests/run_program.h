@@ -68,6 +68,13 @@ inline Outcome run_program(const std::vector<std::string>& args,
     return out;
 }
 
+// A run that must have finished with exit code 0; its output is shown when it did not.
+inline void require_ok(const Outcome& out) {
+    INFO(out.output);
+    REQUIRE(!out.timed_out);
+    REQUIRE(out.exit_code == 0);
+}
+
 // The qknorm program's path, which meson test passes as QKNORM.
 inline std::string qknorm_program() {
     const char* exe = std::getenv("QKNORM");
@@ -86,6 +93,17 @@ inline std::vector<std::string> with_flags(std::vector<std::string> args,
             args.insert(args.end(), {changes[i], changes[i + 1]});
     }
     return args;
+}
+
+// `qknorm train` on the suites' tiny model (1 layer, C = 16, 2 heads, T = 16, float32, quiet, no
+// sample) on `corpus`, into `run_dir`; `changes`: flag-value pairs, as with_flags takes them.
+inline std::vector<std::string> tiny_train_args(const std::string& corpus,
+                                                const std::string& run_dir,
+                                                const std::vector<std::string>& changes) {
+    return with_flags({qknorm_program(), "train", "--data", corpus, "--n-layer", "1", "--n-head",
+                       "2", "--n-embd", "16", "--block-size", "16", "--sample-tokens", "0",
+                       "--precision", "fp32", "--quiet", "--run-dir", run_dir},
+                      changes);
 }
 
 }  // namespace qk::test

@@ -22,39 +22,11 @@ std::string qknorm() { return qknorm_program(); }
 // `qknorm train` on a tiny model, 20 steps, checkpoints every 10; `more`: flag-value pairs.
 std::vector<std::string> tiny_train(const TempDir& dir, const std::string& run,
                                     std::vector<std::string> more = {}) {
-    std::vector<std::string> args = {qknorm(),
-                                     "train",
-                                     "--data",
-                                     write_corpus(dir),
-                                     "--n-layer",
-                                     "1",
-                                     "--n-head",
-                                     "2",
-                                     "--n-embd",
-                                     "16",
-                                     "--block-size",
-                                     "16",
-                                     "--batch-size",
-                                     "8",
-                                     "--steps",
-                                     "20",
-                                     "--warmup",
-                                     "4",
-                                     "--lr",
-                                     "1e-2",
-                                     "--eval-every",
-                                     "10",
-                                     "--eval-batches",
-                                     "4",
-                                     "--checkpoint-every",
-                                     "10",
-                                     "--sample-tokens",
-                                     "0",
-                                     "--precision",  // the float32 sums these tests compare
-                                     "fp32",
-                                     "--quiet",
-                                     "--run-dir",
-                                     dir / run};
+    // float32 (tiny_train_args): the sums these tests compare are float32 sums
+    const auto args =
+        tiny_train_args(write_corpus(dir), dir / run,
+                        {"--batch-size", "8", "--steps", "20", "--warmup", "4", "--lr", "1e-2",
+                         "--eval-every", "10", "--eval-batches", "4", "--checkpoint-every", "10"});
     return with_flags(args, more);
 }
 
@@ -83,12 +55,6 @@ void check_same_losses(const std::string& a, const std::string& b, double rel, i
         REQUIRE(lb.count(step) == 1);
         CHECK(std::abs(la.at(step) - lb.at(step)) <= rel * std::abs(la.at(step)));
     }
-}
-
-void require_ok(const Outcome& out) {
-    INFO(out.output);
-    REQUIRE(!out.timed_out);
-    REQUIRE(out.exit_code == 0);
 }
 
 }  // namespace

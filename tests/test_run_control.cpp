@@ -29,37 +29,10 @@ std::string qknorm() { return qknorm_program(); }
 // `qknorm train` on a tiny model: 1 layer, C = 16, T = 16, float32, a checkpoint every 1000 steps
 // (so that only a stop writes one), evaluation every 10.
 std::vector<std::string> tiny_train(const TempDir& dir, const std::string& run, int steps) {
-    return {qknorm(),
-            "train",
-            "--data",
-            write_corpus(dir),
-            "--n-layer",
-            "1",
-            "--n-head",
-            "2",
-            "--n-embd",
-            "16",
-            "--block-size",
-            "16",
-            "--batch-size",
-            "4",
-            "--steps",
-            std::to_string(steps),
-            "--warmup",
-            "2",
-            "--eval-every",
-            "10",
-            "--eval-batches",
-            "1",
-            "--checkpoint-every",
-            "1000",
-            "--sample-tokens",
-            "0",
-            "--precision",
-            "fp32",
-            "--quiet",
-            "--run-dir",
-            dir / run};
+    return tiny_train_args(
+        write_corpus(dir), dir / run,
+        {"--batch-size", "4", "--steps", std::to_string(steps), "--warmup", "2", "--eval-every",
+         "10", "--eval-batches", "1", "--checkpoint-every", "1000"});
 }
 
 std::map<int64_t, json> metrics_by_step(const std::string& run_dir) {
@@ -119,12 +92,6 @@ int interrupt_after(const std::vector<std::string>& args, const std::string& log
     }
     ::waitpid(pid, &status, 0);
     return status;
-}
-
-void require_ok(const Outcome& out) {
-    INFO(out.output);
-    REQUIRE(!out.timed_out);
-    REQUIRE(out.exit_code == 0);
 }
 
 }  // namespace
