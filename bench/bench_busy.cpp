@@ -84,7 +84,7 @@ struct Condition {
 int main(int argc, char** argv) {
     bench::quiet_openblas_threads(argv);
     const int rounds = argc > 1 ? std::atoi(argv[1]) : 6;
-    const double kSecondsPerStretch = argc > 2 ? std::atof(argv[2]) : 2.0;
+    const double seconds_per_stretch = argc > 2 ? std::atof(argv[2]) : 2.0;
     nn::GPT model(default_model(), /*seed=*/1);
     nn::AdamW opt(model.parameters(), nn::AdamWOptions{.lr = 1e-3});
     Generator gen(7);
@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
     fmt::print(
         "# bench_busy: default model (L4 C192 H6 T64 B16, QK-LayerNorm, RoPE, bf16), {} cores, "
         "{} rounds of {:.0f} s per condition\n",
-        available_cores(), rounds, kSecondsPerStretch);
+        available_cores(), rounds, seconds_per_stretch);
     using clock = std::chrono::steady_clock;
     for (int round = 0; round < rounds; ++round) {
         for (Condition& c : conditions) {
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
                 step();
                 ++c.steps;
                 elapsed = std::chrono::duration<double>(clock::now() - start).count();
-            } while (elapsed < kSecondsPerStretch);
+            } while (elapsed < seconds_per_stretch);
             c.seconds += elapsed;
         }
         fmt::print(stderr, "round {}/{}\n", round + 1, rounds);

@@ -234,10 +234,8 @@ std::chrono::nanoseconds spin_budget(int threads) {
 bool idle_cores_for(int workers) {
     std::FILE* file = std::fopen("/proc/loadavg", "r");
     if (!file) return false;
-    double load[3];
-    int runnable = 0, total = 0;
-    const bool read = std::fscanf(file, "%lf %lf %lf %d/%d", &load[0], &load[1], &load[2],
-                                  &runnable, &total) == 5;
+    int runnable = 0;  // "0.52 0.58 0.59 2/345 12345": the 4th field's first number
+    const bool read = std::fscanf(file, "%*f %*f %*f %d", &runnable) == 1;
     std::fclose(file);
     return read && runnable + workers <= available_cores();
 }

@@ -4,7 +4,8 @@
 // Threads: OpenBLAS runs single-threaded, and a large GEMM is split here into one slab of rows
 // (or of columns, when the output is wider than tall) per thread of the pool (core/threading.h),
 // not more: each slab packs the shared operand again, and 4 slabs per thread made a step of the
-// default model 7 % slower run on one thread (bench_busy, with its workers forced to rest);
+// default model 7-9 % slower when all the slabs ran on one thread (as they do while the pool's
+// workers rest, core/help_meter.h);
 // many small GEMMs (the attention products, one per batch and head) go to the threads whole, and
 // linear's dx and dW, independent products of equal size, run side by side (gemm_pair). One
 // pool then serves every op: OpenBLAS's own workers yield in a loop while they wait (sched_yield),
