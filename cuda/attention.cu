@@ -2,8 +2,9 @@
 // the names (r, s, z, p, D_i, ds) and the edge cases are derived in ops/attention.cpp.
 //
 // Work split. A block is 128 threads (4 warps) and owns one head bh (blockIdx.y) and one tile:
-//   forward   kRows = 16 query rows; it walks the key tiles of kCols = 32 keys up to the tile's
-//             last visible key (the causal mask's upper triangle is never visited).
+//   forward   kRows = 16 query rows; it walks the key tiles of kCols = 32 keys from the tile's
+//             first visible key (0 but under a sliding window) up to its last (the causal mask's
+//             upper triangle, and the keys left behind by a window, are never visited).
 //             Shared memory: the query tile (16 × D), one key tile then its value tile (32 × D,
 //             reusing one buffer), and the 16 × 32 block of logits / probabilities.
 //             Step 1: the 512 dots of the block, 4 per thread. Step 2: the online softmax, warp w
@@ -12,8 +13,10 @@
 //             o ← α·o + Σ_c p_c v_c.
 //   backward  two kernels, so that every gradient has one writer and a fixed summation order (no
 //             atomics: results are bit-identical run to run and under the emulator's run orders):
-//             dk/dv: one block per key tile of 32 keys, walking the query tiles that see it;
-//                    each thread keeps its (key, d) entries of dk and dv in registers;
+//             dk/dv: one block per key tile of 32 keys of one key/value head, walking the query
+//                    tiles that see it, for every query head that reads it (one without
+//                    grouped-query attention); each thread keeps its (key, d) entries of dk and dv
+//                    in registers;
 //             dq:    one block per query tile of 16 rows, walking its key tiles;
 //             both recompute the block's dots r and dp = dO·v per (row, key) pair, and from the
 //             saved lse and D_i = dO·O (a small kernel first) get p and ds directly, one pair per
@@ -40,10 +43,9 @@ constexpr int kPairsPerThread = kRows * kCols / kThreads;       // 4
 constexpr int kRowOutputsPerThread = kRows * kMaxD / kThreads;  // 16: (row, d) entries
 constexpr int kKeyOutputsPerThread = kCols * kMaxD / kThreads;  // 32: (key, d) entries
 
-__device__ __forceinline__ int64_t visible_keys(int64_t i, const AttentionShape& sh) {
-    if (!sh.causal) return sh.Tk;
-    const int64_t n = i + (sh.Tk - sh.Tq) + 1;
-    return n < sh.Tk ? n : sh.Tk;
+// Whether row i sees key j (AttentionShape: the causal mask and the sliding window).
+__device__ __forceinline__ bool sees(int64_t i, int64_t j, const AttentionShape& sh) {
+    return j >= sh.first_key(i) && j < sh.end_key(i);
 }
 
 template <class T>
@@ -70,10 +72,9 @@ __device__ __forceinline__ T dot(const T* a, const T* b, int64_t D) {
 // One online-softmax step of row r (this warp's), lane = key c of the tile: the row's running
 // (m, l, w, max |s|) are the same in every lane. p_row: the raw dots in, exp(z − m_new) out.
 template <class T>
-__device__ void online_softmax_row(T* p_row, T* alpha_out, int nv, T g, T cap, T& m, T& l, T& w,
-                                   T& max_abs) {
+__device__ void online_softmax_row(T* p_row, T* alpha_out, bool visible, T g, T cap, T& m, T& l,
+                                   T& w, T& max_abs) {
     const int lane = threadIdx.x % kWarp;
-    const bool visible = lane < nv;
     const T s = g * p_row[lane];
     const T z = capped(s, cap);
     const T tile_max = warp_max(visible ? z : T(-INFINITY));
@@ -104,15 +105,16 @@ __global__ void attention_forward_kernel(T* out, double* lse, T* max_abs_s, T* e
     const int64_t rows = sh.Tq - i0 < kRows ? sh.Tq - i0 : kRows;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const T g = scale[(bh % sh.heads) * scale_stride];
+    const int64_t kv_first = sh.kv_head(bh) * sh.Tk;  // this head's first key row in k and v
     load_tile(q_s, q + (bh * sh.Tq + i0) * D, rows, kRows, D);
     T m[kRows / kWarps], l[kRows / kWarps], w[kRows / kWarps], max_abs[kRows / kWarps];
     for (int rr = 0; rr < kRows / kWarps; ++rr) m[rr] = -INFINITY, l[rr] = w[rr] = max_abs[rr] = 0;
     T o[kRowOutputsPerThread] = {};
-    const int64_t last_key = visible_keys(i0 + rows - 1, sh);
-    for (int64_t j0 = 0; j0 < last_key; j0 += kCols) {
+    const int64_t last_key = sh.end_key(i0 + rows - 1);
+    for (int64_t j0 = sh.first_key(i0) / kCols * kCols; j0 < last_key; j0 += kCols) {
         const int64_t cols = last_key - j0 < kCols ? last_key - j0 : kCols;
         __syncthreads();  // the previous tile's readers of kv_s and p_s are done
-        load_tile(kv_s, k + (bh * sh.Tk + j0) * D, cols, kCols, D);
+        load_tile(kv_s, k + (kv_first + j0) * D, cols, kCols, D);
         __syncthreads();
         for (int u = 0; u < kPairsPerThread; ++u) {  // step 1: r = q · k
             const int idx = threadIdx.x + u * kThreads, r = idx / kCols, c = idx % kCols;
@@ -121,12 +123,11 @@ __global__ void attention_forward_kernel(T* out, double* lse, T* max_abs_s, T* e
         __syncthreads();
         for (int rr = 0; rr < kRows / kWarps; ++rr) {  // step 2: online softmax, a warp per row
             const int r = warp + rr * kWarps;
-            int64_t nv = r < rows ? visible_keys(i0 + r, sh) - j0 : 0;
-            nv = nv < 0 ? 0 : (nv > cols ? cols : nv);
-            online_softmax_row(p_s + r * kCols, alpha_s + r, int(nv), g, cap, m[rr], l[rr], w[rr],
+            const bool visible = r < rows && lane < cols && sees(i0 + r, j0 + lane, sh);
+            online_softmax_row(p_s + r * kCols, alpha_s + r, visible, g, cap, m[rr], l[rr], w[rr],
                                max_abs[rr]);
         }
-        load_tile(kv_s, v + (bh * sh.Tk + j0) * D, cols, kCols, D);  // kv_s is free since step 1
+        load_tile(kv_s, v + (kv_first + j0) * D, cols, kCols, D);  // kv_s is free since step 1
         __syncthreads();
         for (int u = 0; u < kRowOutputsPerThread; ++u) {  // step 3: o ← α·o + Σ_c p_c v_c
             const int64_t idx = threadIdx.x + u * kThreads, r = idx / D, d = idx % D;
@@ -198,7 +199,7 @@ __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, c
                                       const T* v, const double* lse, const T* delta, const T* scale,
                                       int64_t scale_stride, T cap, AttentionShape sh) {
     QK_DYNAMIC_SHARED(double, smem);
-    const int64_t D = sh.D, bh = blockIdx.y, j0 = int64_t(blockIdx.x) * kCols;
+    const int64_t D = sh.D, kvh = blockIdx.y, j0 = int64_t(blockIdx.x) * kCols;
     T* q_s = reinterpret_cast<T*>(smem);  // (kRows, D)
     T* do_s = q_s + kRows * D;            // (kRows, D)
     T* p_s = do_s + kRows * D;            // (kRows, kCols)
@@ -207,40 +208,50 @@ __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, c
     T* lse_lo_s = lse_hi_s + kRows;       // (kRows)
     T* delta_s = lse_lo_s + kRows;        // (kRows)
     const int64_t cols = sh.Tk - j0 < kCols ? sh.Tk - j0 : kCols;
-    const T g = scale[(bh % sh.heads) * scale_stride];
     T dk_acc[kKeyOutputsPerThread] = {}, dv_acc[kKeyOutputsPerThread] = {};
-    int64_t first_row = sh.causal ? j0 - (sh.Tk - sh.Tq) : 0;  // the first row that sees key j0
+    // The rows that see a key of the tile: from the first that sees key j0 to the last that still
+    // sees key j0 + cols − 1 under a window (row i sees j while i + Tk − Tq − window < j).
+    const int64_t shift = sh.Tk - sh.Tq;
+    int64_t first_row = sh.causal ? j0 - shift : 0;
     first_row = first_row < 0 ? 0 : first_row;
-    for (int64_t i0 = first_row; i0 < sh.Tq; i0 += kRows) {
-        const int64_t rows = sh.Tq - i0 < kRows ? sh.Tq - i0 : kRows;
-        __syncthreads();
-        load_tile(q_s, q + (bh * sh.Tq + i0) * D, rows, kRows, D);
-        load_tile(do_s, dout + (bh * sh.Tq + i0) * D, rows, kRows, D);
-        if (threadIdx.x < kRows) {
-            const bool in = threadIdx.x < rows;
-            const double row_lse = in ? lse[bh * sh.Tq + i0 + threadIdx.x] : -INFINITY;
-            lse_hi_s[threadIdx.x] = T(row_lse);
-            lse_lo_s[threadIdx.x] = in ? T(row_lse - double(T(row_lse))) : T(0);
-            delta_s[threadIdx.x] = in ? delta[bh * sh.Tq + i0 + threadIdx.x] : T(0);
-        }
-        __syncthreads();
-        for (int u = 0; u < kPairsPerThread; ++u) {
-            const int idx = threadIdx.x + u * kThreads, r = idx / kCols, c = idx % kCols;
-            const bool visible = r < rows && c < cols && j0 + c < visible_keys(i0 + r, sh);
-            const int64_t key = bh * sh.Tk + j0 + (c < cols ? c : 0);
-            T p, ds;
-            pair_grad(p, ds, visible, q_s + r * D, do_s + r * D, k + key * D, v + key * D, D, g,
-                      cap, lse_hi_s[r], lse_lo_s[r], delta_s[r]);
-            p_s[idx] = p;
-            ds_s[idx] = g * ds;
-        }
-        __syncthreads();
-        for (int u = 0; u < kKeyOutputsPerThread; ++u) {  // dv_c += Σ_r p_rc dO_r, dk_c += Σ g ds q
-            const int64_t idx = threadIdx.x + u * kThreads, c = idx / D, d = idx % D;
-            if (idx >= kCols * D) break;
-            for (int r = 0; r < kRows; ++r) {
-                dv_acc[u] += p_s[r * kCols + c] * do_s[r * D + d];
-                dk_acc[u] += ds_s[r * kCols + c] * q_s[r * D + d];
+    int64_t end_row = sh.window > 0 ? j0 + cols - 1 + sh.window - shift : sh.Tq;
+    end_row = end_row < sh.Tq ? end_row : sh.Tq;
+    const int64_t group = sh.heads / sh.kv_heads;
+    const int64_t first_bh = (kvh / sh.kv_heads) * sh.heads + (kvh % sh.kv_heads) * group;
+    for (int64_t bh = first_bh; bh < first_bh + group; ++bh) {  // the query heads reading kvh
+        const T g = scale[(bh % sh.heads) * scale_stride];
+        for (int64_t i0 = first_row; i0 < end_row; i0 += kRows) {
+            const int64_t rows = sh.Tq - i0 < kRows ? sh.Tq - i0 : kRows;
+            __syncthreads();
+            load_tile(q_s, q + (bh * sh.Tq + i0) * D, rows, kRows, D);
+            load_tile(do_s, dout + (bh * sh.Tq + i0) * D, rows, kRows, D);
+            if (threadIdx.x < kRows) {
+                const bool in = threadIdx.x < rows;
+                const double row_lse = in ? lse[bh * sh.Tq + i0 + threadIdx.x] : -INFINITY;
+                lse_hi_s[threadIdx.x] = T(row_lse);
+                lse_lo_s[threadIdx.x] = in ? T(row_lse - double(T(row_lse))) : T(0);
+                delta_s[threadIdx.x] = in ? delta[bh * sh.Tq + i0 + threadIdx.x] : T(0);
+            }
+            __syncthreads();
+            for (int u = 0; u < kPairsPerThread; ++u) {
+                const int idx = threadIdx.x + u * kThreads, r = idx / kCols, c = idx % kCols;
+                const bool visible = r < rows && c < cols && sees(i0 + r, j0 + c, sh);
+                const int64_t key = kvh * sh.Tk + j0 + (c < cols ? c : 0);
+                T p, ds;
+                pair_grad(p, ds, visible, q_s + r * D, do_s + r * D, k + key * D, v + key * D, D, g,
+                          cap, lse_hi_s[r], lse_lo_s[r], delta_s[r]);
+                p_s[idx] = p;
+                ds_s[idx] = g * ds;
+            }
+            __syncthreads();
+            for (int u = 0; u < kKeyOutputsPerThread;
+                 ++u) {  // dv_c += Σ_r p_rc dO_r, dk_c += Σ g ds q
+                const int64_t idx = threadIdx.x + u * kThreads, c = idx / D, d = idx % D;
+                if (idx >= kCols * D) break;
+                for (int r = 0; r < kRows; ++r) {
+                    dv_acc[u] += p_s[r * kCols + c] * do_s[r * D + d];
+                    dk_acc[u] += ds_s[r * kCols + c] * q_s[r * D + d];
+                }
             }
         }
     }
@@ -248,8 +259,8 @@ __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, c
         const int64_t idx = threadIdx.x + u * kThreads;
         if (idx >= kCols * D) break;
         if (idx / D < cols) {
-            dk[(bh * sh.Tk + j0) * D + idx] = dk_acc[u];
-            dv[(bh * sh.Tk + j0) * D + idx] = dv_acc[u];
+            dk[(kvh * sh.Tk + j0) * D + idx] = dk_acc[u];
+            dv[(kvh * sh.Tk + j0) * D + idx] = dv_acc[u];
         }
     }
 }
@@ -280,16 +291,16 @@ __global__ void attention_dq_kernel(T* dq_unscaled, const T* dout, const T* q, c
         lse_lo[u] = T(lse[row] - double(lse_hi[u]));
         row_delta[u] = delta[row];
     }
-    const int64_t last_key = visible_keys(i0 + rows - 1, sh);
-    for (int64_t j0 = 0; j0 < last_key; j0 += kCols) {
+    const int64_t last_key = sh.end_key(i0 + rows - 1), kv_first = sh.kv_head(bh) * sh.Tk;
+    for (int64_t j0 = sh.first_key(i0) / kCols * kCols; j0 < last_key; j0 += kCols) {
         const int64_t cols = last_key - j0 < kCols ? last_key - j0 : kCols;
         __syncthreads();
-        load_tile(k_s, k + (bh * sh.Tk + j0) * D, cols, kCols, D);
+        load_tile(k_s, k + (kv_first + j0) * D, cols, kCols, D);
         __syncthreads();
         for (int u = 0; u < kPairsPerThread; ++u) {
             const int idx = threadIdx.x + u * kThreads, r = idx / kCols, c = idx % kCols;
-            const bool visible = r < rows && c < cols && j0 + c < visible_keys(i0 + r, sh);
-            const int64_t key = bh * sh.Tk + j0 + (c < cols ? c : 0);
+            const bool visible = r < rows && c < cols && sees(i0 + r, j0 + c, sh);
+            const int64_t key = kv_first + j0 + (c < cols ? c : 0);
             T p, ds;
             pair_grad(p, ds, visible, q_s + r * D, do_s + r * D, k_s + c * D, v + key * D, D, g,
                       cap, lse_hi[u], lse_lo[u], row_delta[u]);
@@ -352,7 +363,7 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
     }
     if (sh.Tk > 0) {
         const dim3 grid(static_cast<unsigned>((sh.Tk + kCols - 1) / kCols),
-                        static_cast<unsigned>(sh.batch_heads));
+                        static_cast<unsigned>(sh.batch_heads / sh.heads * sh.kv_heads));
         const size_t smem = sizeof(T) * (2 * kRows * sh.D + 2 * kRows * kCols + 3 * kRows);
         QK_LAUNCH((attention_dkdv_kernel<T>), grid, kThreads, smem, stream(), dk, dv, dout, q, k, v,
                   lse, delta, scale, scale_stride, cap, sh);

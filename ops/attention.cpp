@@ -5,7 +5,8 @@
 //   r_ij = q_i · k_j                          raw dot
 //   s_ij = g · r_ij                           g: the scale (1/sqrt(D), or a learnable tensor)
 //   z_ij = c · tanh(s_ij / c)                 soft-cap when c > 0, else z = s
-//   visible j: j <= i + (Tk − Tq) under the causal mask, else every j
+//   visible j: j <= i + (Tk − Tq) under the causal mask, else every j; with a sliding window W
+//              also j > i + (Tk − Tq) − W (the row's last W keys)
 //   p_ij = exp(z_ij − lse_i),  lse_i = log Σ_vis exp(z_ij)
 //   o_i  = Σ_j p_ij v_j
 //
@@ -40,6 +41,10 @@
 // other GEMM calls than the forward's and may round differently: at logits of 1e12 (a run that
 // has blown up, with q and k near 1e6), r differs by ~1e5, exp(z − lse) overflowed to inf, and
 // inf · 0 made every gradient NaN where the unfused path, which saves p, gave finite ones.
+//
+// Grouped-query attention (Hkv key/value heads for H query heads) changes no formula: query head h
+// reads key/value head h / (H / Hkv), and a shared head's dk_j, dv_j are the sums above over every
+// query head of its group.
 //
 // Edge cases, as softmax: a NaN logit (or +inf) makes its row's output, lse and signals NaN; a row
 // with no finite logit (only with infinite inputs) outputs 0, with lse −inf and zero gradient.
@@ -97,13 +102,17 @@ void check_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
     QK_CHECK(k.device() == q.device() && v.device() == q.device(),
              "{}: q, k, v must be on one device, got {}, {}, {}", op, q.device(), k.device(),
              v.device());
-    const bool same_heads = k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
-                            v.size(0) == q.size(0) && v.size(1) == q.size(1);
+    // k and v have Hkv heads, Hkv dividing H (grouped-query attention when Hkv < H).
+    const bool same_heads = k.size(0) == q.size(0) && v.size(0) == q.size(0) &&
+                            v.size(1) == k.size(1) && k.size(1) > 0 && q.size(1) % k.size(1) == 0;
     const bool same_dims = k.size(3) == q.size(3) && v.size(3) == q.size(3) && q.size(3) > 0;
     QK_CHECK(same_heads && same_dims && v.size(2) == k.size(2),
-             "{}: expected q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, D) with D > 0, got q {}, "
-             "k {}, v {}",
+             "{}: expected q (B, H, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, D) with D > 0 and "
+             "Hkv dividing H, got q {}, k {}, v {}",
              op, q.shape(), k.shape(), v.shape());
+    QK_CHECK(o.window >= 0 && (o.window == 0 || o.causal),
+             "{}: window must be 0 (none) or > 0 with the causal mask, got window {} (causal {})",
+             op, o.window, o.causal);
     QK_CHECK(!o.causal || q.size(2) <= k.size(2),
              "{}: causal mask needs Tq <= Tk, got q {} and k {}: the first {} query rows would see "
              "no key",
@@ -127,8 +136,15 @@ AttentionOptions full_precision(AttentionOptions o) {
     return o;
 }
 
-AttentionShape shape_of(const Tensor& q, const Tensor& k, bool causal) {
-    return {q.size(0) * q.size(1), q.size(1), q.size(2), k.size(2), q.size(3), causal};
+AttentionShape shape_of(const Tensor& q, const Tensor& k, const AttentionOptions& o) {
+    return {q.size(0) * q.size(1),
+            q.size(1),
+            k.size(1),
+            q.size(2),
+            k.size(2),
+            q.size(3),
+            o.causal,
+            o.window};
 }
 
 // The scale as a tensor of shape (1) or (H) on q's device: the user's, or the number's.
@@ -165,7 +181,7 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     }
     const Tensor q = autograd::contiguous_input(q_in), k = autograd::contiguous_input(k_in),
                  v = autograd::contiguous_input(v_in), scale = scale_as_tensor(q, o);
-    const AttentionShape sh = shape_of(q, k, o.causal);
+    const AttentionShape sh = shape_of(q, k, o);
     const int64_t stride = scale.numel() == 1 ? 0 : 1;
     Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
     Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, kF64, q.device());
@@ -239,7 +255,8 @@ namespace {
 
 // Per-row signals from the materialised scores s and probabilities p, (B, H, Tq, Tk), measured in
 // float64 on the host: a (B, H, Tq, Tk) copy per stats step, the cost the fused path removes.
-void measure_rows(const Tensor& s, const Tensor& p, bool causal, AttentionSignals& signals) {
+void measure_rows(const Tensor& s, const Tensor& p, const AttentionShape& sh,
+                  AttentionSignals& signals) {
     const int64_t Tq = s.size(2), Tk = s.size(3), rows = s.numel() / Tk;
     const Tensor s_host = s.to(Device::cpu).contiguous().to(kF64);
     const Tensor p_host = p.to(Device::cpu).contiguous().to(kF64);
@@ -247,10 +264,9 @@ void measure_rows(const Tensor& s, const Tensor& p, bool causal, AttentionSignal
     Tensor max_abs = Tensor::empty({s.size(0), s.size(1), Tq}, kF64);
     Tensor entropy = Tensor::empty(max_abs.shape(), kF64);
     for (int64_t r = 0; r < rows; ++r) {
-        const int64_t visible = causal ? r % Tq + (Tk - Tq) + 1 : Tk;
         double row_max = 0, row_entropy = 0;
         bool nan_seen = false;  // std::max and `p > 0` would skip a NaN: report it instead
-        for (int64_t j = 0; j < visible; ++j) {
+        for (int64_t j = sh.first_key(r % Tq); j < sh.end_key(r % Tq); ++j) {
             const double s_abs = std::abs(sp[r * Tk + j]), a = pp[r * Tk + j];
             nan_seen = nan_seen || std::isnan(s_abs) || std::isnan(a);
             row_max = std::max(row_max, s_abs);
@@ -261,6 +277,23 @@ void measure_rows(const Tensor& s, const Tensor& p, bool causal, AttentionSignal
     }
     signals.max_abs_logit = max_abs.to(s.dtype()).to(s.device());
     signals.entropy = entropy.to(s.dtype()).to(s.device());
+}
+
+// k or v: (B, Hkv, Tk, D) -> (B, H, Tk, D), each key/value head repeated for its query heads
+// (transformers' repeat_kv); expand's backward sums the copies' gradients.
+Tensor repeat_kv(const Tensor& t, int64_t H) {
+    const int64_t B = t.size(0), Hkv = t.size(1), Tk = t.size(2), D = t.size(3);
+    if (Hkv == H) return t;
+    return t.unsqueeze(2).expand({B, Hkv, H / Hkv, Tk, D}).reshape({B, H, Tk, D});
+}
+
+// (Tq, Tk): 0 where a sliding window lets row i see key j, −inf before it (the causal mask itself
+// stays softmax's).
+Tensor window_mask(const AttentionShape& sh, DType dtype, Device device) {
+    std::vector<double> mask(static_cast<size_t>(sh.Tq * sh.Tk), 0.0);
+    for (int64_t i = 0; i < sh.Tq; ++i)
+        for (int64_t j = 0; j < sh.first_key(i); ++j) mask[i * sh.Tk + j] = -INFINITY;
+    return from_vector(mask, {sh.Tq, sh.Tk}, dtype).to(device);
 }
 
 }  // namespace
@@ -278,16 +311,24 @@ Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
                                                     : o.scale_tensor.view({q.size(1), 1, 1}));
     else
         q_scaled = q * o.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
-    Tensor s = matmul(q_scaled, k.transpose(-2, -1));  // (B, H, Tq, Tk)
-    Tensor p = softmax(s, {.causal = o.causal, .softcap = o.softcap});
+    const int64_t H = q.size(1);
+    Tensor s = matmul(q_scaled, repeat_kv(k, H).transpose(-2, -1));  // (B, H, Tq, Tk)
+    const AttentionShape sh = shape_of(q, k, o);
+    Tensor p;
+    if (o.window > 0)  // z = cap(s) masked outside the window, then the causal softmax
+        p = softmax(
+            (o.softcap > 0 ? softcap(s, o.softcap) : s) + window_mask(sh, s.dtype(), s.device()),
+            {.causal = o.causal});
+    else
+        p = softmax(s, {.causal = o.causal, .softcap = o.softcap});
     if (signals) {
         NoGradGuard no_grad;
-        measure_rows(s, p, o.causal, *signals);
+        measure_rows(s, p, sh, *signals);
     }
     if (o.dropout > 0)
         p = dropout(p, o.dropout, true,
                     o.dropout_generator ? *o.dropout_generator : default_generator());
-    return matmul(p, v);
+    return matmul(p, repeat_kv(v, H));
 }
 
 }  // namespace qk

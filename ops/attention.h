@@ -13,6 +13,9 @@ struct AttentionOptions {
     // Causal mask: query row i sees keys j <= i + (Tk − Tq) (the last query sees every key), the
     // convention of softmax's causal mask.
     bool causal = false;
+    // Sliding window (causal only): when > 0, query row i sees only the `window` most recent keys
+    // up to its own, i + (Tk − Tq) − window < j (Gemma's local layers, Mistral).
+    int64_t window = 0;
     // The logit scale, s = scale · q·k: a number (default 1/sqrt(D)) ...
     std::optional<double> scale = std::nullopt;
     // ... or a tensor of shape (1) or (H), one value per head, differentiable: the learnable g of
@@ -34,8 +37,10 @@ struct AttentionSignals {
     Tensor entropy;        // −Σ_j p_j log p_j of the row's attention distribution
 };
 
-// Fused attention. q: (B, H, Tq, D), k and v: (B, H, Tk, D) -> (B, H, Tq, D):
+// Fused attention. q: (B, H, Tq, D), k and v: (B, Hkv, Tk, D) -> (B, H, Tq, D):
 //     out = softmax(mask(cap(scale · q kᵀ))) v
+// Hkv divides H: with Hkv < H (grouped-query attention; Hkv = 1: multi-query), query head h reads
+// key/value head h / (H / Hkv), as transformers' repeat_kv does, without copying k and v.
 // computed tile by tile without the (Tq, Tk) scores; saves q, k, v, out and one log-sum-exp per
 // row for the backward. float32 or float64, all on one device. Differentiable in q, k, v and the
 // scale tensor. When `signals` is given it is filled by the same pass (no gradient).
@@ -50,16 +55,31 @@ Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
 
 // The kernels behind `attention`, declared for the kernel-level parity tests of the CUDA twin.
 // Raw contiguous pointers; one (batch, head) pair is a "head" bh in [0, batch_heads), and uses the
-// scale scale[(bh mod heads) · scale_stride] (stride 0: one scale for every head).
+// scale scale[(bh mod heads) · scale_stride] (stride 0: one scale for every head) and the key/value
+// head kv_head(bh) of k, v: (batch · kv_heads, Tk, D).
 struct AttentionShape {
-    int64_t batch_heads, heads, Tq, Tk, D;
+    int64_t batch_heads, heads, kv_heads, Tq, Tk, D;
     bool causal;
+    int64_t window = 0;  // sliding window, 0 = none
+    // The key/value head that query head bh reads.
+    constexpr int64_t kv_head(int64_t bh) const {
+        return (bh / heads) * kv_heads + (bh % heads) / (heads / kv_heads);
+    }
+    // The keys query row i sees, [first_key(i), end_key(i)): the causal prefix up to
+    // i + (Tk − Tq), its last `window` keys only with a window, or every key.
+    constexpr int64_t end_key(int64_t i) const {
+        return causal && i + (Tk - Tq) + 1 < Tk ? i + (Tk - Tq) + 1 : Tk;
+    }
+    constexpr int64_t first_key(int64_t i) const {
+        return window > 0 && i + (Tk - Tq) + 1 - window > 0 ? i + (Tk - Tq) + 1 - window : 0;
+    }
 };
 // Forward.  out: (BH, Tq, D) out; lse: (BH, Tq) out, log Σ_j exp(z_ij) per row, in float64
 //   whatever T (see ops/attention.cpp: a float32 lse biases the backward's probabilities);
 //   max_abs_s, entropy: (BH, Tq) out, or both null (no signals);
-//   q: (BH, Tq, D); k, v: (BH, Tk, D); cap: the soft-cap c, 0 for none.
-// Backward. dq: (BH, Tq, D), dk, dv: (BH, Tk, D) out (every element written);
+//   q: (BH, Tq, D); k, v: (B·Hkv, Tk, D); cap: the soft-cap c, 0 for none.
+// Backward. dq: (BH, Tq, D), dk, dv: (B·Hkv, Tk, D) out (every element written; a key/value
+//   head's gradient sums over the query heads that share it, in a fixed order);
 //   dscale: (BH) out, Σ over the head's logits of ∂loss/∂s · q·k, or null;
 //   delta: (BH, Tq) workspace (D_i = dO_i · O_i); dout, out: (BH, Tq, D); lse: (BH, Tq).
 // Instantiated for float and double.

@@ -8,7 +8,9 @@
 // with the q, k, v and output tiles the working set stays in L2, where the unfused path streams
 // the whole (T, T) matrix through memory four times (scores, probabilities, and their gradients).
 // Under the causal mask a query tile stops at its last visible key, so the key tiles above the
-// diagonal are never computed (half the work at large T).
+// diagonal are never computed (half the work at large T); with a sliding window it also starts at
+// the tile of its first row's first visible key, so a layer with window W costs O(T·W), not T².
+// With grouped-query attention a query head reads its key/value head's rows in place.
 //
 // Forward: one task per (head, query tile), in parallel over the pool. Per key tile:
 //   R = Q_i K_jᵀ                          GEMM (rows × cols), the raw dots r
@@ -17,8 +19,10 @@
 //   O_acc ← α·O_acc + P V_j                 GEMM (rows × D), beta = 1 after the α rescale
 // and at the end O = O_acc / l, lse = m + log l, entropy = lse − w / l.
 //
-// Backward: one task per head (it owns that head's dq, dk and dv, so nothing is shared between
-// threads and the sums have a fixed order). Per key tile j, per query tile i that sees it:
+// Backward: one task per key/value head, which owns its dk and dv and the dq of the query heads
+// that share it (one, without grouped-query attention), so nothing is shared between threads and
+// the sums have a fixed order. Per query head of the group, per key tile j, per query tile i that
+// sees it:
 //   R = Q_i K_jᵀ;  P = exp(z − lse) (and the cap factor F = 1 − (z/c)²) recomputed per row
 //   dV_j += Pᵀ dO_i                          GEMM
 //   dP = dO_i V_jᵀ                            GEMM
@@ -62,14 +66,19 @@ void tile_gemm(T* y, int64_t ldy, const T* a, bool a_trans, int64_t lda, const T
         cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, y, ldy);
 }
 
-// Keys query row i sees: the causal prefix up to i + (Tk − Tq), or all of them.
-inline int64_t visible_keys(int64_t i, const AttentionShape& sh) {
-    return sh.causal ? std::min(sh.Tk, i + (sh.Tk - sh.Tq) + 1) : sh.Tk;
+// The cols of a key tile (starting at key j0) that row i sees: [first, end), 0 <= first <= end
+// <= cols (first > 0 only under a sliding window).
+struct TileSpan {
+    int64_t first, end;
+};
+inline TileSpan visible_in_tile(int64_t i, int64_t j0, int64_t cols, const AttentionShape& sh) {
+    const int64_t end = std::clamp<int64_t>(sh.end_key(i) - j0, 0, cols);
+    return {std::clamp<int64_t>(sh.first_key(i) - j0, 0, end), end};
 }
 
-// How many of a key tile's cols (starting at key j0) row i sees: 0 … cols.
-inline int64_t visible_in_tile(int64_t i, int64_t j0, int64_t cols, const AttentionShape& sh) {
-    return std::clamp<int64_t>(visible_keys(i, sh) - j0, 0, cols);
+// The first key tile that query tile [i0, …) needs: the one holding its first row's first key.
+inline int64_t first_key_tile(int64_t i0, const AttentionShape& sh) {
+    return sh.first_key(i0) / kKeyTile * kKeyTile;
 }
 
 template <class T, bool kCapped>
@@ -89,13 +98,15 @@ struct RowState {
 };
 
 // One row of one key tile. row: (cols), the raw dots r on entry, the unnormalised probabilities
-// e = exp(z − m_new) on return (0 past the nv visible keys). Returns α = exp(m_old − m_new), the
+// e = exp(z − m_new) on return (0 outside the visible span). Returns α = exp(m_old − m_new), the
 // factor by which the row's output accumulator must be rescaled.
 template <class T, bool kCapped>
-T online_softmax_row(T* row, int64_t nv, int64_t cols, T g, T cap, RowState<T>& st) {
+T online_softmax_row(T* row, TileSpan span, int64_t cols, T g, T cap, RowState<T>& st) {
+    const int64_t first = span.first, nv = span.end;
+    std::fill(row, row + first, T(0));
     T tile_max = -kInf<T>, max_abs = 0;
 #pragma omp simd reduction(max : tile_max, max_abs)
-    for (int64_t j = 0; j < nv; ++j) {
+    for (int64_t j = first; j < nv; ++j) {
         const T s = g * row[j];
         max_abs = std::max(max_abs, std::abs(s));
         row[j] = capped<T, kCapped>(s, cap);  // z
@@ -108,13 +119,13 @@ T online_softmax_row(T* row, int64_t nv, int64_t cols, T g, T cap, RowState<T>& 
     // Plain loops, so that exp vectorises; then the two row sums (fixed order) over stored terms.
     T ez[kKeyTile];
 #pragma omp simd
-    for (int64_t j = 0; j < nv; ++j) {
+    for (int64_t j = first; j < nv; ++j) {
         const T z = row[j], e = math::exp_fast(z - m_ref);
         ez[j] = e > T(0) ? e * z : T(0);  // a z = −inf has e = 0 and adds nothing (not NaN)
         row[j] = e;
     }
-    const T sum_e = math::lane_sum<T>(nv, [=](int64_t j) { return row[j]; });
-    const T sum_ez = math::lane_sum<T>(nv, [&](int64_t j) { return ez[j]; });
+    const T sum_e = math::lane_sum<T>(nv - first, [=](int64_t j) { return row[first + j]; });
+    const T sum_ez = math::lane_sum<T>(nv - first, [&](int64_t j) { return ez[first + j]; });
     std::fill(row + nv, row + cols, T(0));
     st.l = st.l * alpha + sum_e;
     st.w = st.w * alpha + sum_ez;
@@ -173,20 +184,20 @@ void forward_query_tile(const ForwardArgs<T>& a, ForwardScratch<T>& sc, int64_t 
     const AttentionShape& sh = a.shape;
     const int64_t D = sh.D, rows = std::min(kQueryTile, sh.Tq - i0);
     const T* q = a.q + (bh * sh.Tq + i0) * D;
-    const T* k = a.k + bh * sh.Tk * D;
-    const T* v = a.v + bh * sh.Tk * D;
+    const T* k = a.k + sh.kv_head(bh) * sh.Tk * D;
+    const T* v = a.v + sh.kv_head(bh) * sh.Tk * D;
     const T g = a.scale[(bh % sh.heads) * a.scale_stride];
-    const int64_t last_key = visible_keys(i0 + rows - 1, sh);  // the tile's last row sees most
+    const int64_t last_key = sh.end_key(i0 + rows - 1);  // the tile's last row sees most
     std::fill(sc.rows.begin(), sc.rows.end(), RowState<T>{});
     std::fill(sc.out_acc.begin(), sc.out_acc.end(), T(0));
     T* block = sc.block.data();
-    for (int64_t j0 = 0; j0 < last_key; j0 += kKeyTile) {
+    for (int64_t j0 = first_key_tile(i0, sh); j0 < last_key; j0 += kKeyTile) {
         const int64_t cols = std::min(kKeyTile, last_key - j0);
         tile_gemm<T>(block, kKeyTile, q, false, D, k + j0 * D, true, D, rows, cols, D, T(0));  // R
         for (int64_t r = 0; r < rows; ++r) {
-            const int64_t nv = visible_in_tile(i0 + r, j0, cols, sh);
-            const T alpha = online_softmax_row<T, kCapped>(block + r * kKeyTile, nv, cols, g, a.cap,
-                                                           sc.rows[r]);
+            const T alpha = online_softmax_row<T, kCapped>(block + r * kKeyTile,
+                                                           visible_in_tile(i0 + r, j0, cols, sh),
+                                                           cols, g, a.cap, sc.rows[r]);
             if (alpha != T(1)) {
                 T* acc = sc.out_acc.data() + r * D;
 #pragma omp simd
@@ -228,11 +239,13 @@ struct BackwardScratch {
 // (T each), so that z − lse keeps the float64 lse's precision in T arithmetic: z − lse_hi is exact
 // where it matters (z near lse, the large p).
 template <class T, bool kCapped>
-void recompute_probs_row(T* p, T* f, const T* r, int64_t nv, int64_t cols, T g, T cap, double lse) {
-    if (lse == -kInf<double>) nv = 0;
+void recompute_probs_row(T* p, T* f, const T* r, TileSpan span, int64_t cols, T g, T cap,
+                         double lse) {
+    const int64_t first = span.first, nv = lse == -kInf<double> ? first : span.end;
+    std::fill(p, p + first, T(0));
     const T lse_hi = T(lse), lse_lo = T(lse - double(lse_hi));
 #pragma omp simd
-    for (int64_t j = 0; j < nv; ++j) {
+    for (int64_t j = first; j < nv; ++j) {
         const T z = capped<T, kCapped>(g * r[j], cap);
         p[j] = std::min(T(1), math::exp_fast((z - lse_hi) - lse_lo));  // see ops/attention.cpp
         if constexpr (kCapped) f[j] = T(1) - (z / cap) * (z / cap);
@@ -252,14 +265,14 @@ void logit_grad_row(T* dp, const T* p, const T* f, int64_t cols, T delta) {
 }
 
 // The blocks of key tile j0 against query tile i0 of head bh: adds into dk, dv, and into dq
-// without the factor g (dq' = Σ_j dS_ij k_j; backward_head applies g and takes dg from it).
+// without the factor g (dq' = Σ_j dS_ij k_j; backward_query_head applies g and takes dg from it).
 template <class T, bool kCapped>
 void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh, int64_t i0,
                     int64_t j0) {
     const AttentionShape& sh = a.shape;
     const int64_t D = sh.D, rows = std::min(kQueryTile, sh.Tq - i0);
     const int64_t cols = std::min(kKeyTile, sh.Tk - j0), ld = kKeyTile;
-    const int64_t q_off = (bh * sh.Tq + i0) * D, k_off = (bh * sh.Tk + j0) * D;
+    const int64_t q_off = (bh * sh.Tq + i0) * D, k_off = (sh.kv_head(bh) * sh.Tk + j0) * D;
     const T *q = a.q + q_off, *dout = a.dout + q_off, *k = a.k + k_off, *v = a.v + k_off;
     const T g = a.scale[(bh % sh.heads) * a.scale_stride];
     T *dots = sc.dots.data(), *probs = sc.probs.data(), *dprobs = sc.dprobs.data();
@@ -278,9 +291,24 @@ void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh
     tile_gemm<T>(a.dk + k_off, D, dprobs, true, ld, q, false, D, cols, D, rows, T(1), g);  // dK_j
 }
 
-// Every block of head bh, key tile by key tile; the head's dq, dk, dv are zeroed first.
+// The query rows that see some key of the tile [j0, j0 + cols): [first, end).
+struct RowSpan {
+    int64_t first, end;
+};
+inline RowSpan rows_seeing(int64_t j0, int64_t cols, const AttentionShape& sh) {
+    const int64_t shift = sh.Tk - sh.Tq;  // row i's last key is i + shift under the mask
+    const int64_t first = sh.causal ? std::max<int64_t>(0, j0 - shift) : 0;
+    // With a window, row i sees key j only while i + shift − window < j.
+    const int64_t end = sh.window > 0
+                            ? std::clamp<int64_t>(j0 + cols - 1 + sh.window - shift, first, sh.Tq)
+                            : sh.Tq;
+    return {first, end};
+}
+
+// Every block of query head bh, key tile by key tile: its dq is written, and its share added into
+// the dk and dv of its key/value head.
 template <class T, bool kCapped>
-void backward_head(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh) {
+void backward_query_head(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh) {
     const AttentionShape& sh = a.shape;
     const int64_t D = sh.D;
     for (int64_t i = 0; i < sh.Tq; ++i) {  // D_i = dO_i · O_i
@@ -288,12 +316,9 @@ void backward_head(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh)
         a.delta[bh * sh.Tq + i] = math::lane_sum<T>(D, [&](int64_t d) { return dout[d] * out[d]; });
     }
     std::fill(a.dq + bh * sh.Tq * D, a.dq + (bh + 1) * sh.Tq * D, T(0));
-    std::fill(a.dk + bh * sh.Tk * D, a.dk + (bh + 1) * sh.Tk * D, T(0));
-    std::fill(a.dv + bh * sh.Tk * D, a.dv + (bh + 1) * sh.Tk * D, T(0));
     for (int64_t j0 = 0; j0 < sh.Tk; j0 += kKeyTile) {
-        // The first query row that sees key j0 (causal: i + (Tk − Tq) >= j0).
-        const int64_t first_row = sh.causal ? std::max<int64_t>(0, j0 - (sh.Tk - sh.Tq)) : 0;
-        for (int64_t i0 = first_row; i0 < sh.Tq; i0 += kQueryTile)
+        const RowSpan span = rows_seeing(j0, std::min(kKeyTile, sh.Tk - j0), sh);
+        for (int64_t i0 = span.first; i0 < span.end; i0 += kQueryTile)
             backward_block<T, kCapped>(a, sc, bh, i0, j0);
     }
     // dg = Σ_ij dS_ij r_ij = Σ_i q_i · dq'_i (rows summed in double), then dq = g · dq'.
@@ -306,6 +331,18 @@ void backward_head(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh)
     }
     for (int64_t n = 0; n < sh.Tq * D; ++n) dq[n] *= g;
     if (a.dscale) a.dscale[bh] = T(dg);
+}
+
+// Key/value head kvh: its dk and dv zeroed, then every query head that reads it, in order.
+template <class T, bool kCapped>
+void backward_kv_head(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t kvh) {
+    const AttentionShape& sh = a.shape;
+    const int64_t D = sh.D, group = sh.heads / sh.kv_heads;
+    std::fill(a.dk + kvh * sh.Tk * D, a.dk + (kvh + 1) * sh.Tk * D, T(0));
+    std::fill(a.dv + kvh * sh.Tk * D, a.dv + (kvh + 1) * sh.Tk * D, T(0));
+    const int64_t first_bh = (kvh / sh.kv_heads) * sh.heads + (kvh % sh.kv_heads) * group;
+    for (int64_t bh = first_bh; bh < first_bh + group; ++bh)
+        backward_query_head<T, kCapped>(a, sc, bh);
 }
 
 }  // namespace
@@ -338,14 +375,14 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
                                v,  out, lse, scale,  scale_stride, cap,  shape};
     auto range = [&](int64_t begin, int64_t end) {
         BackwardScratch<T> scratch;
-        for (int64_t bh = begin; bh < end; ++bh) {
+        for (int64_t kvh = begin; kvh < end; ++kvh) {
             if (cap > 0)
-                backward_head<T, true>(args, scratch, bh);
+                backward_kv_head<T, true>(args, scratch, kvh);
             else
-                backward_head<T, false>(args, scratch, bh);
+                backward_kv_head<T, false>(args, scratch, kvh);
         }
     };
-    parallel_for(shape.batch_heads, range);
+    parallel_for(shape.batch_heads / shape.heads * shape.kv_heads, range);
 }
 
 template void attention_forward<float>(float*, double*, float*, float*, const float*, const float*,

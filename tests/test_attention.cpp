@@ -21,34 +21,39 @@ struct Naive {
 
 // The attention math of ops/attention.cpp's header, one row at a time in float64 from the formulas
 // (with the scores of a row materialised): independent of both the fused and the unfused code.
-// scale: one value per head.
+// scale: one value per head. k and v may have fewer heads (Hkv): query head h reads head
+// h / (H / Hkv) of its batch. window > 0: row i sees keys j with i + (Tk − Tq) − window < j.
 Naive naive_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                      const std::vector<double>& scale, bool causal, double cap) {
+                      const std::vector<double>& scale, bool causal, double cap,
+                      int64_t window = 0) {
     const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3);
+    const int64_t Hkv = k.size(1);
     const auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
     Naive n{std::vector<double>(qv.size()), {}, {}};
     for (int64_t bh = 0; bh < B * H; ++bh)
         for (int64_t i = 0; i < Tq; ++i) {
-            const int64_t visible = causal ? i + (Tk - Tq) + 1 : Tk;
-            std::vector<double> z(visible);
+            const int64_t kvh = (bh / H) * Hkv + (bh % H) / (H / Hkv);
+            const int64_t end = causal ? i + (Tk - Tq) + 1 : Tk;
+            const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+            std::vector<double> z;
             double m = -INFINITY, max_abs = 0;
-            for (int64_t j = 0; j < visible; ++j) {
+            for (int64_t j = first; j < end; ++j) {
                 double r = 0;
                 for (int64_t d = 0; d < D; ++d)
-                    r += qv[(bh * Tq + i) * D + d] * kv[(bh * Tk + j) * D + d];
+                    r += qv[(bh * Tq + i) * D + d] * kv[(kvh * Tk + j) * D + d];
                 const double s = scale[bh % H] * r;
                 max_abs = std::max(max_abs, std::abs(s));
-                z[j] = cap > 0 ? cap * std::tanh(s / cap) : s;
-                m = std::max(m, z[j]);
+                z.push_back(cap > 0 ? cap * std::tanh(s / cap) : s);
+                m = std::max(m, z.back());
             }
             double l = 0;
             for (double zj : z) l += std::exp(zj - m);
             double entropy = 0;
-            for (int64_t j = 0; j < visible; ++j) {
-                const double p = std::exp(z[j] - m) / l;
+            for (int64_t j = first; j < end; ++j) {
+                const double p = std::exp(z[j - first] - m) / l;
                 entropy -= p * std::log(p);
                 for (int64_t d = 0; d < D; ++d)
-                    n.out[(bh * Tq + i) * D + d] += p * vv[(bh * Tk + j) * D + d];
+                    n.out[(bh * Tq + i) * D + d] += p * vv[(kvh * Tk + j) * D + d];
             }
             n.max_abs.push_back(max_abs);
             n.entropy.push_back(entropy);
@@ -164,6 +169,64 @@ TEST_CASE(
             };
             const std::vector<Tensor> fused = grads_of(attention(q, k, v, o));
             const std::vector<Tensor> unfused = grads_of(attention_unfused(q, k, v, o));
+            for (size_t i = 0; i < 3; ++i) CHECK(max_abs_diff(fused[i], unfused[i]) < 1e-12);
+        }
+}
+
+TEST_CASE("grouped-query attention and sliding windows match the naive loop, fused and unfused") {
+    // 6 query heads on 3, 2 or 1 key/value heads; windows of 1 (each row sees itself only), 30
+    // (inside one 64-key tile or across two) and 100 (wider than some rows' prefix); Tq < Tk.
+    struct Case {
+        int64_t Hkv, window, Tq, Tk;
+    };
+    uint64_t seed = 500;
+    for (const Case& c : {Case{3, 0, 130, 130}, Case{2, 30, 130, 130}, Case{1, 1, 70, 150},
+                          Case{6, 100, 150, 150}, Case{1, 30, 1, 9}, Case{2, 64, 129, 129}})
+        for (double cap : {0.0, 2.0}) {
+            CAPTURE(c.Hkv);
+            CAPTURE(c.window);
+            CAPTURE(c.Tq);
+            CAPTURE(cap);
+            Tensor q = leaf({2, 6, c.Tq, 8}, ++seed).detach();
+            Tensor k = leaf({2, c.Hkv, c.Tk, 8}, ++seed).detach();
+            Tensor v = leaf({2, c.Hkv, c.Tk, 8}, ++seed).detach();
+            const AttentionOptions o{.causal = true, .window = c.window, .softcap = cap};
+            const Naive want = naive_attention(q, k, v, std::vector<double>(6, 1 / std::sqrt(8.0)),
+                                               true, cap, c.window);
+            for (auto path : {attention, attention_unfused}) {
+                AttentionSignals signals;
+                const Tensor out = path(q, k, v, o, &signals);
+                CHECK(max_diff(out.to_vector<double>(), want.out) < 1e-13);
+                CHECK(max_diff(signals.max_abs_logit.to_vector<double>(), want.max_abs) < 1e-13);
+                CHECK(max_diff(signals.entropy.to_vector<double>(), want.entropy) < 1e-12);
+            }
+        }
+}
+
+TEST_CASE("grouped-query and windowed attention: float64 gradients, fused against the unfused") {
+    // Finite differences on a small case (a random probe inside gradcheck), then every gradient of
+    // the fused op against the unfused composition (repeat_kv, a window mask) over ragged tiles.
+    Tensor q = leaf({1, 4, 67, 4}, 601), k = leaf({1, 2, 67, 4}, 602), v = leaf({1, 2, 67, 4}, 603);
+    Tensor g = (leaf({4}, 604, 0.3) + 0.8).detach();
+    g.requires_grad_();
+    const AttentionOptions o{.causal = true, .window = 20, .scale_tensor = g, .softcap = 2.0};
+    CHECK(gradcheck([&] { return attention(q, k, v, o); }, {q, k, v, g}));
+    uint64_t seed = 610;
+    for (int64_t Hkv : {1, 2, 4})
+        for (int64_t window : {0, 1, 22, 70}) {  // 22: row 64 is the last to see key 63
+            CAPTURE(Hkv);
+            CAPTURE(window);
+            Tensor qq = leaf({2, 4, 130, 8}, ++seed), kk = leaf({2, Hkv, 150, 8}, ++seed);
+            Tensor vv = leaf({2, Hkv, 150, 8}, ++seed);
+            const Tensor probe = leaf({2, 4, 130, 8}, ++seed).detach();
+            const AttentionOptions ow{.causal = true, .window = window, .softcap = 3.0};
+            auto grads_of = [&](const Tensor& y) {
+                for (Tensor t : {qq, kk, vv}) t.zero_grad();
+                sum(y * probe).backward();
+                return std::vector<Tensor>{qq.grad().clone(), kk.grad().clone(), vv.grad().clone()};
+            };
+            const auto fused = grads_of(attention(qq, kk, vv, ow));
+            const auto unfused = grads_of(attention_unfused(qq, kk, vv, ow));
             for (size_t i = 0; i < 3; ++i) CHECK(max_abs_diff(fused[i], unfused[i]) < 1e-12);
         }
 }
@@ -327,6 +390,12 @@ TEST_CASE("attention refuses bad shapes, dtypes and options with the op's name")
     CHECK(throws_with([&] { attention(q, k, v, {.scale_tensor = ones({3}, kF32)}); },
                       {"attention", "scale tensor"}));
     CHECK(throws_with([&] { attention(q, k, v, {.dropout = 0.1}); }, {"attention", "dropout"}));
+    Tensor k2 = leaf({2, 2, 8, 4}, 74).detach();  // 2 key/value heads cannot serve 3 query heads
+    CHECK(throws_with([&] { attention(q, k2, k2); },
+                      {"attention", "Hkv dividing H", "[2, 2, 8, 4]"}));
+    CHECK(throws_with([&] { attention(q, k, v, {.window = 4}); }, {"attention", "window 4"}));
+    CHECK(throws_with([&] { attention_unfused(q, k, v, {.causal = true, .window = -1}); },
+                      {"attention_unfused", "window -1"}));
     CHECK(throws_with([&] { attention_unfused(q, k, v, {.dropout = 1.5}); },
                       {"attention_unfused", "dropout"}));
 }

@@ -22,11 +22,16 @@ struct Case {
     bool causal;
     double cap;
     bool per_head_scale;
+    int64_t kv_heads = 0;  // 0: as many as query heads
+    int64_t window = 0;
 };
 
 std::string describe(const Case& c) {
-    return fmt::format("BH={} H={} Tq={} Tk={} D={} causal={} cap={} per-head scale={}",
-                       c.batch_heads, c.heads, c.Tq, c.Tk, c.D, c.causal, c.cap, c.per_head_scale);
+    return fmt::format(
+        "BH={} H={} Hkv={} Tq={} Tk={} D={} causal={} window={} cap={} per-head "
+        "scale={}",
+        c.batch_heads, c.heads, c.kv_heads, c.Tq, c.Tk, c.D, c.causal, c.window, c.cap,
+        c.per_head_scale);
 }
 
 template <class T>
@@ -53,8 +58,10 @@ void check_close(const Outputs<T>& got, const Outputs<T>& want) {
 template <class T>
 void check_case(const Case& c, uint64_t seed) {
     CAPTURE(describe(c));
-    const AttentionShape sh{c.batch_heads, c.heads, c.Tq, c.Tk, c.D, c.causal};
-    const size_t nq = c.batch_heads * c.Tq * c.D, nk = c.batch_heads * c.Tk * c.D;
+    const int64_t kv_heads = c.kv_heads > 0 ? c.kv_heads : c.heads;
+    const AttentionShape sh{c.batch_heads, c.heads, kv_heads, c.Tq, c.Tk, c.D, c.causal, c.window};
+    const size_t nq = c.batch_heads * c.Tq * c.D;
+    const size_t nk = c.batch_heads / c.heads * kv_heads * c.Tk * c.D;
     const size_t rows = c.batch_heads * c.Tq;
     const auto q = random_values<T>(nq, seed, 0.8), k = random_values<T>(nk, seed + 1, 0.8);
     const auto v = random_values<T>(nk, seed + 2), dout = random_values<T>(nq, seed + 3);
@@ -130,6 +137,21 @@ TEST_CASE("cuda attention kernels at lengths around the tiles, Tq = Tk and Tq < 
     check_case<float>({2, 2, 65, 65, 32, true, 0.0, false}, seed += 10);
 }
 
+TEST_CASE("cuda attention kernels with grouped-query heads and sliding windows") {
+    // 4 query heads on 2 or 1 key/value heads (each dk, dv a sum over its group), windows of 1, 18
+    // and 29 keys against 16-row and 32-key tiles, Tq < Tk. 18 (Tq = Tk) and 29 (Tk − Tq = 43)
+    // make query row 16, alone in its tile, the last to see key 31 of the first key tile.
+    if (!cuda_device_or_skip()) return;
+    uint64_t seed = 1300;
+    for (int64_t kv_heads : {2, 1})
+        for (int64_t window : {0, 1, 18, 29}) {
+            check_case<double>({8, 4, 70, 70, 16, true, 0.0, true, kv_heads, window}, seed += 10);
+            check_case<double>({4, 4, 37, 80, 16, true, 2.0, false, kv_heads, window}, seed += 10);
+        }
+    check_case<float>({4, 2, 45, 45, 32, true, 0.0, false, 1, 17}, seed += 10);
+    check_case<double>({4, 2, 45, 45, 16, false, 0.0, false, 1, 0}, seed += 10);
+}
+
 TEST_CASE("cuda attention kernels match the cpu's, float32, D = 16, 32, 64") {
     if (!cuda_device_or_skip()) return;
     uint64_t seed = 500;
@@ -155,6 +177,13 @@ TEST_CASE("the attention op on cuda matches the cpu, forward and every gradient"
         check_cuda_parity("attention, plain",
                           [](const Inputs& in) { return qk::attention(in[0], in[1], in[2]); },
                           {inputs[0], inputs[1], inputs[2]});
+        check_cuda_parity("attention, one key/value head for three query heads, a window of 9",
+                          [](const Inputs& in) {
+                              return qk::attention(in[0], in[1], in[2],
+                                                   {.causal = true, .window = 9});
+                          },
+                          {inputs[0], randn_seeded({2, 1, 37, 16}, 5, dtype),
+                           randn_seeded({2, 1, 37, 16}, 6, dtype)});
     }
 }
 
