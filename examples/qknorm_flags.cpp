@@ -77,12 +77,26 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool at
     add_value(cmd, "--n-layer", m.n_layer, "transformer blocks (L)");
     add_value(cmd, "--n-head", m.n_head, "attention heads per block (H)");
     add_value(cmd, "--n-embd", m.n_embd, "model width C (head dim D = C / H)");
+    add_value(
+        cmd, "--n-kv-head", m.n_kv_head,
+        "key/value heads, dividing n-head: fewer is grouped-query attention (1: multi-query); "
+        "0 = n-head");
+    add_value(cmd, "--head-size", m.head_size, "each head's width D; 0 = n-embd / n-head");
     add_value(cmd, "--block-size", m.block_size, "context length T");
     add_value(cmd, "--dropout", m.dropout, "dropout probability (attention, residual, embedding)");
     add_value(cmd, "--bias", m.bias, "biases in every Linear and norm (true|false)");
     add_value(cmd, "--tie-embeddings", m.tie_embeddings, "share wte with the LM head (true|false)");
     add_value(cmd, "--norm", flags.norm, "block norms ln_1, ln_2, ln_f")
         ->check(CLI::IsMember({"layernorm", "rmsnorm"}));
+    add_value(cmd, "--norm-placement", flags.norm_placement,
+              "block norms before each sub-block (pre: GPT-2, Qwen3), after it (post: OLMo 2, "
+              "x + norm(f(x))), or both (Gemma 3)")
+        ->check(CLI::IsMember({"pre", "post", "both"}));
+    add_value(cmd, "--norm-eps", m.norm_eps, "epsilon of every norm (block and QK-norm)");
+    add_value(cmd, "--norm-unit-offset", m.norm_unit_offset,
+              "norm gains stored as w and applied as (1 + w), w starting at 0 (Gemma)");
+    add_value(cmd, "--embedding-scale", m.embedding_scale,
+              "token embeddings times this (Gemma: sqrt(n-embd))");
     add_value(cmd, "--attention", flags.attention,
               "fused: one kernel, no T x T memory (FlashAttention-2); naive: matmul, softmax, "
               "matmul (the reference). Same math; attention dropout always runs naive")
@@ -96,6 +110,15 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool at
               "per head, no wpe)")
         ->check(CLI::IsMember({"learned", "rope"}));
     add_value(cmd, "--rope-theta", m.rope_theta, "RoPE base theta (pair i turns theta^(-2i/D))");
+    add_value(cmd, "--rope-local-theta", m.rope_local_theta,
+              "RoPE base of the sliding-window layers; 0 = rope-theta");
+    add_value(cmd, "--sliding-window", m.sliding_window,
+              "keys a query of a sliding layer sees (itself and the W - 1 before it); 0 = off");
+    add_value(cmd, "--layer-types", m.layer_types,
+              "one of full|sliding per layer, comma-separated; empty: every layer sliding when "
+              "sliding-window > 0");
+    add_value(cmd, "--query-pre-attn-scalar", m.query_pre_attn_scalar,
+              "attention logits q.k / sqrt(this) (Gemma); 0 = head dim");
     add_value(cmd, "--mlp", flags.mlp,
               "the MLP: gelu (GPT-2), or gated, c_proj(act(c_gate x) * c_fc x): swiglu (SiLU; "
               "Llama, Qwen3, OLMo 2) or geglu (tanh-GELU; Gemma)")
@@ -199,6 +222,7 @@ void apply_model_flags(TrainConfig& cfg, const ModelFlags& flags) {
     cfg.model.pos_emb = parse_pos_emb(flags.pos_emb);
     cfg.model.qk_norm_order = parse_qk_norm_order(flags.qk_norm_order);
     cfg.model.mlp = parse_mlp_kind(flags.mlp);
+    cfg.model.norm_placement = parse_norm_placement(flags.norm_placement);
 }
 
 ModelFlags model_flags_of(const GPTConfig& m) {
@@ -209,7 +233,8 @@ ModelFlags model_flags_of(const GPTConfig& m) {
             .precision = to_string(m.precision),
             .pos_emb = to_string(m.pos_emb),
             .qk_norm_order = to_string(m.qk_norm_order),
-            .mlp = to_string(m.mlp)};
+            .mlp = to_string(m.mlp),
+            .norm_placement = to_string(m.norm_placement)};
 }
 
 // Experiment 1 of the stability lab (docs/results.md#experiment-1-logit-growth-and-lr-sensitivity)

@@ -17,6 +17,7 @@ struct ModelFlags {
     std::string precision = "fp32";
     std::string pos_emb = "learned", qk_norm_order = "before_rope";
     std::string mlp = "gelu";
+    std::string norm_placement = "pre";
 };
 
 // With attention_flags false (the sweep), the variant strings choose the attention instead.

@@ -1,14 +1,19 @@
 // Causal self-attention with the QK-norm family.
 //
-// Per head, on q, k, v of shape (B, H, T, D), D = C / H:
+// Per head, on q of shape (B, H, T, D) and k, v of shape (B, Hkv, T, D) (Hkv = H, or fewer with
+// grouped-query attention: query head h reads key/value head h / (H / Hkv)); D = C / H unless
+// head_size sets it; sqrt(D) below is sqrt(query_pre_attn_scalar) when that is set (Gemma):
 //   none:              s = q·k / sqrt(D)
 //   layernorm/rmsnorm: s = N(q)·N(k) / sqrt(D); scope head: N over D with a gain of size D shared
-//                      by the heads; scope full: N over the C outputs before the head split
+//                      by the heads; scope full: N over all H·D outputs of q (and Hkv·D of k)
+//                      before the head split (OLMo 2)
 //   l2 / lp:           s = g · (q/‖q‖_p)·(k/‖k‖_p), g learnable, no 1/sqrt(D)
 //   soft-cap:          s <- c·tanh(s/c) after the scaling, before the mask
 //   qkv_norm:          v is normalised like q and k (and the block drops ln_1)
 //   RoPE:              q and k rotated per head by their position (ops/rope.h), after the
 //                      normalisation (before_rope, OLMo 2 and Qwen3) or before it (after_rope)
+//   sliding window:    on the config's sliding layers, row i sees only its last W keys, and RoPE
+//                      turns at the layer's own base (Gemma 3's local layers)
 // then A = softmax(mask(s)), y = A v, heads merged, y = c_proj(y).
 //
 // The scaled dot-product, mask, cap and softmax are one op, ops/attention.h: the fused kernel by
@@ -72,29 +77,41 @@ void reduce_signals(const AttentionSignals& rows, AttentionStats& stats) {
 
 }  // namespace
 
-CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen, DType dtype)
-    : config_(config) {
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen, DType dtype,
+                                         int64_t layer)
+    : config_(config), rope_theta_(config.rope_theta) {
     config.validate();
+    QK_CHECK(layer >= 0 && layer < config.n_layer, "attention: layer {} of a {}-layer model", layer,
+             config.n_layer);
+    if (config.is_sliding(layer)) {
+        window_ = config.sliding_window;
+        if (config.rope_local_theta > 0) rope_theta_ = config.rope_local_theta;
+    }
     const int64_t C = config.n_embd, D = config.head_dim();
+    const int64_t q_width = config.q_width(), kv_width = config.kv_width();
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-    c_attn = register_module("c_attn", std::make_shared<Linear>(C, 3 * C, config.bias, 0.02, gen,
-                                                                dtype, config.precision));
+    c_attn =
+        register_module("c_attn", std::make_shared<Linear>(C, q_width + 2 * kv_width, config.bias,
+                                                           0.02, gen, dtype, config.precision));
     if (config.qk_norm == QKNorm::layernorm || config.qk_norm == QKNorm::rmsnorm) {
         const NormKind kind =
             config.qk_norm == QKNorm::layernorm ? NormKind::layernorm : NormKind::rmsnorm;
-        const int64_t width = config.qk_norm_scope == NormScope::head ? D : C;
-        q_norm = register_module("q_norm", std::make_shared<Norm>(kind, width, config.bias, dtype));
-        k_norm = register_module("k_norm", std::make_shared<Norm>(kind, width, config.bias, dtype));
-        if (config.qkv_norm)
-            v_norm =
-                register_module("v_norm", std::make_shared<Norm>(kind, width, config.bias, dtype));
+        const bool per_head = config.qk_norm_scope == NormScope::head;
+        auto norm = [&](const char* name, int64_t full_width) {
+            return register_module(
+                name, std::make_shared<Norm>(kind, per_head ? D : full_width, config.bias, dtype,
+                                             config.norm_eps, config.norm_unit_offset));
+        };
+        q_norm = norm("q_norm", q_width);
+        k_norm = norm("k_norm", kv_width);
+        if (config.qkv_norm) v_norm = norm("v_norm", kv_width);
     }
     if (is_lp_family(config.qk_norm)) {
         const int64_t n = config.qk_scale_per_head ? config.n_head : 1;
         qk_scale = register_parameter("qk_scale", full({n}, config.initial_qk_scale(), dtype));
     }
-    c_proj = register_module("c_proj", std::make_shared<Linear>(C, C, config.bias, proj_std, gen,
-                                                                dtype, config.precision));
+    c_proj = register_module("c_proj", std::make_shared<Linear>(q_width, C, config.bias, proj_std,
+                                                                gen, dtype, config.precision));
 }
 
 // Applies this layer's q/k/v normalisation to t: (B, H, T, D) for scope head, (B, T, C) for full.
@@ -109,8 +126,8 @@ Tensor CausalSelfAttention::normalize(const Tensor& t, const std::shared_ptr<Nor
 Tensor CausalSelfAttention::rotate(const Tensor& t) const {
     if (!rope_cos_.defined() || rope_cos_.device() != t.device() ||
         rope_cos_.dtype() != t.dtype()) {
-        RopeTables tables = rope_tables(config_.block_size, config_.head_dim(), config_.rope_theta,
-                                        t.dtype(), t.device());
+        RopeTables tables =
+            rope_tables(config_.block_size, config_.head_dim(), rope_theta_, t.dtype(), t.device());
         rope_cos_ = tables.cos;
         rope_sin_ = tables.sin;
     }
@@ -122,15 +139,17 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
                                     Generator* dropout_gen) {
     QK_CHECK(x.dim() == 3 && x.size(2) == config_.n_embd,
              "attention: input must be (B, T, {}), got {}", config_.n_embd, x.shape());
-    const int64_t H = config_.n_head, D = config_.head_dim();
+    const int64_t H = config_.n_head, H_kv = config_.kv_heads(), D = config_.head_dim();
+    const int64_t q_width = config_.q_width(), kv_width = config_.kv_width();
     const bool full_scope =
         config_.qk_norm_scope == NormScope::full && !is_lp_family(config_.qk_norm);
-    std::vector<Tensor> qkv = split(c_attn->forward(x), config_.n_embd, -1);  // 3 x (B, T, C)
-    Tensor q = qkv[0], k = qkv[1], v = qkv[2];
+    const Tensor qkv = c_attn->forward(x);  // (B, T, H·D + 2·Hkv·D)
+    Tensor q = qkv.narrow(-1, 0, q_width), k = qkv.narrow(-1, q_width, kv_width);
+    Tensor v = qkv.narrow(-1, q_width + kv_width, kv_width);
     if (stats) {
         NoGradGuard no_grad;
         stats->q_norm = mean_vector_norm(split_heads(q, H));
-        stats->k_norm = mean_vector_norm(split_heads(k, H));
+        stats->k_norm = mean_vector_norm(split_heads(k, H_kv));
     }
     if (full_scope) {
         q = normalize(q, q_norm);
@@ -138,8 +157,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
         if (config_.qkv_norm) v = normalize(v, v_norm);
     }
     q = split_heads(q, H);
-    k = split_heads(k, H);
-    v = split_heads(v, H);
+    k = split_heads(k, H_kv);
+    v = split_heads(v, H_kv);
     const bool use_rope = config_.pos_emb == PosEmb::rope;
     const bool rotate_first = use_rope && config_.qk_norm_order == QKNormOrder::after_rope;
     if (rotate_first) {
@@ -155,12 +174,16 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
         q = rotate(q);
         k = rotate(k);
     }
-    AttentionOptions options{
-        .causal = true, .softcap = config_.attn_softcap, .precision = config_.precision};
+    AttentionOptions options{.causal = true,
+                             .window = window_,
+                             .softcap = config_.attn_softcap,
+                             .precision = config_.precision};
     if (is_lp_family(config_.qk_norm))
         options.scale_tensor = qk_scale;  // (1) or (H); the op takes its gradient
     else
-        options.scale = 1.0 / std::sqrt(static_cast<double>(D));
+        options.scale =
+            1.0 / std::sqrt(config_.query_pre_attn_scalar > 0 ? config_.query_pre_attn_scalar
+                                                              : static_cast<double>(D));
     const bool drop = config_.dropout > 0 && training();
     if (drop) {
         options.dropout = config_.dropout;
@@ -176,7 +199,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
         reduce_signals(signals, *stats);
         stats->qk_scale = qk_scale.defined() ? mean(qk_scale).item() : 0.0;
     }
-    y = y.transpose(1, 2).reshape({x.size(0), x.size(1), config_.n_embd});
+    y = y.transpose(1, 2).reshape({x.size(0), x.size(1), q_width});
     return c_proj->forward(y);
 }
 

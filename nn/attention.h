@@ -22,13 +22,15 @@ struct AttentionStats {
 
 class CausalSelfAttention : public Module {
   public:
-    CausalSelfAttention(const GPTConfig& config, Generator& gen, DType dtype = kF32);
+    // layer: the block's index, which picks its window and RoPE base (config.is_sliding).
+    CausalSelfAttention(const GPTConfig& config, Generator& gen, DType dtype = kF32,
+                        int64_t layer = 0);
 
     // x: (B, T, C) -> (B, T, C). When stats is given, fills it (extra work, no gradient).
     Tensor forward(const Tensor& x, AttentionStats* stats = nullptr,
                    Generator* dropout_gen = nullptr);
 
-    std::shared_ptr<Linear> c_attn, c_proj;
+    std::shared_ptr<Linear> c_attn, c_proj;  // c_attn: (q_width + 2 · kv_width, C), q then k, v
     std::shared_ptr<Norm> q_norm, k_norm, v_norm;  // layernorm/rmsnorm variants only
     Tensor qk_scale;                               // g, l2/lp variants only
 
@@ -37,6 +39,8 @@ class CausalSelfAttention : public Module {
     Tensor rotate(const Tensor& t) const;  // RoPE by position, t: (B, H, T, D)
 
     GPTConfig config_;
+    int64_t window_ = 0;                  // this layer's sliding window, 0 = full attention
+    double rope_theta_;                   // this layer's RoPE base
     mutable Tensor rope_cos_, rope_sin_;  // (block_size, D/2), made on first use per device
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 
@@ -37,6 +38,8 @@ constexpr std::array<std::pair<const char*, QKNormOrder>, 2> kQKNormOrders{
     {{"before_rope", QKNormOrder::before_rope}, {"after_rope", QKNormOrder::after_rope}}};
 constexpr std::array<std::pair<const char*, MLPKind>, 3> kMLPKinds{
     {{"gelu", MLPKind::gelu}, {"swiglu", MLPKind::swiglu}, {"geglu", MLPKind::geglu}}};
+constexpr std::array<std::pair<const char*, NormPlacement>, 3> kNormPlacements{
+    {{"pre", NormPlacement::pre}, {"post", NormPlacement::post}, {"both", NormPlacement::both}}};
 constexpr std::array<std::pair<const char*, Precision>, 2> kPrecisions{
     {{"fp32", Precision::full}, {"bf16", Precision::bf16}}};
 
@@ -75,6 +78,17 @@ int64_t parse_integer(const std::string& s, const char* field) {
     throw Error(fmt::format("config: {} must be an integer, got '{}'", field, s));
 }
 
+// "sliding,full" -> {"sliding", "full"}; "" -> {}.
+std::vector<std::string> split_commas(const std::string& s) {
+    std::vector<std::string> parts;
+    if (s.empty()) return parts;
+    size_t begin = 0;
+    for (size_t comma; (comma = s.find(',', begin)) != std::string::npos; begin = comma + 1)
+        parts.push_back(s.substr(begin, comma - begin));
+    parts.push_back(s.substr(begin));
+    return parts;
+}
+
 }  // namespace
 
 std::string to_string(QKNorm v) { return enum_name(v, kQKNorms); }
@@ -89,10 +103,20 @@ std::string to_string(QKNormOrder v) { return enum_name(v, kQKNormOrders); }
 PosEmb parse_pos_emb(const std::string& s) { return parse_enum(s, kPosEmbs, "pos_emb"); }
 std::string to_string(MLPKind v) { return enum_name(v, kMLPKinds); }
 MLPKind parse_mlp_kind(const std::string& s) { return parse_enum(s, kMLPKinds, "mlp"); }
+std::string to_string(NormPlacement v) { return enum_name(v, kNormPlacements); }
+NormPlacement parse_norm_placement(const std::string& s) {
+    return parse_enum(s, kNormPlacements, "norm_placement");
+}
 QKNormOrder parse_qk_norm_order(const std::string& s) {
     return parse_enum(s, kQKNormOrders, "qk_norm_order");
 }
 Precision parse_precision(const std::string& s) { return parse_enum(s, kPrecisions, "precision"); }
+
+bool GPTConfig::is_sliding(int64_t layer) const {
+    if (sliding_window == 0) return false;
+    const std::vector<std::string> types = split_commas(layer_types);
+    return types.empty() || types.at(static_cast<size_t>(layer)) == "sliding";
+}
 
 double GPTConfig::initial_qk_scale() const {
     if (qk_scale_init == "henry") {
@@ -114,9 +138,41 @@ void GPTConfig::validate() const {
     in_range(block_size, int64_t{1} << 20, "block_size");
     in_range(n_layer, 1024, "n_layer");
     in_range(n_embd, int64_t{1} << 16, "n_embd");
-    in_range(n_head, n_embd, "n_head");
-    QK_CHECK(n_embd % n_head == 0, "config: n_embd {} must be divisible by n_head {}", n_embd,
-             n_head);
+    in_range(n_head, 1 << 14, "n_head");
+    QK_CHECK(head_size > 0 || n_embd % n_head == 0,
+             "config: n_embd {} must be divisible by n_head {} (or head_size set)", n_embd, n_head);
+    QK_CHECK(head_size >= 0 && head_size <= 1 << 14,
+             "config: {} must be 0 (n_embd / n_head) or a width in [1, 2^14], got {}",
+             with_flag("head_size"), head_size);
+    QK_CHECK(n_kv_head >= 0 && n_kv_head <= n_head && n_head % kv_heads() == 0,
+             "config: {} must be 0 (= n_head) or divide n_head {}, got {}", with_flag("n_kv_head"),
+             n_head, n_kv_head);
+    QK_CHECK(std::isfinite(norm_eps) && norm_eps > 0 && norm_eps <= 1,
+             "config: {} must be in (0, 1], got {}", with_flag("norm_eps"), norm_eps);
+    QK_CHECK(std::isfinite(embedding_scale) && embedding_scale > 0,
+             "config: {} must be a finite number > 0, got {}", with_flag("embedding_scale"),
+             embedding_scale);
+    QK_CHECK(std::isfinite(query_pre_attn_scalar) && query_pre_attn_scalar >= 0,
+             "config: {} must be 0 (head_dim) or a finite number > 0, got {}",
+             with_flag("query_pre_attn_scalar"), query_pre_attn_scalar);
+    QK_CHECK(rope_local_theta == 0 || (std::isfinite(rope_local_theta) && rope_local_theta > 1),
+             "config: {} must be 0 (= rope_theta) or a finite number > 1, got {}",
+             with_flag("rope_local_theta"), rope_local_theta);
+    QK_CHECK(sliding_window >= 0 && sliding_window <= int64_t{1} << 20,
+             "config: {} must be 0 (off) or a window in [1, 2^20], got {}",
+             with_flag("sliding_window"), sliding_window);
+    const std::vector<std::string> types = split_commas(layer_types);
+    QK_CHECK(types.empty() || static_cast<int64_t>(types.size()) == n_layer,
+             "config: {} must name one type per layer ({}), got {}: '{}'", with_flag("layer_types"),
+             n_layer, types.size(), layer_types);
+    for (const std::string& t : types) {
+        QK_CHECK(t == "full" || t == "sliding",
+                 "config: layer_types entries must be full or sliding, got '{}' in '{}'", t,
+                 layer_types);
+        QK_CHECK(t == "full" || sliding_window > 0,
+                 "config: layer_types has sliding layers but sliding_window is 0 ('{}')",
+                 layer_types);
+    }
     QK_CHECK(dropout >= 0 && dropout < 1, "config: dropout (--dropout) must be in [0, 1), got {}",
              dropout);
     // p beyond 64 is the max-norm for every practical purpose, and |x|^p overflows long before.
@@ -144,9 +200,11 @@ void GPTConfig::validate() const {
                  qk_scale_init != "henry",
              "config: the henry scale log2(T²−T) needs block_size >= 2, got {}", block_size);
     QK_CHECK(pos_emb == PosEmb::learned || head_dim() % 2 == 0,
-             "config: rope rotates pairs of a head's dimensions, so the head dim n_embd / n_head "
-             "must be even, got {} / {} = {}",
-             n_embd, n_head, head_dim());
+             "config: rope rotates pairs of a head's dimensions, so the head dim must be even, "
+             "got {}",
+             head_size > 0
+                 ? fmt::format("head_size {}", head_size)
+                 : fmt::format("n_embd / n_head = {} / {} = {}", n_embd, n_head, head_dim()));
     // Checked whether or not it is used: it is saved either way, and a NaN saved as JSON null
     // would make the run impossible to resume.
     QK_CHECK(std::isfinite(rope_theta) && rope_theta > 1,
@@ -182,6 +240,16 @@ std::map<std::string, std::string> GPTConfig::to_strings() const {
             {"n_layer", std::to_string(n_layer)},
             {"n_head", std::to_string(n_head)},
             {"n_embd", std::to_string(n_embd)},
+            {"n_kv_head", std::to_string(n_kv_head)},
+            {"head_size", std::to_string(head_size)},
+            {"norm_placement", to_string(norm_placement)},
+            {"norm_eps", fmt::format("{}", norm_eps)},
+            {"norm_unit_offset", norm_unit_offset ? "true" : "false"},
+            {"embedding_scale", fmt::format("{}", embedding_scale)},
+            {"rope_local_theta", fmt::format("{}", rope_local_theta)},
+            {"sliding_window", std::to_string(sliding_window)},
+            {"layer_types", layer_types},
+            {"query_pre_attn_scalar", fmt::format("{}", query_pre_attn_scalar)},
             {"bias", bias ? "true" : "false"},
             {"tie_embeddings", tie_embeddings ? "true" : "false"},
             {"norm", to_string(norm)},
@@ -256,6 +324,32 @@ GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fiel
     if (auto it = fields.find("mlp"); it != fields.end()) c.mlp = parse_mlp_kind(it->second);
     if (auto it = fields.find("mlp_hidden"); it != fields.end())
         c.mlp_hidden = parse_integer(it->second, "mlp_hidden");
+    // Absent from checkpoints written before the Qwen3 / OLMo 2 / Gemma 3 switches: GPT-2's
+    // block (every head its own k and v, D = C / H, pre-norm, ε 1e-5, no offsets or windows).
+    auto optional = [&](const char* key, auto read) {
+        if (auto it = fields.find(key); it != fields.end()) read(it->second, key);
+    };
+    auto integer_into = [](int64_t& out) {
+        return [&out](const std::string& v, const char* key) { out = parse_integer(v, key); };
+    };
+    auto number_into = [](double& out) {
+        return [&out](const std::string& v, const char* key) { out = parse_number(v, key); };
+    };
+    optional("n_kv_head", integer_into(c.n_kv_head));
+    optional("head_size", integer_into(c.head_size));
+    optional("sliding_window", integer_into(c.sliding_window));
+    optional("norm_eps", number_into(c.norm_eps));
+    optional("embedding_scale", number_into(c.embedding_scale));
+    optional("rope_local_theta", number_into(c.rope_local_theta));
+    optional("query_pre_attn_scalar", number_into(c.query_pre_attn_scalar));
+    optional("norm_placement", [&](const std::string& v, const char*) {
+        c.norm_placement = parse_norm_placement(v);
+    });
+    optional("norm_unit_offset", [&](const std::string& v, const char* key) {
+        QK_CHECK(v == "true" || v == "false", "config: {} must be true or false, got '{}'", key, v);
+        c.norm_unit_offset = v == "true";
+    });
+    optional("layer_types", [&](const std::string& v, const char*) { c.layer_types = v; });
     c.validate();
     return c;
 }

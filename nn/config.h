@@ -27,6 +27,10 @@ enum class QKNormOrder { before_rope, after_rope };
 // The MLP: c_proj(gelu(c_fc x)) (GPT-2), or gated, c_proj(act(c_gate x) ⊙ c_fc x) with act = SiLU
 // (SwiGLU: Llama, Qwen3, OLMo 2) or tanh-GELU (GeGLU: Gemma).
 enum class MLPKind { gelu, swiglu, geglu };
+// Where a block's norms sit around each sub-block f (attention, MLP): before it (GPT-2, Llama,
+// Qwen3: x + f(norm(x))), after it (OLMo 2: x + norm(f(x))), or both (Gemma 3:
+// x + norm'(f(norm(x)))).
+enum class NormPlacement { pre, post, both };
 
 struct GPTConfig {
     int64_t vocab_size = 65;
@@ -34,12 +38,27 @@ struct GPTConfig {
     int64_t n_layer = 4;
     int64_t n_head = 4;
     int64_t n_embd = 128;
+    int64_t n_kv_head = 0;  // key/value heads, dividing n_head; 0 = n_head (fewer: grouped-query)
+    int64_t head_size = 0;  // D, each head's width; 0 = n_embd / n_head
     bool bias = true;
     bool tie_embeddings = true;
     NormKind norm = NormKind::layernorm;  // the block norms ln_1, ln_2, ln_f
+    NormPlacement norm_placement = NormPlacement::pre;
+    double norm_eps = 1e-5;  // ε of every norm, block and QK (transformers' rms_norm_eps)
+    bool norm_unit_offset =
+        false;                     // gains stored as w, applied as (1 + w), w starting at 0 (Gemma)
+    double embedding_scale = 1.0;  // the token embeddings times this (Gemma: sqrt(n_embd))
     double dropout = 0.0;
     PosEmb pos_emb = PosEmb::learned;
     double rope_theta = 10000.0;  // RoPE's base θ: pair i turns by θ^(−2i/D) per position
+    double rope_local_theta = 0;  // θ of the sliding-window layers; 0 = rope_theta (Gemma 3: 1e4)
+    // Sliding-window attention: a layer of type "sliding" lets each query see its last
+    // `sliding_window` keys only. layer_types: "" (every layer full, or every layer sliding when
+    // sliding_window > 0) or n_layer comma-separated "full" / "sliding" (Gemma 3: 5 sliding, 1
+    // full).
+    int64_t sliding_window = 0;
+    std::string layer_types;
+    double query_pre_attn_scalar = 0;  // logits q·k / sqrt(this) (Gemma's name); 0 = head_dim
     QKNormOrder qk_norm_order = QKNormOrder::before_rope;
     MLPKind mlp = MLPKind::gelu;
     int64_t mlp_hidden = 0;  // the MLP's inner width; 0 = 4 · n_embd
@@ -60,7 +79,11 @@ struct GPTConfig {
     // dtype) or bf16 mixed precision (ops/gemm_bf16.cpp); weights and optimizer stay float32.
     Precision precision = Precision::full;
 
-    int64_t head_dim() const { return n_embd / n_head; }
+    int64_t head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
+    int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+    int64_t q_width() const { return n_head * head_dim(); }       // the q projection's outputs
+    int64_t kv_width() const { return kv_heads() * head_dim(); }  // the k (and v) projection's
+    bool is_sliding(int64_t layer) const;  // whether this layer attends through the window
     int64_t mlp_width() const { return mlp_hidden > 0 ? mlp_hidden : 4 * n_embd; }
     double initial_qk_scale() const;  // g₀ for l2/lp, from qk_scale_init
     void validate() const;            // throws qk::Error naming the offending field
@@ -77,6 +100,8 @@ std::string to_string(NormKind v);
 std::string to_string(PosEmb v);
 std::string to_string(QKNormOrder v);
 std::string to_string(MLPKind v);
+std::string to_string(NormPlacement v);
+NormPlacement parse_norm_placement(const std::string& s);
 MLPKind parse_mlp_kind(const std::string& s);
 PosEmb parse_pos_emb(const std::string& s);
 QKNormOrder parse_qk_norm_order(const std::string& s);

@@ -24,6 +24,16 @@ class Holder : public Module {
 
 }  // namespace
 
+namespace {
+
+// A block norm (or ln_f) of width n_embd, with the config's kind, ε and gain form.
+std::shared_ptr<Norm> block_norm(const GPTConfig& config, DType dtype) {
+    return std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype, config.norm_eps,
+                                  config.norm_unit_offset);
+}
+
+}  // namespace
+
 MLP::MLP(const GPTConfig& config, Generator& gen, DType dtype) : kind(config.mlp) {
     const int64_t C = config.n_embd, hidden = config.mlp_width();
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
@@ -47,23 +57,29 @@ Tensor MLP::forward(const Tensor& x) const {
     throw Error("MLP: unknown kind");
 }
 
-Block::Block(const GPTConfig& config, Generator& gen, DType dtype) : dropout(config.dropout) {
-    if (!config.qkv_norm)
-        ln_1 = register_module(
-            "ln_1", std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype));
-    attn = register_module("attn", std::make_shared<CausalSelfAttention>(config, gen, dtype));
-    ln_2 = register_module("ln_2",
-                           std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype));
+Block::Block(const GPTConfig& config, Generator& gen, DType dtype, int64_t layer)
+    : dropout(config.dropout) {
+    const bool pre = config.norm_placement != NormPlacement::post;
+    const bool post = config.norm_placement != NormPlacement::pre;
+    if (pre && !config.qkv_norm) ln_1 = register_module("ln_1", block_norm(config, dtype));
+    attn =
+        register_module("attn", std::make_shared<CausalSelfAttention>(config, gen, dtype, layer));
+    if (post) post_ln_1 = register_module("post_ln_1", block_norm(config, dtype));
+    if (pre) ln_2 = register_module("ln_2", block_norm(config, dtype));
     mlp = register_module("mlp", std::make_shared<MLP>(config, gen, dtype));
+    if (post) post_ln_2 = register_module("post_ln_2", block_norm(config, dtype));
 }
 
 Tensor Block::forward(const Tensor& x_in, AttentionStats* stats, Generator* dropout_gen) {
     auto residual_dropout = [&](const Tensor& t) {
         return dropout > 0 && training() ? qk::dropout(t, dropout, true, *dropout_gen) : t;
     };
+    auto norm = [](const std::shared_ptr<Norm>& n, const Tensor& t) {
+        return n ? n->forward(t) : t;  // an absent norm is the identity
+    };
     Tensor x = x_in + residual_dropout(
-                          attn->forward(ln_1 ? ln_1->forward(x_in) : x_in, stats, dropout_gen));
-    return x + residual_dropout(mlp->forward(ln_2->forward(x)));
+                          norm(post_ln_1, attn->forward(norm(ln_1, x_in), stats, dropout_gen)));
+    return x + residual_dropout(norm(post_ln_2, mlp->forward(norm(ln_2, x))));
 }
 
 GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
@@ -80,9 +96,8 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
             "wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, 0.02, gen, dtype));
     auto blocks = transformer->add("h", std::make_shared<Holder>());
     for (int64_t i = 0; i < config.n_layer; ++i)
-        h.push_back(blocks->add(std::to_string(i), std::make_shared<Block>(config, gen, dtype)));
-    ln_f = transformer->add("ln_f",
-                            std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype));
+        h.push_back(blocks->add(std::to_string(i), std::make_shared<Block>(config, gen, dtype, i)));
+    ln_f = transformer->add("ln_f", block_norm(config, dtype));
     if (!config.tie_embeddings)
         lm_head = register_module(
             "lm_head", std::make_shared<Linear>(config.n_embd, config.vocab_size, false, 0.02, gen,
@@ -98,7 +113,10 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
     GPTOutput out;
     if (with_stats) out.stats.resize(config_.n_layer);
 
-    Tensor x = wte->forward(ids);                                     // (B, T, C)
+    Tensor x = wte->forward(ids);  // (B, T, C)
+    // Gemma scales by sqrt(C) rounded to the weights' dtype; multiplying by a double rounds it
+    // to that dtype the same way.
+    if (config_.embedding_scale != 1.0) x = x * config_.embedding_scale;
     if (wpe) x = x + wpe->forward(arange(T, kI32).to(ids.device()));  // + (T, C)
     if (config_.dropout > 0 && training()) x = dropout(x, config_.dropout, true, dropout_gen_);
     for (size_t i = 0; i < h.size(); ++i)

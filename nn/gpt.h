@@ -20,11 +20,16 @@ class MLP : public Module {
 
 class Block : public Module {
   public:
-    Block(const GPTConfig& config, Generator& gen, DType dtype = kF32);
-    // x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). With qkv_norm, ln_1 is dropped.
+    Block(const GPTConfig& config, Generator& gen, DType dtype = kF32, int64_t layer = 0);
+    // By config.norm_placement:
+    //   pre   x = x + attn(ln_1(x));               x = x + mlp(ln_2(x))   (GPT-2, Qwen3)
+    //   post  x = x + post_ln_1(attn(x));          x = x + post_ln_2(mlp(x))   (OLMo 2)
+    //   both  x = x + post_ln_1(attn(ln_1(x)));    x = x + post_ln_2(mlp(ln_2(x)))   (Gemma 3)
+    // With qkv_norm, ln_1 is dropped.
     Tensor forward(const Tensor& x, AttentionStats* stats, Generator* dropout_gen);
 
-    std::shared_ptr<Norm> ln_1, ln_2;  // ln_1 null with qkv_norm
+    std::shared_ptr<Norm> ln_1, ln_2;            // before; null under post (ln_1: or qkv_norm)
+    std::shared_ptr<Norm> post_ln_1, post_ln_2;  // after; null under pre
     std::shared_ptr<CausalSelfAttention> attn;
     std::shared_ptr<MLP> mlp;
     double dropout;

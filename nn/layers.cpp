@@ -27,16 +27,17 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std, Gener
 
 Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
 
-Norm::Norm(NormKind kind_in, int64_t dim, bool with_bias, DType dtype, double eps_in)
-    : kind(kind_in), eps(eps_in) {
-    weight = register_parameter("weight", ones({dim}, dtype));
+Norm::Norm(NormKind kind_in, int64_t dim, bool with_bias, DType dtype, double eps_in,
+           bool unit_offset_in)
+    : kind(kind_in), eps(eps_in), unit_offset(unit_offset_in) {
+    weight = register_parameter("weight", unit_offset ? zeros({dim}, dtype) : ones({dim}, dtype));
     if (with_bias && kind == NormKind::layernorm)
         bias = register_parameter("bias", zeros({dim}, dtype));
 }
 
 Tensor Norm::forward(const Tensor& x) const {
-    return kind == NormKind::layernorm ? layer_norm(x, weight, bias, eps)
-                                       : rms_norm(x, weight, eps);
+    const Tensor gain = unit_offset ? weight + 1.0 : weight;  // (1 + w) rounded once, as Gemma
+    return kind == NormKind::layernorm ? layer_norm(x, gain, bias, eps) : rms_norm(x, gain, eps);
 }
 
 }  // namespace qk::nn

@@ -30,16 +30,19 @@ class Embedding : public Module {
 
 // Normalisation over the last dim of size `dim`: LayerNorm (weight and optional bias) or RMSNorm
 // (weight only; `bias` is ignored). weight starts at 1, bias at 0. One class, because every
-// place that takes a norm lets the config choose.
+// place that takes a norm lets the config choose. With unit_offset the gain is stored as w and
+// applied as (1 + w), w starting at 0 (Gemma's RMSNorm): the same function, another coordinate.
 enum class NormKind { layernorm, rmsnorm };
 
 class Norm : public Module {
   public:
-    Norm(NormKind kind, int64_t dim, bool bias, DType dtype = kF32, double eps = 1e-5);
+    Norm(NormKind kind, int64_t dim, bool bias, DType dtype = kF32, double eps = 1e-5,
+         bool unit_offset = false);
     Tensor forward(const Tensor& x) const;
 
     NormKind kind;
     double eps;
+    bool unit_offset;
     Tensor weight, bias;
 };
 

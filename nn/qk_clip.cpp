@@ -10,7 +10,7 @@ namespace qk::nn {
 
 namespace {
 
-// Multiplies rows [begin, begin + count) of t (a weight (3C, C) or a bias (3C)) by factor.
+// Multiplies rows [begin, begin + count) of t (c_attn's weight or bias) by factor.
 void scale_rows(const Tensor& t, int64_t begin, int64_t count, double factor) {
     if (!t.defined()) return;
     const Tensor rows = t.detach().narrow(0, begin, count);
@@ -32,7 +32,8 @@ int64_t qk_clip(GPT& model, const std::vector<AttentionStats>& stats, double tau
              "stats)",
              model.h.size(), stats.size());
     NoGradGuard no_grad;
-    const int64_t C = config.n_embd, D = config.head_dim();
+    const int64_t D = config.head_dim(), q_width = config.q_width();
+    const bool shared_keys = config.kv_heads() < config.n_head;
     int64_t clipped = 0;
     for (size_t layer = 0; layer < stats.size(); ++layer) {
         const std::vector<double>& head_max = stats[layer].head_max_logit;
@@ -43,8 +44,14 @@ int64_t qk_clip(GPT& model, const std::vector<AttentionStats>& stats, double tau
         for (int64_t h = 0; h < config.n_head; ++h) {
             const double S = head_max[static_cast<size_t>(h)];
             if (!(S > tau)) continue;  // at or under τ, or NaN (a diverging step stops the run)
+            if (shared_keys) {         // the whole factor on the query head's rows
+                scale_rows(c_attn.weight, h * D, D, tau / S);
+                scale_rows(c_attn.bias, h * D, D, tau / S);
+                ++clipped;
+                continue;
+            }
             const double gamma = std::sqrt(tau / S);
-            for (const int64_t begin : {h * D, C + h * D}) {  // the head's q rows, its k rows
+            for (const int64_t begin : {h * D, q_width + h * D}) {  // the head's q rows, k rows
                 scale_rows(c_attn.weight, begin, D, gamma);
                 scale_rows(c_attn.bias, begin, D, gamma);
             }

@@ -8,6 +8,10 @@
 // logit of that head by γ² = τ / S_h: on the same input the max becomes exactly τ. Heads at or
 // under τ are not touched. It runs after the update, so the next forward sees the update and the
 // clip together: its max is τ up to what the update itself changed.
+//
+// With grouped-query attention a key head is shared by a group of query heads, and scaling its
+// rows would shrink the logits of heads that are under τ. There the whole factor τ / S_h goes on
+// the query head's rows alone: the same bound for head h, and no other head touched.
 #pragma once
 
 #include <vector>

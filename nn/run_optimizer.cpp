@@ -39,18 +39,22 @@ void append_adamw_state(OptimizerState& out, const std::vector<std::string>& nam
 
 }  // namespace
 
-ParameterSplit split_for_muon(const std::vector<std::pair<std::string, Tensor>>& named_params) {
+ParameterSplit split_for_muon(const std::vector<std::pair<std::string, Tensor>>& named_params,
+                              AttnRows attn_rows) {
     ParameterSplit split;
     for (const auto& [name, p] : named_params) {
         if (p.dim() != 2 || name.rfind("transformer.h.", 0) != 0) {
             split.adamw.emplace_back(name, p);
         } else if (ends_with(name, ".c_attn.weight")) {
-            // (3C, C): the q, k and v projections, each orthogonalised on its own.
-            QK_CHECK(p.size(0) % 3 == 0, "Muon: '{}' must have 3C rows, got shape {}", name,
-                     p.shape());
-            const int64_t C = p.size(0) / 3;
-            for (int64_t part = 0; part < 3; ++part)
-                split.muon.push_back({p, part * C, C, name + "." + "qkv"[part]});
+            // The q, k and v projections, each orthogonalised on its own.
+            AttnRows rows = attn_rows;
+            if (rows.q_width == 0) rows.q_width = rows.kv_width = p.size(0) / 3;
+            QK_CHECK(p.size(0) == rows.q_width + 2 * rows.kv_width,
+                     "Muon: '{}' must have {} + 2 · {} rows (q, k, v), got shape {}", name,
+                     rows.q_width, rows.kv_width, p.shape());
+            const int64_t widths[3] = {rows.q_width, rows.kv_width, rows.kv_width};
+            for (int64_t part = 0, begin = 0; part < 3; begin += widths[part++])
+                split.muon.push_back({p, begin, widths[part], name + "." + "qkv"[part]});
         } else {
             split.muon.push_back({p, 0, -1, name});
         }
@@ -69,7 +73,7 @@ RunOptimizer::RunOptimizer(const std::vector<std::pair<std::string, Tensor>>& na
     for (const auto& [name, p] : named_params) params_.push_back(p);
     ParameterSplit split;
     if (options.muon)
-        split = split_for_muon(named_params);
+        split = split_for_muon(named_params, options.attn_rows);
     else
         split.adamw = named_params;
     for (const auto& [name, p] : split.adamw) {

@@ -22,17 +22,23 @@
 namespace qk::nn {
 
 // Which parameters Muon updates: the 2-D weights inside the transformer blocks
-// (`transformer.h.*`: c_attn, the attention's c_proj, c_fc and the MLP's c_proj), c_attn as three
-// square blocks q, k and v. Everything else (embeddings, the LM head, gains, biases, g) is AdamW's.
+// (`transformer.h.*`: c_attn, the attention's c_proj, c_fc and the MLP's c_proj), c_attn as its
+// three blocks q, k and v. Everything else (embeddings, the LM head, gains, biases, g) is AdamW's.
 struct ParameterSplit {
     std::vector<MuonMatrix> muon;
     std::vector<std::pair<std::string, Tensor>> adamw;
 };
-ParameterSplit split_for_muon(const std::vector<std::pair<std::string, Tensor>>& named_params);
+// c_attn's rows: q_width of q, then kv_width each of k and v (0, 0: three equal blocks).
+struct AttnRows {
+    int64_t q_width = 0, kv_width = 0;
+};
+ParameterSplit split_for_muon(const std::vector<std::pair<std::string, Tensor>>& named_params,
+                              AttnRows attn_rows = {});
 
 struct RunOptimizerOptions {
     AdamWOptions adamw;
-    bool muon = false;  // Muon for split_for_muon's matrices, AdamW for the rest
+    bool muon = false;   // Muon for split_for_muon's matrices, AdamW for the rest
+    AttnRows attn_rows;  // c_attn's q, k, v blocks (grouped-query models: k and v narrower)
     MuonOptions muon_options;
     int zero = 0;  // 1: AdamW's moments sharded over the ranks (AdamW alone)
     int64_t bucket_bytes = int64_t{25} << 20;

@@ -47,11 +47,13 @@ void get_integer(const json& j, const char* key, int64_t& out) {
 // form of a checkpoint's metadata) is the list of fields, so that a new field reaches
 // config.json at once, as a string until it is named here.
 const std::set<std::string> kModelIntegers{"vocab_size", "block_size", "n_layer",
-                                           "n_head",     "n_embd",     "mlp_hidden"};
-const std::set<std::string> kModelNumbers{"dropout",       "lp_p",   "attn_softcap",
-                                          "logit_softcap", "z_loss", "rope_theta"};
+                                           "n_head",     "n_embd",     "mlp_hidden",
+                                           "n_kv_head",  "head_size",  "sliding_window"};
+const std::set<std::string> kModelNumbers{
+    "dropout",    "lp_p",     "attn_softcap",    "logit_softcap",    "z_loss",
+    "rope_theta", "norm_eps", "embedding_scale", "rope_local_theta", "query_pre_attn_scalar"};
 const std::set<std::string> kModelBooleans{"bias", "tie_embeddings", "qk_scale_per_head",
-                                           "qkv_norm"};
+                                           "qkv_norm", "norm_unit_offset"};
 
 json model_to_json(const GPTConfig& m) {
     json j = json::object();

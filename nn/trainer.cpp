@@ -163,6 +163,7 @@ RunOptimizerOptions run_optimizer_options(const TrainConfig& cfg) {
                      .independent_weight_decay = cfg.independent_weight_decay,
                      .lr_max = cfg.lr};
     options.muon = cfg.optimizer == "muon";
+    options.attn_rows = {cfg.model.q_width(), cfg.model.kv_width()};
     options.muon_options = {.momentum = cfg.muon_momentum, .weight_decay = cfg.weight_decay};
     options.zero = static_cast<int>(cfg.zero);
     options.bucket_bytes = static_cast<int64_t>(cfg.bucket_mb * (1 << 20));

@@ -115,9 +115,9 @@ TEST_CASE("config.json holds the model's numbers as numbers and its switches as 
     CHECK(m.at("bias") == false);
     CHECK(m.at("tie_embeddings").is_boolean());
     // The names stay strings, and nothing else is one.
-    const std::set<std::string> names{"norm",          "qk_norm",       "qk_norm_scope",
-                                      "qk_scale_init", "attention",     "precision",
-                                      "pos_emb",       "qk_norm_order", "mlp"};
+    const std::set<std::string> names{
+        "norm",    "qk_norm",       "qk_norm_scope", "qk_scale_init",  "attention",  "precision",
+        "pos_emb", "qk_norm_order", "mlp",           "norm_placement", "layer_types"};
     for (const auto& [key, value] : m.items()) {
         CAPTURE(key);
         CHECK(value.is_string() == (names.count(key) == 1));
