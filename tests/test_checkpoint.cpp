@@ -533,6 +533,9 @@ TEST_CASE("GPTConfig round-trips through to_strings / from_strings") {
     c.attn_softcap = 50, c.qkv_norm = true, c.logit_softcap = 30, c.z_loss = 1e-4;
     c.pos_emb = PosEmb::rope, c.rope_theta = 500000, c.qk_norm_order = QKNormOrder::after_rope;
     c.mlp = MLPKind::geglu, c.mlp_hidden = 96;
+    c.n_kv_head = 1, c.head_size = 6, c.norm_placement = NormPlacement::both, c.norm_eps = 1e-6;
+    c.norm_unit_offset = true, c.embedding_scale = std::sqrt(40.0), c.rope_local_theta = 1e4;
+    c.sliding_window = 7, c.layer_types = "sliding,sliding,full", c.query_pre_attn_scalar = 256;
     const auto fields = c.to_strings();
     GPTConfig back = GPTConfig::from_strings(fields);
     CHECK(back.to_strings() == fields);
@@ -546,6 +549,27 @@ TEST_CASE("GPTConfig round-trips through to_strings / from_strings") {
     CHECK(back.qk_norm_order == QKNormOrder::after_rope);
     CHECK(back.mlp == MLPKind::geglu);
     CHECK(back.mlp_hidden == 96);
+    CHECK(back.n_kv_head == 1);
+    CHECK(back.head_dim() == 6);
+    CHECK(back.norm_placement == NormPlacement::both);
+    CHECK(back.norm_eps == 1e-6);
+    CHECK(back.norm_unit_offset);
+    CHECK(back.embedding_scale == std::sqrt(40.0));
+    CHECK(back.is_sliding(1));
+    CHECK(!back.is_sliding(2));
+    CHECK(back.query_pre_attn_scalar == 256);
+    // Checkpoints from before the Qwen3 / OLMo 2 / Gemma 3 switches have GPT-2's block.
+    auto pre_family_fields = fields;
+    for (const char* key : {"n_kv_head", "head_size", "norm_placement", "norm_eps",
+                            "norm_unit_offset", "embedding_scale", "rope_local_theta",
+                            "sliding_window", "layer_types", "query_pre_attn_scalar"})
+        pre_family_fields.erase(key);
+    const GPTConfig plain = GPTConfig::from_strings(pre_family_fields);
+    CHECK(plain.kv_heads() == 5);
+    CHECK(plain.head_dim() == 8);
+    CHECK(plain.norm_placement == NormPlacement::pre);
+    CHECK(plain.norm_eps == 1e-5);
+    CHECK(!plain.is_sliding(0));
     // Checkpoints from before gated MLPs have GPT-2's, 4C wide.
     auto gpt2_fields = fields;
     for (const char* key : {"mlp", "mlp_hidden"}) gpt2_fields.erase(key);
@@ -576,6 +600,27 @@ TEST_CASE("GPTConfig::validate and from_strings name the offending field") {
     CHECK(bad([](GPTConfig& c) { c.dropout = 1; }, {"dropout"}));
     CHECK(bad([](GPTConfig& c) { c.lp_p = 0.5; }, {"lp_p", "0.5"}));
     CHECK(bad([](GPTConfig& c) { c.mlp_hidden = -4; }, {"mlp_hidden", "-4"}));
+    CHECK(bad([](GPTConfig& c) { c.n_kv_head = 3; }, {"n_kv_head", "divide n_head 4", "3"}));
+    CHECK(bad([](GPTConfig& c) { c.n_kv_head = 8; }, {"n_kv_head", "8"}));
+    CHECK(bad([](GPTConfig& c) { c.head_size = -2; }, {"head_size", "-2"}));
+    CHECK(bad([](GPTConfig& c) { c.n_embd = 100, c.n_head = 3; }, {"n_embd 100", "n_head 3"}));
+    CHECK(bad([](GPTConfig& c) { c.pos_emb = PosEmb::rope, c.head_size = 5; },
+              {"rope", "even", "head_size 5"}));
+    CHECK(bad([](GPTConfig& c) { c.norm_eps = 0; }, {"norm_eps", "0"}));
+    CHECK(bad([](GPTConfig& c) { c.embedding_scale = NAN; }, {"embedding_scale", "nan"}));
+    CHECK(bad([](GPTConfig& c) { c.query_pre_attn_scalar = -1; }, {"query_pre_attn_scalar", "-1"}));
+    CHECK(bad([](GPTConfig& c) { c.rope_local_theta = 0.5; }, {"rope_local_theta", "0.5"}));
+    CHECK(bad([](GPTConfig& c) { c.sliding_window = -1; }, {"sliding_window", "-1"}));
+    CHECK(bad([](GPTConfig& c) { c.sliding_window = 4, c.layer_types = "sliding,full"; },
+              {"layer_types", "one type per layer (4)", "got 2"}));
+    CHECK(bad([](GPTConfig& c) { c.sliding_window = 4, c.layer_types = "full,full,local,full"; },
+              {"layer_types", "'local'"}));
+    CHECK(bad([](GPTConfig& c) { c.layer_types = "full,full,sliding,full"; },
+              {"layer_types", "sliding_window is 0"}));
+    auto placement_fields = GPTConfig{}.to_strings();
+    placement_fields["norm_placement"] = "sandwich";
+    CHECK(test::throws_with([&] { GPTConfig::from_strings(placement_fields); },
+                            {"norm_placement", "sandwich", "pre, post, both"}));
     auto fields = GPTConfig{}.to_strings();
     fields["mlp"] = "relu2";
     CHECK(test::throws_with([&] { GPTConfig::from_strings(fields); }, {"mlp", "relu2"}));

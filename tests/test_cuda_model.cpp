@@ -121,6 +121,24 @@ TEST_CASE("the tiny GPT with gated MLPs on cuda follows the cpu's losses") {
     }
 }
 
+TEST_CASE("the tiny GPT with the Qwen3, OLMo 2 and Gemma 3 switches on cuda follows the cpu") {
+    // Grouped-query heads with a free head size, post-norm with a full-width QK-norm over a
+    // narrower k, and pre+post (1 + w) norms with a sliding window on layer 0.
+    if (!cuda_runnable()) return;
+    GPTConfig qwen = tiny_config();
+    qwen.n_kv_head = 1, qwen.head_size = 10, qwen.qk_norm = QKNorm::rmsnorm;
+    qwen.pos_emb = PosEmb::rope, qwen.mlp = MLPKind::swiglu, qwen.bias = false;
+    GPTConfig olmo = qwen;
+    olmo.head_size = 0, olmo.norm_placement = NormPlacement::post;
+    olmo.qk_norm_scope = NormScope::full;
+    GPTConfig gemma = qwen;
+    gemma.norm_placement = NormPlacement::both, gemma.norm_unit_offset = true;
+    gemma.embedding_scale = std::sqrt(32.0), gemma.sliding_window = 3;
+    gemma.layer_types = "sliding,full", gemma.rope_local_theta = 100;
+    gemma.query_pre_attn_scalar = 16, gemma.mlp = MLPKind::geglu;
+    for (const GPTConfig& c : {qwen, olmo, gemma}) check_variant(c);
+}
+
 TEST_CASE("the tiny GPT in bf16 mixed precision on cuda follows the cpu's bf16 losses") {
     if (!cuda_runnable()) return;
     GPTConfig c = tiny_config();

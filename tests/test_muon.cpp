@@ -220,6 +220,21 @@ TEST_CASE("split_for_muon: the blocks' matrices to Muon (c_attn as q, k, v), the
                                                "lm_head.weight"});
     // Every parameter lands on exactly one side.
     CHECK(split.adamw.size() + split.muon.size() - 4 == model.named_parameters().size());
+    // Grouped-query attention: c_attn is q (8 rows), k (4), v (4), each its own matrix.
+    c.n_kv_head = 1;
+    GPT gqa(c, 1);
+    const ParameterSplit gqa_split = split_for_muon(gqa.named_parameters(), {8, 4});
+    CHECK(gqa_split.muon[0].row_begin == 0);
+    CHECK(gqa_split.muon[0].rows == 8);
+    CHECK(gqa_split.muon[1].row_begin == 8);
+    CHECK(gqa_split.muon[1].rows == 4);
+    CHECK(gqa_split.muon[2].row_begin == 12);
+    CHECK(gqa_split.muon[2].rows == 4);
+    CHECK(throws_with(
+        [&] {
+            split_for_muon(gqa.named_parameters(), {8, 8});
+        },
+        {"Muon", "c_attn.weight", "8 + 2 · 8", "[16, 8]"}));
 }
 
 TEST_CASE("RunOptimizer with Muon: Muon on the matrices and AdamW on the rest, bit for bit") {

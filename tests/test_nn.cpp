@@ -94,6 +94,30 @@ const std::vector<Variant>& variants() {
          [](GPTConfig& c) {
              c.mlp = MLPKind::geglu, c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::layernorm;
          }},
+        // The three families' blocks: Qwen3, OLMo 2, Gemma 3 (docs/models.md).
+        {"qwen3: 1 kv head, head_size 6, rmsnorm head, rope, swiglu, untied, no bias",
+         [](GPTConfig& c) {
+             c.n_kv_head = 1, c.head_size = 6, c.qk_norm = QKNorm::rmsnorm;
+             c.pos_emb = PosEmb::rope, c.rope_theta = 1e6, c.mlp = MLPKind::swiglu;
+             c.norm = NormKind::rmsnorm, c.norm_eps = 1e-6, c.bias = false;
+             c.tie_embeddings = false;
+         }},
+        {"olmo2: post-norm, rmsnorm over the full q and the narrower k, 1 kv head, rope",
+         [](GPTConfig& c) {
+             c.n_kv_head = 1, c.norm_placement = NormPlacement::post;
+             c.qk_norm = QKNorm::rmsnorm, c.qk_norm_scope = NormScope::full;
+             c.pos_emb = PosEmb::rope, c.mlp = MLPKind::swiglu, c.norm = NormKind::rmsnorm;
+             c.bias = false;
+         }},
+        {"gemma3: pre+post norms, (1 + w), embedding scale, window 2 on layer 0, logit scale",
+         [](GPTConfig& c) {
+             c.n_kv_head = 1, c.head_size = 6, c.norm_placement = NormPlacement::both;
+             c.norm_unit_offset = true, c.sliding_window = 2;
+             c.embedding_scale = std::sqrt(double(c.n_embd));  // as Gemma
+             c.layer_types = "sliding,full", c.rope_local_theta = 100, c.rope_theta = 1e6;
+             c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::rmsnorm, c.query_pre_attn_scalar = 5;
+             c.mlp = MLPKind::geglu, c.norm = NormKind::rmsnorm, c.bias = false;
+         }},
     };
     return list;
 }
@@ -104,7 +128,10 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 // Parameter name -> shape, as the model spec's table says, written out independently of nn/.
 std::map<std::string, Shape> expected_shapes(const GPTConfig& c) {
-    const int64_t C = c.n_embd, V = c.vocab_size, D = c.head_dim();
+    const int64_t C = c.n_embd, V = c.vocab_size, D = c.head_size > 0 ? c.head_size : C / c.n_head;
+    const int64_t Wq = c.n_head * D, Wkv = (c.n_kv_head > 0 ? c.n_kv_head : c.n_head) * D;
+    const bool pre = c.norm_placement != NormPlacement::post;
+    const bool post = c.norm_placement != NormPlacement::pre;
     std::map<std::string, Shape> m{{"transformer.wte.weight", {V, C}}};
     if (c.pos_emb == PosEmb::learned) m["transformer.wpe.weight"] = {c.block_size, C};
     auto norm = [&](const std::string& name, int64_t width, bool layernorm) {
@@ -118,18 +145,24 @@ std::map<std::string, Shape> expected_shapes(const GPTConfig& c) {
     const bool block_ln = c.norm == NormKind::layernorm;
     for (int64_t i = 0; i < c.n_layer; ++i) {
         const std::string p = "transformer.h." + std::to_string(i) + ".";
-        if (!c.qkv_norm) norm(p + "ln_1", C, block_ln);
-        linear(p + "attn.c_attn", 3 * C, C);
+        if (pre && !c.qkv_norm) norm(p + "ln_1", C, block_ln);
+        linear(p + "attn.c_attn", Wq + 2 * Wkv, C);
         if (c.qk_norm == QKNorm::layernorm || c.qk_norm == QKNorm::rmsnorm) {
-            const int64_t w = c.qk_norm_scope == NormScope::head ? D : C;
+            const bool head = c.qk_norm_scope == NormScope::head;
             for (const char* n : {"q_norm", "k_norm", "v_norm"})
                 if (std::string(n) != "v_norm" || c.qkv_norm)
-                    norm(p + "attn." + n, w, c.qk_norm == QKNorm::layernorm);
+                    norm(p + "attn." + n,
+                         head                         ? D
+                         : std::string(n) == "q_norm" ? Wq
+                                                      : Wkv,
+                         c.qk_norm == QKNorm::layernorm);
         }
         if (c.qk_norm == QKNorm::l2 || c.qk_norm == QKNorm::lp)
             m[p + "attn.qk_scale"] = {c.qk_scale_per_head ? c.n_head : 1};
-        linear(p + "attn.c_proj", C, C);
-        norm(p + "ln_2", C, block_ln);
+        linear(p + "attn.c_proj", C, Wq);
+        if (post) norm(p + "post_ln_1", C, block_ln);
+        if (pre) norm(p + "ln_2", C, block_ln);
+        if (post) norm(p + "post_ln_2", C, block_ln);
         const int64_t hidden = c.mlp_hidden > 0 ? c.mlp_hidden : 4 * C;
         linear(p + "mlp.c_fc", hidden, C);
         if (c.mlp != MLPKind::gelu) linear(p + "mlp.c_gate", hidden, C);
@@ -353,8 +386,8 @@ void gradcheck_variants(size_t first, size_t last) {
                 name.find("h.0.attn.v_norm") != std::string::npos || ends_with(name, "qk_scale") ||
                 name == "transformer.h.1.attn.c_proj.bias" || name == "transformer.wte.weight" ||
                 name == "transformer.h.1.ln_1.weight" || name == "transformer.ln_f.weight" ||
-                name == "lm_head.weight" || ends_with(name, "h.1.mlp.c_gate.weight") ||
-                ends_with(name, "h.1.mlp.c_fc.weight"))
+                name == "transformer.h.1.post_ln_1.weight" || name == "lm_head.weight" ||
+                ends_with(name, "h.1.mlp.c_gate.weight") || ends_with(name, "h.1.mlp.c_fc.weight"))
                 inputs.push_back(p);
         REQUIRE(inputs.size() >= 4);
         // The logits and the loss together: the probe weighs every logit, the loss adds
@@ -445,8 +478,9 @@ void naive_norm(double* v, int64_t n, const GPTConfig& c, const Values& w, const
     if (c.qk_norm == QKNorm::layernorm)
         for (int64_t i = 0; i < n; ++i) mean += v[i] / n;
     for (int64_t i = 0; i < n; ++i) ms += (v[i] - mean) * (v[i] - mean) / n;
+    const double offset = c.norm_unit_offset ? 1.0 : 0.0;  // Gemma's (1 + w)
     for (int64_t i = 0; i < n; ++i)
-        v[i] = (v[i] - mean) / std::sqrt(ms + eps) * w[i] + (b.empty() ? 0.0 : b[i]);
+        v[i] = (v[i] - mean) / std::sqrt(ms + eps) * (offset + w[i]) + (b.empty() ? 0.0 : b[i]);
 }
 
 Values values(const Tensor& t) { return t.defined() ? t.to_vector<double>() : Values{}; }
@@ -475,30 +509,38 @@ Values naive_linear(const Values& x, const Linear& lin) {
     return y;
 }
 
-// The whole layer in plain loops over b, h, i, j; fills the stability signals too.
+// The whole layer (layer 0 of the config: its window and RoPE base) in plain loops over b, h,
+// i, j; fills the stability signals too. q has H heads, k and v Hkv, each of width D.
 Values naive_attention(const CausalSelfAttention& a, const GPTConfig& c, const Values& x, int64_t B,
                        int64_t T, AttentionStats& st) {
-    const int64_t C = c.n_embd, H = c.n_head, D = c.head_dim();
-    Values qkv = naive_linear(x, *a.c_attn);  // (B, T, 3C)
+    const int64_t H = c.n_head, D = c.head_size > 0 ? c.head_size : c.n_embd / H;
+    const int64_t Hkv = c.n_kv_head > 0 ? c.n_kv_head : H, group = H / Hkv;
+    const int64_t Wq = H * D, Wkv = Hkv * D, row = Wq + 2 * Wkv;
+    const bool sliding = c.sliding_window > 0 && c.layer_types.rfind("full", 0) != 0;
+    const int64_t window = sliding ? c.sliding_window : T;
+    const double theta = sliding && c.rope_local_theta > 0 ? c.rope_local_theta : c.rope_theta;
+    const double scale_dim = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(D);
+    Values qkv = naive_linear(x, *a.c_attn);  // (B, T, Wq + 2 Wkv): q, k, v
     auto at = [&](int64_t part, int64_t b, int64_t t) {
-        return &qkv[(b * T + t) * 3 * C + part * C];
+        return &qkv[(b * T + t) * row + (part == 0 ? 0 : Wq + (part - 1) * Wkv)];
     };
-    double qn = 0, kn = 0;
+    auto heads = [&](int64_t part) { return part == 0 ? H : Hkv; };
+    double norms[2] = {0, 0};
     for (int64_t b = 0; b < B; ++b)
         for (int64_t t = 0; t < T; ++t)
-            for (int64_t h = 0; h < H; ++h)
-                for (int64_t part : {0, 1}) {
+            for (int64_t part : {0, 1})
+                for (int64_t h = 0; h < heads(part); ++h) {
                     double s = 0;
                     for (int64_t d = 0; d < D; ++d) s += std::pow(at(part, b, t)[h * D + d], 2);
-                    (part == 0 ? qn : kn) += std::sqrt(s) / (B * T * H);
+                    norms[part] += std::sqrt(s) / (B * T * heads(part));
                 }
-    st.q_norm = qn, st.k_norm = kn;
+    st.q_norm = norms[0], st.k_norm = norms[1];
     auto rotate_q_and_k = [&] {
         for (int64_t b = 0; b < B; ++b)
             for (int64_t t = 0; t < T; ++t)
-                for (int64_t h = 0; h < H; ++h)
-                    for (int64_t part : {0, 1})
-                        naive_rope(at(part, b, t) + h * D, D, t, c.rope_theta);
+                for (int64_t part : {0, 1})
+                    for (int64_t h = 0; h < heads(part); ++h)
+                        naive_rope(at(part, b, t) + h * D, D, t, theta);
     };
     const bool rope = c.pos_emb == PosEmb::rope;
     if (rope && c.qk_norm_order == QKNormOrder::after_rope) rotate_q_and_k();
@@ -510,39 +552,42 @@ Values naive_attention(const CausalSelfAttention& a, const GPTConfig& c, const V
             const Values w = norms[part] ? values(norms[part]->weight) : Values{};
             const Values bias = norms[part] ? values(norms[part]->bias) : Values{};
             const double eps = norms[part] ? norms[part]->eps : 0;
+            const int64_t width = part == 0 ? Wq : Wkv;
             for (int64_t b = 0; b < B; ++b)
                 for (int64_t t = 0; t < T; ++t)
-                    for (int64_t h = 0; h < (full ? 1 : H); ++h)
-                        naive_norm(at(part, b, t) + h * D, full ? C : D, c, w, bias, eps);
+                    for (int64_t h = 0; h < (full ? 1 : heads(part)); ++h)
+                        naive_norm(at(part, b, t) + h * D, full ? width : D, c, w, bias, eps);
         }
     }
     if (rope && c.qk_norm_order == QKNormOrder::before_rope) rotate_q_and_k();
     const Values g = values(a.qk_scale);
-    Values y(B * T * C, 0.0);
+    Values y(B * T * Wq, 0.0);
     double max_logit = 0, entropy = 0;
     for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < H; ++h) {
-            const double scale = g.empty() ? 1 / std::sqrt(double(D)) : g[g.size() == 1 ? 0 : h];
+            const double scale = g.empty() ? 1 / std::sqrt(scale_dim) : g[g.size() == 1 ? 0 : h];
+            const int64_t kv = h / group;  // the key/value head this query head reads
             for (int64_t i = 0; i < T; ++i) {
-                Values s(i + 1);
+                const int64_t first = std::max<int64_t>(0, i - window + 1);
+                Values s(i + 1 - first);
                 double m = -INFINITY;
-                for (int64_t j = 0; j <= i; ++j) {
+                for (int64_t j = first; j <= i; ++j) {
                     double dot = 0;
                     for (int64_t d = 0; d < D; ++d)
-                        dot += at(0, b, i)[h * D + d] * at(1, b, j)[h * D + d];
-                    s[j] = scale * dot;
-                    max_logit = std::max(max_logit, std::abs(s[j]));
-                    if (c.attn_softcap > 0)
-                        s[j] = c.attn_softcap * std::tanh(s[j] / c.attn_softcap);
-                    m = std::max(m, s[j]);
+                        dot += at(0, b, i)[h * D + d] * at(1, b, j)[kv * D + d];
+                    double& e = s[j - first];
+                    e = scale * dot;
+                    max_logit = std::max(max_logit, std::abs(e));
+                    if (c.attn_softcap > 0) e = c.attn_softcap * std::tanh(e / c.attn_softcap);
+                    m = std::max(m, e);
                 }
                 double z = 0;
                 for (double& e : s) z += (e = std::exp(e - m));
-                for (int64_t j = 0; j <= i; ++j) {
-                    const double p = s[j] / z;
+                for (int64_t j = first; j <= i; ++j) {
+                    const double p = s[j - first] / z;
                     entropy -= p * std::log(p) / (B * H * T);
                     for (int64_t d = 0; d < D; ++d)
-                        y[(b * T + i) * C + h * D + d] += p * at(2, b, j)[h * D + d];
+                        y[(b * T + i) * Wq + h * D + d] += p * at(2, b, j)[kv * D + d];
                 }
             }
         }

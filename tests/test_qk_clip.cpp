@@ -156,6 +156,30 @@ TEST_CASE("qk_clip brings each head above tau to exactly tau and leaves the rest
     CHECK(model.h[0]->attn->c_attn->weight.to_vector<double>() == layer0);
 }
 
+TEST_CASE("with a key head shared by query heads, qk_clip puts tau / S on the query rows alone") {
+    GPTConfig c = clip_config(1);
+    c.n_kv_head = 1;  // c_attn: q (kC rows), then one head of k (kD rows) and of v (kD rows)
+    GPT model(c, 4, kF64);
+    NoGradGuard no_grad;
+    const Tensor& w = model.h[0]->attn->c_attn->weight;
+    for (int64_t h = 0; h < kH; ++h) {  // the query heads far apart
+        const Tensor rows = w.detach().narrow(0, h * kD, kD);
+        copy_into(rows, rows * (4.0 + 12.0 * static_cast<double>(h)));
+    }
+    const Tensor ids = batch_ids();
+    const GPTOutput before = model.forward(ids, {}, true);
+    const std::vector<double> max_before = before.stats[0].head_max_logit;
+    const double tau = 0.5 * (max_before[0] + max_before[1]);  // heads 1 and 2 above
+    REQUIRE(max_before[2] > tau);
+    const std::vector<double> kv_before = w.narrow(0, kC, 2 * kD).to_vector<double>();
+    CHECK(qk_clip(model, before.stats, tau) == 2);
+    CHECK(w.narrow(0, kC, 2 * kD).to_vector<double>() == kv_before);  // k, v rows untouched
+    const std::vector<double> max_after = head_maxima(model, ids)[0];
+    CHECK(max_after[0] == max_before[0]);  // bit for bit: its q rows and the shared k unchanged
+    CHECK(max_after[1] == doctest::Approx(tau).epsilon(1e-12));
+    CHECK(max_after[2] == doctest::Approx(tau).epsilon(1e-12));
+}
+
 TEST_CASE("after a Muon or AdamW step and the clip, the next forward's max is tau up to the step") {
     for (const bool muon : {false, true}) {
         CAPTURE(muon);
