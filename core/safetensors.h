@@ -1,9 +1,10 @@
 // safetensors I/O: the format of Hugging Face's safetensors, read and written by hand.
 //
 // File layout: 8-byte little-endian header length N; N bytes of JSON, an object mapping each
-// tensor name to {"dtype": "F32"|"F64"|"I32", "shape": [...], "data_offsets": [begin, end]}
+// tensor name to {"dtype": "F32"|"F64"|"I32"|"BF16", "shape": [...], "data_offsets": [begin, end]}
 // (offsets relative to the data buffer), plus an optional "__metadata__" object of strings;
-// then the data buffer, raw little-endian values, row-major.
+// then the data buffer, raw little-endian values, row-major. "F16" is read too, widened to
+// float32 (exactly), for Hugging Face checkpoints stored in float16.
 //
 // Reading treats the file as hostile input and makes the reference implementation's checks:
 // the header length against the file size and a 100 MB cap, a JSON object, names unique, each

@@ -1,0 +1,265 @@
+// Hugging Face models in and out (nn/hf.h) against transformers itself: tests/data/hf holds tiny
+// random GPT-2, Qwen3, OLMo 2 and Gemma 3 models that transformers built and saved, with the
+// logits and per-layer hidden states it computed for fixed ids in float32 and float64
+// (tools/make_hf_fixtures.py). Each loads here and matches them, from the 5.x config.json and
+// from the 4.x form of the same config; export writes back what transformers wrote; and every
+// hostile directory is a clean error naming the file and the key or tensor. Also the float16
+// reader those fixtures need.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/float16.h"
+#include "core/safetensors.h"
+#include "helpers.h"
+#include "nn/hf.h"
+
+using namespace qk;
+using namespace qk::nn;
+using qk::test::throws_with;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const char* const kFamilies[] = {"gpt2", "qwen3", "olmo2", "gemma3"};
+
+std::string fixture(const std::string& family) {
+    const char* root = std::getenv("HF_FIXTURES");
+    REQUIRE_MESSAGE(root != nullptr, "HF_FIXTURES (tests/data/hf) is set by meson test");
+    return std::string(root) + "/" + family;
+}
+
+// max |a − b| / max |b|: the error relative to the tensor's scale.
+double relative_error(const Tensor& a, const Tensor& b) {
+    REQUIRE(a.shape() == b.shape());
+    const double scale = max(abs(b.to(kF64))).item();
+    return max(abs(a.to(kF64) - b.to(kF64))).item() / std::max(scale, 1e-30);
+}
+
+// The residual stream after the embedding and after each block, and the final norm's output:
+// what transformers returns as hidden_states (its last entry has the final norm applied).
+std::vector<Tensor> hidden_states(GPT& model, const Tensor& ids) {
+    NoGradGuard no_grad;
+    const GPTConfig& c = model.config();
+    Tensor x = model.wte->forward(ids);
+    if (c.embedding_scale != 1.0) x = x * c.embedding_scale;
+    if (model.wpe) x = x + model.wpe->forward(arange(ids.size(1), kI32));
+    std::vector<Tensor> out{x};
+    for (auto& block : model.h) out.push_back(x = block->forward(x, nullptr, nullptr));
+    out.back() = model.ln_f->forward(x);
+    return out;
+}
+
+// A scratch copy of a fixture directory, removed at the end of the scope.
+struct ScratchDir {
+    fs::path path;
+    explicit ScratchDir(const std::string& family) {
+        path = fs::temp_directory_path() / fmt::format("qk_hf_{}_{}", family, ::getpid());
+        fs::remove_all(path);
+        fs::copy(fixture(family), path);
+    }
+    ~ScratchDir() { fs::remove_all(path); }
+    std::string str() const { return path.string(); }
+    json read(const std::string& file) const {
+        std::ifstream f(path / file);
+        return json::parse(f);
+    }
+    void write(const std::string& file, const json& j) const { std::ofstream(path / file) << j; }
+};
+
+}  // namespace
+
+TEST_CASE("float16 widens to float32 exactly: every one of the 65,536 values") {
+    for (uint32_t h = 0; h < 65536; ++h) {
+        const uint32_t e = (h >> 10) & 31, f = h & 1023;
+        const double sign = h & 0x8000 ? -1.0 : 1.0;
+        const double want = e == 31  ? (f ? NAN : sign * INFINITY)
+                            : e == 0 ? sign * std::ldexp(f, -24)
+                                     : sign * std::ldexp(1024 + f, static_cast<int>(e) - 25);
+        const float got = float16_to_float(static_cast<uint16_t>(h));
+        if (std::isnan(want)) {
+            CHECK(std::isnan(got));
+        } else {
+            CHECK(static_cast<double>(got) == want);
+            CHECK(std::signbit(got) == std::signbit(want));  // −0 stays −0
+        }
+    }
+}
+
+TEST_CASE("every family matches transformers' logits and hidden states, float32 and float64") {
+    for (const std::string family : kFamilies) {
+        CAPTURE(family);
+        const SafetensorsFile ref = load_safetensors(fixture(family) + "/reference.safetensors");
+        const Tensor ids = ref.get("ids");
+        for (const DType dtype : {kF32, kF64}) {
+            CAPTURE(dtype);
+            const bool f64 = dtype == kF64;
+            const double tolerance = f64 ? 1e-10 : 1e-5;
+            auto model = load_hf_model(fixture(family), dtype);
+            const Tensor logits = model->forward(ids).logits;
+            CHECK(relative_error(logits, ref.get(f64 ? "logits_f64" : "logits_f32")) <= tolerance);
+            const Tensor hidden = ref.get(f64 ? "hidden_f64" : "hidden_f32");
+            const std::vector<Tensor> ours = hidden_states(*model, ids);
+            REQUIRE(static_cast<int64_t>(ours.size()) == hidden.size(0));
+            for (size_t layer = 0; layer < ours.size(); ++layer) {
+                CAPTURE(layer);
+                CHECK(relative_error(ours[layer], hidden.select(0, layer)) <= tolerance);
+            }
+        }
+    }
+}
+
+TEST_CASE("a config.json in transformers 4.x form gives the same model as the 5.x form") {
+    for (const std::string family : {"qwen3", "olmo2", "gemma3"}) {
+        CAPTURE(family);
+        ScratchDir dir(family);
+        fs::copy_file(dir.path / "config.v4.json", dir.path / "config.json",
+                      fs::copy_options::overwrite_existing);
+        const GPTConfig v4 = read_hf_config(dir.str() + "/config.json").config;
+        const GPTConfig v5 = read_hf_config(fixture(family) + "/config.json").config;
+        CHECK(v4.to_strings() == v5.to_strings());
+    }
+    // Gemma 3's pattern: every 2nd layer global, 1e4 locally, 1e6 globally.
+    const GPTConfig gemma = read_hf_config(fixture("gemma3") + "/config.v4.json").config;
+    CHECK(gemma.is_sliding(0));
+    CHECK(!gemma.is_sliding(1));
+    CHECK(gemma.is_sliding(2));
+    CHECK(gemma.rope_local_theta == 1e4);
+    CHECK(gemma.rope_theta == 1e6);
+}
+
+TEST_CASE("export writes the config transformers wrote, and tensors that load back bit for bit") {
+    for (const std::string family : kFamilies) {
+        CAPTURE(family);
+        auto model = load_hf_model(fixture(family));
+        const fs::path out =
+            fs::temp_directory_path() / fmt::format("qk_hf_export_{}_{}", family, ::getpid());
+        save_hf_model(*model, out.string());
+        // Every key written has the value transformers wrote (it writes more: token ids, dtype).
+        std::ifstream theirs_file(fixture(family) + "/config.json"), ours_file(out / "config.json");
+        const json theirs = json::parse(theirs_file), ours = json::parse(ours_file);
+        for (const auto& [key, value] : ours.items()) {
+            CAPTURE(key);
+            if (key == "dtype") continue;  // ours is float32 whatever the source was stored in
+            REQUIRE(theirs.contains(key));
+            if (value.is_number_float())
+                CHECK(value.get<double>() == doctest::Approx(theirs[key].get<double>()));
+            else
+                CHECK(value == theirs[key]);
+        }
+        auto back = load_hf_model(out.string());
+        const auto a = model->named_parameters(), b = back->named_parameters();
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) {
+            CAPTURE(a[i].first);
+            CHECK(a[i].second.to_vector<double>() == b[i].second.to_vector<double>());
+        }
+        fs::remove_all(out);
+    }
+}
+
+TEST_CASE("export refuses a model no transformers class computes, naming what is missing") {
+    GPTConfig c;  // the lab's default: GPT-2's block with QK-LayerNorm
+    c.vocab_size = 11, c.block_size = 8, c.n_layer = 1, c.n_head = 2, c.n_embd = 8;
+    c.qk_norm = QKNorm::layernorm;
+    GPT model(c, 1);
+    CHECK(throws_with([&] { save_hf_model(model, "/tmp/qk_never_written"); },
+                      {"export --hf", "GPT2LMHeadModel", "qk_norm none"}));
+    CHECK(!fs::exists("/tmp/qk_never_written"));
+}
+
+TEST_CASE("hostile config.json files: missing, mistyped, contradictory and unknown keys") {
+    ScratchDir dir("qwen3");
+    const json good = dir.read("config.json");
+    auto refused = [&](std::function<void(json&)> edit, std::initializer_list<std::string> words) {
+        json j = good;
+        edit(j);
+        dir.write("config.json", j);
+        return throws_with([&] { load_hf_model(dir.str()); }, words);
+    };
+    CHECK(refused([](json& j) { j.erase("hidden_size"); },
+                  {"config.json", "hidden_size", "missing"}));
+    CHECK(refused([](json& j) { j["num_hidden_layers"] = "3"; },
+                  {"config.json", "num_hidden_layers", "integer", "\"3\""}));
+    CHECK(refused([](json& j) { j["model_type"] = "llama"; },
+                  {"config.json", "Qwen3ForCausalLM", "model_type", "llama"}));
+    CHECK(refused([](json& j) { j["architectures"] = {"Qwen3MoeForCausalLM"}; },
+                  {"config.json", "Qwen3MoeForCausalLM", "not implemented"}));
+    CHECK(refused([](json& j) { j["num_experts"] = 8; }, {"config.json", "num_experts", "8"}));
+    CHECK(refused([](json& j) { j["hidden_act"] = "relu"; },
+                  {"config.json", "hidden_act", "relu", "silu"}));
+    CHECK(refused(
+        [](json& j) {
+            j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4}};
+        },
+        {"config.json", "rope_parameters", "not implemented"}));
+    CHECK(refused(
+        [](json& j) {
+            j.erase("rope_parameters");
+            j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+        },
+        {"config.json", "rope_scaling", "not implemented"}));
+    CHECK(refused([](json& j) { j["num_key_value_heads"] = 3; },
+                  {"config.json", "not valid", "n_kv_head", "3"}));
+    CHECK(refused([](json& j) { j["attention_bias"] = true; },
+                  {"config.json", "attention_bias", "true"}));
+    dir.write("config.json", good);
+    CHECK(load_hf_model(dir.str())->config().kv_heads() == 2);  // and the original still loads
+}
+
+TEST_CASE("hostile weights: wrong shape or dtype, missing, extra, duplicated, outside the dir") {
+    {  // a tensor of the wrong shape, then of integer dtype
+        ScratchDir dir("olmo2");
+        SafetensorsFile f = load_safetensors(dir.str() + "/model.safetensors");
+        auto rewrite = [&](const Tensor& replacement) {
+            auto tensors = f.tensors;
+            for (auto& [name, t] : tensors)
+                if (name == "model.layers.1.self_attn.k_norm.weight") t = replacement;
+            save_safetensors(dir.str() + "/model.safetensors", tensors);
+        };
+        rewrite(ones({8}));
+        CHECK(throws_with(
+            [&] { load_hf_model(dir.str()); },
+            {"model.safetensors", "model.layers.1.self_attn.k_norm.weight", "[8]", "[16]"}));
+        rewrite(ones({16}).to(kI32));
+        CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"k_norm.weight", "int32"}));
+        auto tensors = f.tensors;  // one missing
+        tensors.erase(tensors.begin());
+        save_safetensors(dir.str() + "/model.safetensors", tensors);
+        CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"missing"}));
+        tensors = f.tensors;  // one extra
+        tensors.emplace_back("model.layers.9.mlp.up_proj.weight", ones({2, 2}));
+        save_safetensors(dir.str() + "/model.safetensors", tensors);
+        CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"model.layers.9.mlp.up_proj.weight",
+                                                              "not part of", "Olmo2ForCausalLM"}));
+    }
+    {  // shards: an index entry outside the directory, a tensor in two shards, an unlisted one
+        ScratchDir dir("qwen3");
+        const json index = dir.read("model.safetensors.index.json");
+        json bad = index;
+        bad["weight_map"]["model.norm.weight"] = "../model-00001-of-00003.safetensors";
+        dir.write("model.safetensors.index.json", bad);
+        CHECK(throws_with([&] { load_hf_model(dir.str()); },
+                          {"index.json", "model.norm.weight", "outside the model directory"}));
+        bad = index;
+        bad["weight_map"]["model.norm.weight"] = "/etc/passwd";
+        dir.write("model.safetensors.index.json", bad);
+        CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"outside the model directory"}));
+        dir.write("model.safetensors.index.json", index);
+        const std::string first = dir.str() + "/model-00001-of-00003.safetensors";
+        const std::string last = dir.str() + "/model-00003-of-00003.safetensors";
+        SafetensorsFile a = load_safetensors(first), c = load_safetensors(last);
+        auto with_copy = c.tensors;
+        with_copy.push_back(a.tensors.front());
+        save_safetensors(last, with_copy);
+        CHECK(throws_with([&] { load_hf_model(dir.str()); }, {a.tensors.front().first, "also in"}));
+        with_copy = c.tensors;
+        with_copy.emplace_back("model.extra.weight", ones({2}));
+        save_safetensors(last, with_copy);
+        CHECK(throws_with([&] { load_hf_model(dir.str()); },
+                          {"index", "model.extra.weight", "does not list it"}));
+    }
+    CHECK(throws_with([&] { load_hf_model("/nonexistent_qk_dir"); }, {"config.json"}));
+}
