@@ -25,6 +25,7 @@
 #include "core/threading.h"
 #include "examples/qknorm_config.h"
 #include "examples/qknorm_flags.h"
+#include "examples/qknorm_models.h"
 #include "nn/checkpoint.h"
 #include "nn/data.h"
 #include "nn/data_parallel.h"
@@ -365,6 +366,9 @@ int main(int argc, char** argv) {
     add_sample_flags(sample_cmd, run, ckpt, prompt, options, seed);
     add_threads(sample_cmd);
 
+    ExportArgs export_args;
+    CLI::App* export_cmd = add_export_command(app, export_args);
+
     dist::init();  // joins the MPI world when mpirun or srun started this process
     try {
         if (const char* env = std::getenv("QK_NUM_THREADS"))
@@ -390,7 +394,8 @@ int main(int argc, char** argv) {
         if (dist::world_size() > 1)
             throw UsageError(fmt::format(
                 "'qknorm {}' runs in one process; of the commands only train runs under mpirun",
-                sweep_cmd->parsed() ? "sweep" : "sample"));
+                sweep_cmd->parsed() ? "sweep" : export_cmd->parsed() ? "export" : "sample"));
+        if (export_cmd->parsed()) return run_export(export_args);
         if (sweep_cmd->parsed()) {
             const bool threads_given =
                 std::any_of(threads_options.begin(), threads_options.end(),

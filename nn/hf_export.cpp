@@ -83,6 +83,13 @@ json layer_types(const GPTConfig& c) {
     return types;
 }
 
+// transformers' strict config takes an integer (Gemma 3 writes 256); a fraction stays one.
+json query_pre_attn_scalar(const GPTConfig& c) {
+    const double v =
+        c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(c.head_dim());
+    return v == std::floor(v) && v < 1e15 ? json(static_cast<int64_t>(v)) : json(v);
+}
+
 }  // namespace
 
 HFFamily hf_family_for(const GPTConfig& config) {
@@ -152,9 +159,7 @@ std::string hf_config_json(HFFamily family, const GPTConfig& c) {
             j.update({{"model_type", "gemma3_text"},
                       {"head_dim", c.head_dim()},
                       {"hidden_activation", "gelu_pytorch_tanh"},
-                      {"query_pre_attn_scalar", c.query_pre_attn_scalar > 0
-                                                    ? c.query_pre_attn_scalar
-                                                    : static_cast<double>(c.head_dim())},
+                      {"query_pre_attn_scalar", query_pre_attn_scalar(c)},
                       {"sliding_window", c.sliding_window > 0 ? c.sliding_window : c.block_size},
                       {"layer_types", layer_types(c)},
                       {"attn_logit_softcapping",

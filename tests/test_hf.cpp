@@ -12,8 +12,12 @@
 
 #include "core/float16.h"
 #include "core/safetensors.h"
+#include "cuda_parity.h"
 #include "helpers.h"
+#include "nn/checkpoint.h"
 #include "nn/hf.h"
+#include "nn/trainer.h"
+#include "run_program.h"
 
 using namespace qk;
 using namespace qk::nn;
@@ -108,6 +112,20 @@ TEST_CASE("every family matches transformers' logits and hidden states, float32 
                 CHECK(relative_error(ours[layer], hidden.select(0, layer)) <= tolerance);
             }
         }
+    }
+}
+
+TEST_CASE("every family matches transformers' logits on the cuda backend too") {
+    // The emulator in CI; a GPU where there is one. float32 only: the fused attention's cuda
+    // kernel takes head dims up to 64 in float64, and the point is the cuda code path.
+    if (!test::cuda_runnable()) return;
+    for (const std::string family : kFamilies) {
+        CAPTURE(family);
+        const SafetensorsFile ref = load_safetensors(fixture(family) + "/reference.safetensors");
+        auto model = load_hf_model(fixture(family));
+        model->to(Device::cuda);
+        const Tensor logits = model->forward(ref.get("ids").to(Device::cuda)).logits;
+        CHECK(relative_error(logits.to(Device::cpu), ref.get("logits_f32")) <= 1e-5);
     }
 }
 
@@ -262,4 +280,43 @@ TEST_CASE("hostile weights: wrong shape or dtype, missing, extra, duplicated, ou
                           {"index", "model.extra.weight", "does not list it"}));
     }
     CHECK(throws_with([&] { load_hf_model("/nonexistent_qk_dir"); }, {"config.json"}));
+}
+
+TEST_CASE("qknorm export --hf writes a trained Qwen3-shaped model; the lab's default is refused") {
+    const fs::path root = fs::temp_directory_path() / fmt::format("qk_hf_cli_{}", ::getpid());
+    fs::remove_all(root);
+    fs::create_directories(root);
+    {
+        std::ofstream corpus(root / "corpus.txt");
+        for (int i = 0; i < 200; ++i) corpus << "to be or not to be, that is the question. ";
+    }
+    const std::string corpus = (root / "corpus.txt").string();
+    const std::string run = (root / "qwen").string(), hf = (root / "qwen_hf").string();
+    test::require_ok(test::run_program(
+        test::tiny_train_args(corpus, run,
+                              {"--steps", "2", "--batch-size", "2", "--norm", "rmsnorm",
+                               "--qk-norm", "rmsnorm", "--pos-emb", "rope", "--mlp", "swiglu",
+                               "--bias", "false", "--n-kv-head", "1", "--norm-eps", "1e-6"})));
+    const test::Outcome out =
+        test::run_program({test::qknorm_program(), "export", "--run-dir", run, "--hf", hf});
+    test::require_ok(out);
+    CHECK(out.output.find("Qwen3ForCausalLM") != std::string::npos);
+    const LoadedModel trained = load_model(nn::latest_model_checkpoint(run));
+    auto exported = load_hf_model(hf);
+    CHECK(exported->config().kv_heads() == 1);
+    const auto a = trained.model->named_parameters(), b = exported->named_parameters();
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+        CAPTURE(a[i].first);
+        CHECK(a[i].first == b[i].first);
+        CHECK(a[i].second.to_vector<double>() == b[i].second.to_vector<double>());
+    }
+    const std::string plain = (root / "plain").string();
+    test::require_ok(test::run_program(test::tiny_train_args(corpus, plain, {"--steps", "1"})));
+    const test::Outcome refused = test::run_program(
+        {test::qknorm_program(), "export", "--run-dir", plain, "--hf", (root / "x").string()});
+    CHECK(refused.exit_code != 0);
+    CHECK(refused.output.find("qk_norm none") != std::string::npos);
+    CHECK(!fs::exists(root / "x"));
+    fs::remove_all(root);
 }
