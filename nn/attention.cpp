@@ -21,6 +21,7 @@
 // stability signals per row.
 #include "nn/attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "autograd/grad_mode.h"
@@ -121,17 +122,21 @@ Tensor CausalSelfAttention::normalize(const Tensor& t, const std::shared_ptr<Nor
     return norm ? norm->forward(t) : t;
 }
 
-// t: (B, H, T, D) rotated by positions 0…T−1. The tables are made once per device and dtype for
-// block_size positions (the angles in float64) and narrowed to T.
+// t: (B, H, T, D) rotated by positions 0…T−1. The tables are made per device and dtype (the
+// angles in float64) for the positions needed so far, doubling up to block_size: a model with a
+// context of 40,960 (Qwen3) does not hold 40,960 rows per layer to read 13 of them. An angle does
+// not depend on the table's length, so neither do the results.
 Tensor CausalSelfAttention::rotate(const Tensor& t) const {
+    const int64_t T = t.size(2);
     if (!rope_cos_.defined() || rope_cos_.device() != t.device() ||
-        rope_cos_.dtype() != t.dtype()) {
-        RopeTables tables =
-            rope_tables(config_.block_size, config_.head_dim(), rope_theta_, t.dtype(), t.device());
+        rope_cos_.dtype() != t.dtype() || rope_cos_.size(0) < T) {
+        int64_t rows = 64;
+        while (rows < T) rows *= 2;
+        RopeTables tables = rope_tables(std::min(rows, config_.block_size), config_.head_dim(),
+                                        rope_theta_, t.dtype(), t.device());
         rope_cos_ = tables.cos;
         rope_sin_ = tables.sin;
     }
-    const int64_t T = t.size(2);
     return rope(t, rope_cos_.narrow(0, 0, T), rope_sin_.narrow(0, 0, T));
 }
 

@@ -41,7 +41,7 @@ class CausalSelfAttention : public Module {
     GPTConfig config_;
     int64_t window_ = 0;                  // this layer's sliding window, 0 = full attention
     double rope_theta_;                   // this layer's RoPE base
-    mutable Tensor rope_cos_, rope_sin_;  // (block_size, D/2), made on first use per device
+    mutable Tensor rope_cos_, rope_sin_;  // (rows, D/2), rows grown as positions are needed
 };
 
 }  // namespace qk::nn
