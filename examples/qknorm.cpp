@@ -394,7 +394,9 @@ int main(int argc, char** argv) {
         if (dist::world_size() > 1)
             throw UsageError(fmt::format(
                 "'qknorm {}' runs in one process; of the commands only train runs under mpirun",
-                sweep_cmd->parsed() ? "sweep" : export_cmd->parsed() ? "export" : "sample"));
+                sweep_cmd->parsed()    ? "sweep"
+                : export_cmd->parsed() ? "export"
+                                       : "sample"));
         if (export_cmd->parsed()) return run_export(export_args);
         if (sweep_cmd->parsed()) {
             const bool threads_given =
