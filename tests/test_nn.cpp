@@ -1,9 +1,9 @@
 // The model (nn/): parameter names, shapes and initialisation as the model spec says, every
-// attention variant gradchecked end to end in float64 and checked against naive loops (with its
-// stability signals), causality, and every variant overfitting a fixed batch that needs attention.
-// The optimisers and data are in test_train.cpp, the config's string form in test_checkpoint.cpp.
+// attention variant (tests/nn_variants.h) gradchecked end to end in float64, fused against naive,
+// causality, and every variant overfitting a fixed batch that needs attention. The attention layer
+// against plain loops is tests/test_nn_attention.cpp; the optimisers and data are in
+// test_train.cpp, the config's string form in test_checkpoint.cpp.
 #include <cmath>
-#include <complex>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -13,118 +13,18 @@
 #include "nn/config.h"
 #include "nn/gpt.h"
 #include "nn/optim.h"
+#include "nn_variants.h"
 
 using namespace qk;
 using namespace qk::nn;
+using qk::test::ends_with;
+using qk::test::mean_of;
 using qk::test::throws_with;
+using qk::test::tiny_config;
+using qk::test::Variant;
+using qk::test::variants;
 
 namespace {
-
-GPTConfig tiny_config() {
-    GPTConfig c;
-    c.vocab_size = 7;
-    c.block_size = 4;
-    c.n_layer = 2;
-    c.n_head = 2;
-    c.n_embd = 8;
-    return c;
-}
-
-// Every attention variant of the model, and the output-side options, as edits of a config.
-struct Variant {
-    std::string name;
-    std::function<void(GPTConfig&)> apply;
-};
-
-const std::vector<Variant>& variants() {
-    static const std::vector<Variant> list{
-        {"none", [](GPTConfig&) {}},
-        {"layernorm head", [](GPTConfig& c) { c.qk_norm = QKNorm::layernorm; }},
-        {"layernorm full",
-         [](GPTConfig& c) { c.qk_norm = QKNorm::layernorm, c.qk_norm_scope = NormScope::full; }},
-        {"rmsnorm head", [](GPTConfig& c) { c.qk_norm = QKNorm::rmsnorm; }},
-        {"rmsnorm full",
-         [](GPTConfig& c) { c.qk_norm = QKNorm::rmsnorm, c.qk_norm_scope = NormScope::full; }},
-        {"l2", [](GPTConfig& c) { c.qk_norm = QKNorm::l2; }},
-        {"l2 per-head scale",
-         [](GPTConfig& c) { c.qk_norm = QKNorm::l2, c.qk_scale_per_head = true; }},
-        {"lp p=3",
-         [](GPTConfig& c) { c.qk_norm = QKNorm::lp, c.lp_p = 3, c.qk_scale_init = "sqrt_d"; }},
-        {"none + attn softcap", [](GPTConfig& c) { c.attn_softcap = 1.5; }},
-        {"layernorm + attn softcap (QK_norm_cap)",
-         [](GPTConfig& c) { c.qk_norm = QKNorm::layernorm, c.attn_softcap = 1.5; }},
-        {"qkv_norm layernorm",
-         [](GPTConfig& c) { c.qk_norm = QKNorm::layernorm, c.qkv_norm = true; }},
-        {"qkv_norm rmsnorm full, no bias",
-         [](GPTConfig& c) {
-             c.qk_norm = QKNorm::rmsnorm, c.qk_norm_scope = NormScope::full, c.qkv_norm = true;
-             c.bias = false;
-         }},
-        {"logit softcap + z-loss, untied, rmsnorm blocks",
-         [](GPTConfig& c) {
-             c.logit_softcap = 2.0, c.z_loss = 0.1, c.tie_embeddings = false;
-             c.norm = NormKind::rmsnorm;
-         }},
-        {"rope, none", [](GPTConfig& c) { c.pos_emb = PosEmb::rope; }},
-        {"rope, layernorm head before rope (theta 7)",
-         [](GPTConfig& c) {
-             c.pos_emb = PosEmb::rope, c.rope_theta = 7, c.qk_norm = QKNorm::layernorm;
-         }},
-        {"rope, rmsnorm head after rope",
-         [](GPTConfig& c) {
-             c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::rmsnorm;
-             c.qk_norm_order = QKNormOrder::after_rope;
-         }},
-        {"rope, layernorm full before rope, qkv_norm",
-         [](GPTConfig& c) {
-             c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::layernorm;
-             c.qk_norm_scope = NormScope::full, c.qkv_norm = true;
-         }},
-        {"rope, l2 after rope",
-         [](GPTConfig& c) {
-             c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::l2;
-             c.qk_norm_order = QKNormOrder::after_rope;
-         }},
-        {"swiglu MLP 12 wide, rmsnorm head, no bias",
-         [](GPTConfig& c) {
-             c.mlp = MLPKind::swiglu, c.mlp_hidden = 12, c.qk_norm = QKNorm::rmsnorm;
-             c.bias = false;
-         }},
-        {"geglu MLP, rope, layernorm head",
-         [](GPTConfig& c) {
-             c.mlp = MLPKind::geglu, c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::layernorm;
-         }},
-        // The three families' blocks: Qwen3, OLMo 2, Gemma 3 (docs/models.md).
-        {"qwen3: 1 kv head, head_size 6, rmsnorm head, rope, swiglu, untied, no bias",
-         [](GPTConfig& c) {
-             c.n_kv_head = 1, c.head_size = 6, c.qk_norm = QKNorm::rmsnorm;
-             c.pos_emb = PosEmb::rope, c.rope_theta = 1e6, c.mlp = MLPKind::swiglu;
-             c.norm = NormKind::rmsnorm, c.norm_eps = 1e-6, c.bias = false;
-             c.tie_embeddings = false;
-         }},
-        {"olmo2: post-norm, rmsnorm over the full q and the narrower k, 1 kv head, rope",
-         [](GPTConfig& c) {
-             c.n_kv_head = 1, c.norm_placement = NormPlacement::post;
-             c.qk_norm = QKNorm::rmsnorm, c.qk_norm_scope = NormScope::full;
-             c.pos_emb = PosEmb::rope, c.mlp = MLPKind::swiglu, c.norm = NormKind::rmsnorm;
-             c.bias = false;
-         }},
-        {"gemma3: pre+post norms, (1 + w), embedding scale, window 2 on layer 0, logit scale",
-         [](GPTConfig& c) {
-             c.n_kv_head = 1, c.head_size = 6, c.norm_placement = NormPlacement::both;
-             c.norm_unit_offset = true, c.sliding_window = 2;
-             c.embedding_scale = std::sqrt(double(c.n_embd));  // as Gemma
-             c.layer_types = "sliding,full", c.rope_local_theta = 100, c.rope_theta = 1e6;
-             c.pos_emb = PosEmb::rope, c.qk_norm = QKNorm::rmsnorm, c.query_pre_attn_scalar = 5;
-             c.mlp = MLPKind::geglu, c.norm = NormKind::rmsnorm, c.bias = false;
-         }},
-    };
-    return list;
-}
-
-bool ends_with(const std::string& s, const std::string& tail) {
-    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 // Parameter name -> shape, as the model spec's table says, written out independently of nn/.
 std::map<std::string, Shape> expected_shapes(const GPTConfig& c) {
@@ -188,9 +88,6 @@ Tensor param(const GPT& model, const std::string& name) {
     return {};
 }
 
-double mean_of(const std::vector<double>& v) {
-    return std::accumulate(v.begin(), v.end(), 0.0) / v.size();
-}
 double std_of(const std::vector<double>& v) {
     const double m = mean_of(v);
     double s = 0;
@@ -455,183 +352,6 @@ TEST_CASE("the z-loss adds z·mean(logsumexp(logits)²), and cross_entropy stays
     }
     CHECK(out.cross_entropy.item() == doctest::Approx(ce).epsilon(1e-12));
     CHECK(out.loss.item() == doctest::Approx(ce + 0.25 * z).epsilon(1e-12));
-}
-
-// ---- attention against naive loops ---------------------------------------------------------
-
-namespace {
-
-using Values = std::vector<double>;
-
-// Normalises v[0..n) in place like the variant's norm: gain w and bias b may be empty.
-void naive_norm(double* v, int64_t n, const GPTConfig& c, const Values& w, const Values& b,
-                double eps) {
-    if (c.qk_norm == QKNorm::l2 || c.qk_norm == QKNorm::lp) {
-        const double p = c.qk_norm == QKNorm::l2 ? 2.0 : c.lp_p;
-        double s = 0;
-        for (int64_t i = 0; i < n; ++i) s += std::pow(std::abs(v[i]), p);
-        const double denom = std::max(std::pow(s, 1 / p), 1e-12);
-        for (int64_t i = 0; i < n; ++i) v[i] /= denom;
-        return;
-    }
-    double mean = 0, ms = 0;
-    if (c.qk_norm == QKNorm::layernorm)
-        for (int64_t i = 0; i < n; ++i) mean += v[i] / n;
-    for (int64_t i = 0; i < n; ++i) ms += (v[i] - mean) * (v[i] - mean) / n;
-    const double offset = c.norm_unit_offset ? 1.0 : 0.0;  // Gemma's (1 + w)
-    for (int64_t i = 0; i < n; ++i)
-        v[i] = (v[i] - mean) / std::sqrt(ms + eps) * (offset + w[i]) + (b.empty() ? 0.0 : b[i]);
-}
-
-Values values(const Tensor& t) { return t.defined() ? t.to_vector<double>() : Values{}; }
-
-// RoPE on one head vector v[0..D) at position t, as complex numbers: pair i is v_i + i·v_{i+D/2},
-// multiplied by e^{i·t·θ^(−2i/D)}.
-void naive_rope(double* v, int64_t D, int64_t t, double theta) {
-    for (int64_t i = 0; i < D / 2; ++i) {
-        const std::complex<double> z(v[i], v[i + D / 2]);
-        const std::complex<double> turned = z * std::polar(1.0, t * std::pow(theta, -2.0 * i / D));
-        v[i] = turned.real(), v[i + D / 2] = turned.imag();
-    }
-}
-
-// y = x Wᵀ + b over rows of x: (rows, in) -> (rows, out).
-Values naive_linear(const Values& x, const Linear& lin) {
-    const Values w = values(lin.weight), b = values(lin.bias);
-    const int64_t out = lin.weight.size(0), in = lin.weight.size(1), rows = x.size() / in;
-    Values y(rows * out);
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t o = 0; o < out; ++o) {
-            double s = b.empty() ? 0.0 : b[o];
-            for (int64_t i = 0; i < in; ++i) s += x[r * in + i] * w[o * in + i];
-            y[r * out + o] = s;
-        }
-    return y;
-}
-
-// The whole layer (layer 0 of the config: its window and RoPE base) in plain loops over b, h,
-// i, j; fills the stability signals too. q has H heads, k and v Hkv, each of width D.
-Values naive_attention(const CausalSelfAttention& a, const GPTConfig& c, const Values& x, int64_t B,
-                       int64_t T, AttentionStats& st) {
-    const int64_t H = c.n_head, D = c.head_size > 0 ? c.head_size : c.n_embd / H;
-    const int64_t Hkv = c.n_kv_head > 0 ? c.n_kv_head : H, group = H / Hkv;
-    const int64_t Wq = H * D, Wkv = Hkv * D, row = Wq + 2 * Wkv;
-    const bool sliding = c.sliding_window > 0 && c.layer_types.rfind("full", 0) != 0;
-    const int64_t window = sliding ? c.sliding_window : T;
-    const double theta = sliding && c.rope_local_theta > 0 ? c.rope_local_theta : c.rope_theta;
-    const double scale_dim = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(D);
-    Values qkv = naive_linear(x, *a.c_attn);  // (B, T, Wq + 2 Wkv): q, k, v
-    auto at = [&](int64_t part, int64_t b, int64_t t) {
-        return &qkv[(b * T + t) * row + (part == 0 ? 0 : Wq + (part - 1) * Wkv)];
-    };
-    auto heads = [&](int64_t part) { return part == 0 ? H : Hkv; };
-    double norms[2] = {0, 0};
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t < T; ++t)
-            for (int64_t part : {0, 1})
-                for (int64_t h = 0; h < heads(part); ++h) {
-                    double s = 0;
-                    for (int64_t d = 0; d < D; ++d) s += std::pow(at(part, b, t)[h * D + d], 2);
-                    norms[part] += std::sqrt(s) / (B * T * heads(part));
-                }
-    st.q_norm = norms[0], st.k_norm = norms[1];
-    auto rotate_q_and_k = [&] {
-        for (int64_t b = 0; b < B; ++b)
-            for (int64_t t = 0; t < T; ++t)
-                for (int64_t part : {0, 1})
-                    for (int64_t h = 0; h < heads(part); ++h)
-                        naive_rope(at(part, b, t) + h * D, D, t, theta);
-    };
-    const bool rope = c.pos_emb == PosEmb::rope;
-    if (rope && c.qk_norm_order == QKNormOrder::after_rope) rotate_q_and_k();
-    if (c.qk_norm != QKNorm::none) {
-        const bool full = c.qk_norm_scope == NormScope::full && c.qk_norm != QKNorm::l2 &&
-                          c.qk_norm != QKNorm::lp;
-        const std::shared_ptr<Norm> norms[3] = {a.q_norm, a.k_norm, a.v_norm};
-        for (int64_t part = 0; part < (c.qkv_norm ? 3 : 2); ++part) {
-            const Values w = norms[part] ? values(norms[part]->weight) : Values{};
-            const Values bias = norms[part] ? values(norms[part]->bias) : Values{};
-            const double eps = norms[part] ? norms[part]->eps : 0;
-            const int64_t width = part == 0 ? Wq : Wkv;
-            for (int64_t b = 0; b < B; ++b)
-                for (int64_t t = 0; t < T; ++t)
-                    for (int64_t h = 0; h < (full ? 1 : heads(part)); ++h)
-                        naive_norm(at(part, b, t) + h * D, full ? width : D, c, w, bias, eps);
-        }
-    }
-    if (rope && c.qk_norm_order == QKNormOrder::before_rope) rotate_q_and_k();
-    const Values g = values(a.qk_scale);
-    Values y(B * T * Wq, 0.0);
-    double max_logit = 0, entropy = 0;
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < H; ++h) {
-            const double scale = g.empty() ? 1 / std::sqrt(scale_dim) : g[g.size() == 1 ? 0 : h];
-            const int64_t kv = h / group;  // the key/value head this query head reads
-            for (int64_t i = 0; i < T; ++i) {
-                const int64_t first = std::max<int64_t>(0, i - window + 1);
-                Values s(i + 1 - first);
-                double m = -INFINITY;
-                for (int64_t j = first; j <= i; ++j) {
-                    double dot = 0;
-                    for (int64_t d = 0; d < D; ++d)
-                        dot += at(0, b, i)[h * D + d] * at(1, b, j)[kv * D + d];
-                    double& e = s[j - first];
-                    e = scale * dot;
-                    max_logit = std::max(max_logit, std::abs(e));
-                    if (c.attn_softcap > 0) e = c.attn_softcap * std::tanh(e / c.attn_softcap);
-                    m = std::max(m, e);
-                }
-                double z = 0;
-                for (double& e : s) z += (e = std::exp(e - m));
-                for (int64_t j = first; j <= i; ++j) {
-                    const double p = s[j - first] / z;
-                    entropy -= p * std::log(p) / (B * H * T);
-                    for (int64_t d = 0; d < D; ++d)
-                        y[(b * T + i) * Wq + h * D + d] += p * at(2, b, j)[kv * D + d];
-                }
-            }
-        }
-    st.max_logit = max_logit, st.entropy = entropy, st.qk_scale = g.empty() ? 0 : mean_of(g);
-    return naive_linear(y, *a.c_proj);
-}
-
-}  // namespace
-
-TEST_CASE("attention forward and its stability signals match naive loops, for every variant") {
-    const int64_t B = 2, T = 5;
-    for (bool fused : {true, false})
-        for (const auto& variant : variants()) {
-            CAPTURE(variant.name);
-            CAPTURE(fused);
-            GPTConfig c = tiny_config();
-            c.block_size = T, c.n_embd = 12, c.n_head = 3;
-            c.fused_attention = fused;
-            variant.apply(c);
-            Generator gen(11);
-            CausalSelfAttention attn(c, gen, kF64);
-            {  // random gains, biases and scales, so that each one is seen
-                NoGradGuard no_grad;
-                for (auto& [name, p] : attn.named_parameters())
-                    if (p.dim() == 1)
-                        copy_into(p, normal(p.shape(), ends_with(name, "bias") ? 0.0 : 1.5, 0.4,
-                                            kF64, gen));
-            }
-            Tensor x = normal({B, T, c.n_embd}, 0, 1, kF64, gen);
-            AttentionStats got, want;
-            Tensor y = attn.forward(x, &got);
-            const Values ref = naive_attention(attn, c, x.to_vector<double>(), B, T, want);
-            CHECK(y.shape() == x.shape());
-            double worst = 0;
-            const Values yv = y.to_vector<double>();
-            for (size_t i = 0; i < ref.size(); ++i)
-                worst = std::max(worst, std::abs(yv[i] - ref[i]));
-            CHECK(worst < 1e-12);
-            CHECK(got.max_logit == doctest::Approx(want.max_logit).epsilon(1e-12));
-            CHECK(got.entropy == doctest::Approx(want.entropy).epsilon(1e-12));
-            CHECK(got.q_norm == doctest::Approx(want.q_norm).epsilon(1e-12));
-            CHECK(got.k_norm == doctest::Approx(want.k_norm).epsilon(1e-12));
-            CHECK(got.qk_scale == doctest::Approx(want.qk_scale).epsilon(1e-12));
-        }
 }
 
 TEST_CASE("attention is causal: changing a later token leaves earlier outputs unchanged") {
