@@ -2,7 +2,7 @@
 // attention variant (tests/nn_variants.h) gradchecked end to end in float64, fused against naive,
 // causality, and every variant overfitting a fixed batch that needs attention. The attention layer
 // against plain loops is tests/test_nn_attention.cpp; the optimisers and data are in
-// test_train.cpp, the config's string form in test_checkpoint.cpp.
+// test_train.cpp, the config's string form in test_config.cpp.
 #include <cmath>
 #include <functional>
 #include <map>
