@@ -45,8 +45,11 @@ Tensor split_heads(const Tensor& t, int64_t n_head) {
     return t.reshape({B, T, n_head, C / n_head}).transpose(1, 2);
 }
 
-// Mean Euclidean norm of the D-vectors of t: (B, H, T, D).
+// Mean Euclidean norm of the D-vectors of t: (B, H, T, D), over all of them and per head.
 double mean_vector_norm(const Tensor& t) { return mean(sqrt(sum(t * t, {-1}))).item(); }
+std::vector<double> head_vector_norms(const Tensor& t) {
+    return mean(sqrt(sum(t * t, {-1})), {0, 2}).to_vector<double>();
+}
 
 // Reduces the per-row signals (B, H, T) of ops/attention.h to the layer's: the max |s| per head
 // and over all of them, and the mean entropy over every row; a NaN anywhere makes them NaN (a
@@ -56,15 +59,18 @@ void reduce_signals(const AttentionSignals& rows, AttentionStats& stats) {
     const auto entropy = rows.entropy.to_vector<double>();
     const size_t H = static_cast<size_t>(rows.max_abs_logit.size(1));
     const size_t T = static_cast<size_t>(rows.max_abs_logit.size(2));
-    std::vector<double> head_max(H, 0.0);
+    std::vector<double> head_max(H, 0.0), head_entropy(H, 0.0);
     double entropy_sum = 0;
     bool nan_seen = false;
+    const double rows_per_head = static_cast<double>(max_abs.size() / std::max<size_t>(1, H));
     for (size_t r = 0; r < max_abs.size(); ++r) {
         nan_seen = nan_seen || std::isnan(max_abs[r]) || std::isnan(entropy[r]);
         double& head = head_max[(r / T) % H];
         head = std::max(head, max_abs[r]);
+        head_entropy[(r / T) % H] += entropy[r] / rows_per_head;
         entropy_sum += entropy[r];
     }
+    stats.head_entropy = std::move(head_entropy);
     double max_logit = 0;
     for (double& head : head_max) {
         max_logit = std::max(max_logit, head);
@@ -155,6 +161,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
         NoGradGuard no_grad;
         stats->q_norm = mean_vector_norm(split_heads(q, H));
         stats->k_norm = mean_vector_norm(split_heads(k, H_kv));
+        stats->head_q_norm = head_vector_norms(split_heads(q, H));
+        stats->head_k_norm = head_vector_norms(split_heads(k, H_kv));
     }
     if (full_scope) {
         q = normalize(q, q_norm);
@@ -178,6 +186,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
     if (use_rope && !rotate_first) {
         q = rotate(q);
         k = rotate(k);
+    }
+    if (stats) {
+        NoGradGuard no_grad;
+        stats->head_q_norm_after = head_vector_norms(q);
+        stats->head_k_norm_after = head_vector_norms(k);
     }
     AttentionOptions options{.causal = true,
                              .window = window_,

@@ -18,6 +18,11 @@ struct AttentionStats {
     double qk_scale = 0;  // mean g for l2/lp, 0 otherwise
     // Per head, the max |s| over the batch and the unmasked positions (QK-Clip's S_h).
     std::vector<double> head_max_logit;
+    // Per head, this process's batch only (qknorm inspect): the mean entropy of its query rows,
+    // and the mean ‖q‖ (H heads) and ‖k‖ (Hkv heads) before the QK-norm and as they enter the
+    // dot product (after the QK-norm and RoPE, which keeps norms).
+    std::vector<double> head_entropy, head_q_norm, head_k_norm, head_q_norm_after,
+        head_k_norm_after;
 };
 
 class CausalSelfAttention : public Module {

@@ -2,6 +2,7 @@
 // over b, h, i, j: its output and its stability signals, fused and naive, in float64.
 #include <cmath>
 #include <complex>
+#include <tuple>
 
 #include "helpers.h"
 #include "nn/attention.h"
@@ -82,16 +83,23 @@ Values naive_attention(const CausalSelfAttention& a, const GPTConfig& c, const V
         return &qkv[(b * T + t) * row + (part == 0 ? 0 : Wq + (part - 1) * Wkv)];
     };
     auto heads = [&](int64_t part) { return part == 0 ? H : Hkv; };
-    double norms[2] = {0, 0};
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t < T; ++t)
-            for (int64_t part : {0, 1})
-                for (int64_t h = 0; h < heads(part); ++h) {
-                    double s = 0;
-                    for (int64_t d = 0; d < D; ++d) s += std::pow(at(part, b, t)[h * D + d], 2);
-                    norms[part] += std::sqrt(s) / (B * T * heads(part));
-                }
-    st.q_norm = norms[0], st.k_norm = norms[1];
+    // The mean ‖q‖ and ‖k‖ per head (into q_heads, k_heads) and over all heads.
+    auto vector_norms = [&](Values& q_heads, Values& k_heads) {
+        double norms[2] = {0, 0};
+        Values* per_head[2] = {&q_heads, &k_heads};
+        q_heads.assign(H, 0.0), k_heads.assign(Hkv, 0.0);
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t t = 0; t < T; ++t)
+                for (int64_t part : {0, 1})
+                    for (int64_t h = 0; h < heads(part); ++h) {
+                        double s = 0;
+                        for (int64_t d = 0; d < D; ++d) s += std::pow(at(part, b, t)[h * D + d], 2);
+                        norms[part] += std::sqrt(s) / (B * T * heads(part));
+                        (*per_head[part])[h] += std::sqrt(s) / (B * T);
+                    }
+        return std::pair{norms[0], norms[1]};
+    };
+    std::tie(st.q_norm, st.k_norm) = vector_norms(st.head_q_norm, st.head_k_norm);
     auto rotate_q_and_k = [&] {
         for (int64_t b = 0; b < B; ++b)
             for (int64_t t = 0; t < T; ++t)
@@ -117,6 +125,8 @@ Values naive_attention(const CausalSelfAttention& a, const GPTConfig& c, const V
         }
     }
     if (rope && c.qk_norm_order == QKNormOrder::before_rope) rotate_q_and_k();
+    vector_norms(st.head_q_norm_after, st.head_k_norm_after);  // as they enter the dot product
+    st.head_entropy.assign(H, 0.0);
     const Values g = values(a.qk_scale);
     Values y(B * T * Wq, 0.0);
     double max_logit = 0, entropy = 0;
@@ -143,6 +153,7 @@ Values naive_attention(const CausalSelfAttention& a, const GPTConfig& c, const V
                 for (int64_t j = first; j <= i; ++j) {
                     const double p = s[j - first] / z;
                     entropy -= p * std::log(p) / (B * H * T);
+                    st.head_entropy[h] -= p * std::log(p) / (B * T);
                     for (int64_t d = 0; d < D; ++d)
                         y[(b * T + i) * Wq + h * D + d] += p * at(2, b, j)[kv * D + d];
                 }
@@ -188,5 +199,13 @@ TEST_CASE("attention forward and its stability signals match naive loops, for ev
             CHECK(got.q_norm == doctest::Approx(want.q_norm).epsilon(1e-12));
             CHECK(got.k_norm == doctest::Approx(want.k_norm).epsilon(1e-12));
             CHECK(got.qk_scale == doctest::Approx(want.qk_scale).epsilon(1e-12));
+            for (auto field : {&AttentionStats::head_entropy, &AttentionStats::head_q_norm,
+                               &AttentionStats::head_k_norm, &AttentionStats::head_q_norm_after,
+                               &AttentionStats::head_k_norm_after}) {
+                const std::vector<double>&got_heads = got.*field, &want_heads = want.*field;
+                REQUIRE(got_heads.size() == want_heads.size());
+                for (size_t h = 0; h < got_heads.size(); ++h)
+                    CHECK(got_heads[h] == doctest::Approx(want_heads[h]).epsilon(1e-12));
+            }
         }
 }
