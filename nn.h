@@ -14,6 +14,7 @@
 #include "nn/data_parallel.h"
 #include "nn/gpt.h"
 #include "nn/hf.h"
+#include "nn/inspect.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "nn/muon.h"

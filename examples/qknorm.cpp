@@ -368,6 +368,8 @@ int main(int argc, char** argv) {
 
     ExportArgs export_args;
     CLI::App* export_cmd = add_export_command(app, export_args);
+    InspectArgs inspect_args;
+    CLI::App* inspect_cmd = add_inspect_command(app, inspect_args);
 
     dist::init();  // joins the MPI world when mpirun or srun started this process
     try {
@@ -394,10 +396,12 @@ int main(int argc, char** argv) {
         if (dist::world_size() > 1)
             throw UsageError(fmt::format(
                 "'qknorm {}' runs in one process; of the commands only train runs under mpirun",
-                sweep_cmd->parsed()    ? "sweep"
-                : export_cmd->parsed() ? "export"
-                                       : "sample"));
+                sweep_cmd->parsed()     ? "sweep"
+                : export_cmd->parsed()  ? "export"
+                : inspect_cmd->parsed() ? "inspect"
+                                        : "sample"));
         if (export_cmd->parsed()) return run_export(export_args);
+        if (inspect_cmd->parsed()) return run_inspect(inspect_args);
         if (sweep_cmd->parsed()) {
             const bool threads_given =
                 std::any_of(threads_options.begin(), threads_options.end(),

@@ -2,8 +2,11 @@
 
 #include <filesystem>
 
+#include "core/file_io.h"
+#include "core/safetensors.h"
 #include "nn/checkpoint.h"
 #include "nn/hf.h"
+#include "nn/inspect.h"
 #include "nn/trainer.h"
 
 namespace qk::cli {
@@ -12,11 +15,13 @@ namespace fs = std::filesystem;
 
 CLI::App* add_export_command(CLI::App& app, ExportArgs& args) {
     CLI::App* cmd = app.add_subcommand(
-        "export", "write a trained model as a Hugging Face model directory (transformers loads it)");
+        "export",
+        "write a trained model as a Hugging Face model directory (transformers loads it)");
     cmd->add_option("--hf", args.hf_dir,
                     "the directory to write: config.json and model.safetensors (float32)")
         ->required();
-    cmd->add_option("--run-dir,--run", args.run_dir, "run directory, its latest checkpoint is used");
+    cmd->add_option("--run-dir,--run", args.run_dir,
+                    "run directory, its latest checkpoint is used");
     cmd->add_option("--ckpt", args.ckpt, "a model checkpoint file, instead of --run-dir");
     return cmd;
 }
@@ -32,6 +37,63 @@ int run_export(const ExportArgs& args) {
     nn::save_hf_model(*loaded.model, args.hf_dir);
     fmt::print("{} -> {} ({}: config.json, model.safetensors)\n", path, args.hf_dir,
                nn::architecture_name(family));
+    return 0;
+}
+
+CLI::App* add_inspect_command(CLI::App& app, InspectArgs& args) {
+    CLI::App* cmd = app.add_subcommand(
+        "inspect",
+        "run a model over a text: its loss and, per layer and head, the attention "
+        "signals (max logit, entropy, |q| and |k| before and after the QK-norm)");
+    cmd->add_option("--model", args.model_dir, "a Hugging Face model directory (config.json, ...)");
+    cmd->add_option("--ckpt", args.ckpt, "a qknorm model checkpoint file, instead of --model");
+    cmd->add_option("--run-dir,--run", args.run_dir, "a run directory: its latest checkpoint");
+    cmd->add_option("--text", args.text,
+                    "the text file to run over (default: the bundled Tiny Shakespeare)");
+    cmd->add_option("--window", args.window,
+                    "tokens per forward pass; 0 = the model's block size (at most 1024)");
+    cmd->add_option("--max-tokens", args.max_tokens, "read at most this many tokens of the text")
+        ->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
+    cmd->add_option("--out", args.out, "the SVG of the signals per head");
+    return cmd;
+}
+
+int run_inspect(const InspectArgs& args) {
+    const int sources = !args.model_dir.empty() + !args.ckpt.empty() + !args.run_dir.empty();
+    QK_CHECK(sources == 1,
+             "inspect: give the model as --model DIR, --ckpt FILE or --run-dir RUN (one of them)");
+    const std::string text_path = args.text.empty() ? nn::default_data_path() : args.text;
+    const std::string text = read_regular_file(text_path, "inspect --text", 1 << 30);
+    std::unique_ptr<nn::GPT> model;
+    std::vector<int32_t> ids;
+    const std::string ckpt =
+        args.run_dir.empty() ? args.ckpt : nn::latest_model_checkpoint(args.run_dir);
+    QK_CHECK(args.run_dir.empty() || !ckpt.empty(), "inspect: {} holds no checkpoint",
+             args.run_dir);
+    if (!ckpt.empty()) {
+        nn::LoadedModel loaded = nn::load_model(ckpt);
+        ids = loaded.tokenizer.encode(text);
+        model = std::move(loaded.model);
+    } else {
+        // Until tokenizer.json is read, a Hugging Face model reads the text as bytes.
+        model = nn::load_hf_model(args.model_dir);
+        QK_CHECK(model->config().vocab_size >= 256,
+                 "inspect: {} has {} token ids, fewer than the 256 bytes the text is read as",
+                 args.model_dir, model->config().vocab_size);
+        ids.assign(text.begin(), text.end());
+        for (int32_t& id : ids) id = static_cast<unsigned char>(id);
+    }
+    if (static_cast<int64_t>(ids.size()) > args.max_tokens) ids.resize(args.max_tokens);
+    const int64_t window =
+        args.window > 0 ? args.window : std::min<int64_t>(model->config().block_size, 1024);
+    const nn::InspectReport report = nn::inspect_model(*model, ids, window);
+    fmt::print("{}", nn::inspect_table(report));
+    write_file_atomic(
+        args.out,
+        nn::inspect_svg(report,
+                        fmt::format("qknorm inspect: {} on {}",
+                                    args.model_dir.empty() ? ckpt : args.model_dir, text_path)));
+    fmt::print("plot: {}\n", args.out);
     return 0;
 }
 

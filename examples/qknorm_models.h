@@ -1,4 +1,5 @@
-// `qknorm export --hf`: a trained model written as a Hugging Face model directory (nn/hf.h).
+// `qknorm export --hf` (a trained model written as a Hugging Face model directory, nn/hf.h) and
+// `qknorm inspect` (a model's attention signals over a text, nn/inspect.h).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -12,5 +13,13 @@ struct ExportArgs {
 
 CLI::App* add_export_command(CLI::App& app, ExportArgs& args);
 int run_export(const ExportArgs& args);
+
+struct InspectArgs {
+    std::string model_dir, ckpt, run_dir, text, out = "inspect.svg";
+    int64_t window = 0, max_tokens = 4096;
+};
+
+CLI::App* add_inspect_command(CLI::App& app, InspectArgs& args);
+int run_inspect(const InspectArgs& args);
 
 }  // namespace qk::cli

@@ -16,6 +16,7 @@
 #include "helpers.h"
 #include "nn/checkpoint.h"
 #include "nn/hf.h"
+#include "nn/inspect.h"
 #include "nn/trainer.h"
 #include "run_program.h"
 
@@ -318,5 +319,66 @@ TEST_CASE("qknorm export --hf writes a trained Qwen3-shaped model; the lab's def
     CHECK(refused.exit_code != 0);
     CHECK(refused.output.find("qk_norm none") != std::string::npos);
     CHECK(!fs::exists(root / "x"));
+    fs::remove_all(root);
+}
+
+TEST_CASE("inspect: the loss and per-head signals of a model over a text, window by window") {
+    auto model = load_hf_model(fixture("qwen3"));
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 23; ++i) ids.push_back((i * 37 + 11) % 300);
+    // One window: exactly the forward's cross-entropy and signals.
+    const InspectReport one = inspect_model(*model, ids, 64);
+    std::vector<int32_t> x(ids.begin(), ids.end() - 1), y(ids.begin() + 1, ids.end());
+    const GPTOutput out = model->forward(from_ids(x, {1, 22}), from_ids(y, {1, 22}), true);
+    CHECK(one.windows == 1);
+    CHECK(one.tokens == 22);
+    CHECK(one.loss == doctest::Approx(out.cross_entropy.item()).epsilon(1e-6));
+    for (int64_t layer = 0; layer < 3; ++layer)
+        for (int64_t h = 0; h < 4; ++h) {
+            const HeadSignals& s = one.heads[layer][h];
+            const AttentionStats& want = out.stats[layer];
+            CHECK(s.max_logit == doctest::Approx(want.head_max_logit[h]).epsilon(1e-6));
+            CHECK(s.entropy == doctest::Approx(want.head_entropy[h]).epsilon(1e-6));
+            CHECK(s.k_norm == doctest::Approx(want.head_k_norm[h / 2]).epsilon(1e-6));
+            CHECK(s.q_norm_after == doctest::Approx(want.head_q_norm_after[h]).epsilon(1e-6));
+        }
+    // Windows of 10, 10 and 2 predictions: the loss is their token-weighted mean.
+    const InspectReport three = inspect_model(*model, ids, 10);
+    CHECK(three.windows == 3);
+    double sum = 0;
+    for (int64_t begin : {0, 10, 20}) {
+        const int64_t T = begin == 20 ? 2 : 10;
+        std::vector<int32_t> wx(ids.begin() + begin, ids.begin() + begin + T);
+        std::vector<int32_t> wy(ids.begin() + begin + 1, ids.begin() + begin + T + 1);
+        sum += model->forward(from_ids(wx, {1, T}), from_ids(wy, {1, T})).cross_entropy.item() * T;
+    }
+    CHECK(three.loss == doctest::Approx(sum / 22).epsilon(1e-6));
+    CHECK(three.gain_range.size() == 3);
+    CHECK(inspect_table(three).find("mean next-token loss") != std::string::npos);
+    CHECK(throws_with([&] { inspect_model(*model, {5}, 8); }, {"inspect", "at least 2"}));
+    CHECK(throws_with([&] { inspect_model(*model, ids, 0); }, {"inspect", "window", "0"}));
+}
+
+TEST_CASE("qknorm inspect prints the table and writes the plot, for a Hugging Face directory") {
+    const fs::path root = fs::temp_directory_path() / fmt::format("qk_inspect_{}", ::getpid());
+    fs::create_directories(root);
+    std::ofstream(root / "text.txt") << "It is a truth universally acknowledged, that a single "
+                                        "man in possession of a good fortune must be in want.";
+    const test::Outcome out = test::run_program(
+        {test::qknorm_program(), "inspect", "--model", fixture("gemma3"), "--text",
+         (root / "text.txt").string(), "--window", "16", "--out", (root / "p.svg").string()});
+    test::require_ok(out);
+    CHECK(out.output.find("mean next-token loss") != std::string::npos);
+    CHECK(out.output.find("max|logit|") != std::string::npos);
+    std::ifstream svg(root / "p.svg");
+    const std::string head((std::istreambuf_iterator<char>(svg)), {});
+    CHECK(head.find("<svg") != std::string::npos);
+    CHECK(head.find("attention entropy") != std::string::npos);
+    const test::Outcome both =
+        test::run_program({test::qknorm_program(), "inspect", "--model", fixture("gemma3"),
+                           "--ckpt", "x", "--text", (root / "text.txt").string()});
+    CHECK(both.exit_code != 0);
+    CHECK(both.output.find("one of them") != std::string::npos);
+    CHECK(both.output.find("--run-dir") != std::string::npos);
     fs::remove_all(root);
 }
