@@ -58,14 +58,10 @@ std::vector<Tensor> hidden_states(GPT& model, const Tensor& ids) {
 }
 
 // A scratch copy of a fixture directory, removed at the end of the scope.
-struct ScratchDir {
-    fs::path path;
-    explicit ScratchDir(const std::string& family) {
-        path = fs::temp_directory_path() / fmt::format("qk_hf_{}_{}", family, ::getpid());
-        fs::remove_all(path);
+struct ScratchDir : test::TempDir {
+    explicit ScratchDir(const std::string& family) : TempDir("hf_" + family) {
         fs::copy(fixture(family), path);
     }
-    ~ScratchDir() { fs::remove_all(path); }
     std::string str() const { return path.string(); }
     json read(const std::string& file) const {
         std::ifstream f(path / file);
@@ -153,8 +149,8 @@ TEST_CASE("export writes the config transformers wrote, and tensors that load ba
     for (const std::string family : kFamilies) {
         CAPTURE(family);
         auto model = load_hf_model(fixture(family));
-        const fs::path out =
-            fs::temp_directory_path() / fmt::format("qk_hf_export_{}_{}", family, ::getpid());
+        const test::TempDir dir("hf_export");
+        const fs::path out = dir.path / family;
         save_hf_model(*model, out.string());
         // Every key written has the value transformers wrote (it writes more: token ids, dtype).
         std::ifstream theirs_file(fixture(family) + "/config.json"), ours_file(out / "config.json");
@@ -175,7 +171,6 @@ TEST_CASE("export writes the config transformers wrote, and tensors that load ba
             CAPTURE(a[i].first);
             CHECK(a[i].second.to_vector<double>() == b[i].second.to_vector<double>());
         }
-        fs::remove_all(out);
     }
 }
 
@@ -284,9 +279,8 @@ TEST_CASE("hostile weights: wrong shape or dtype, missing, extra, duplicated, ou
 }
 
 TEST_CASE("qknorm export --hf writes a trained Qwen3-shaped model; the lab's default is refused") {
-    const fs::path root = fs::temp_directory_path() / fmt::format("qk_hf_cli_{}", ::getpid());
-    fs::remove_all(root);
-    fs::create_directories(root);
+    const test::TempDir dir("hf_cli");
+    const fs::path& root = dir.path;
     {
         std::ofstream corpus(root / "corpus.txt");
         for (int i = 0; i < 200; ++i) corpus << "to be or not to be, that is the question. ";
@@ -319,7 +313,6 @@ TEST_CASE("qknorm export --hf writes a trained Qwen3-shaped model; the lab's def
     CHECK(refused.exit_code != 0);
     CHECK(refused.output.find("qk_norm none") != std::string::npos);
     CHECK(!fs::exists(root / "x"));
-    fs::remove_all(root);
 }
 
 TEST_CASE("inspect: the loss and per-head signals of a model over a text, window by window") {
@@ -360,8 +353,8 @@ TEST_CASE("inspect: the loss and per-head signals of a model over a text, window
 }
 
 TEST_CASE("qknorm inspect prints the table and writes the plot, for a Hugging Face directory") {
-    const fs::path root = fs::temp_directory_path() / fmt::format("qk_inspect_{}", ::getpid());
-    fs::create_directories(root);
+    const test::TempDir dir("inspect");
+    const fs::path& root = dir.path;
     std::ofstream(root / "text.txt") << "It is a truth universally acknowledged, that a single "
                                         "man in possession of a good fortune must be in want.";
     const test::Outcome out = test::run_program(
@@ -370,8 +363,7 @@ TEST_CASE("qknorm inspect prints the table and writes the plot, for a Hugging Fa
     test::require_ok(out);
     CHECK(out.output.find("mean next-token loss") != std::string::npos);
     CHECK(out.output.find("max|logit|") != std::string::npos);
-    std::ifstream svg(root / "p.svg");
-    const std::string head((std::istreambuf_iterator<char>(svg)), {});
+    const std::string head = test::read_file(dir / "p.svg");
     CHECK(head.find("<svg") != std::string::npos);
     CHECK(head.find("attention entropy") != std::string::npos);
     const test::Outcome both =
@@ -380,5 +372,4 @@ TEST_CASE("qknorm inspect prints the table and writes the plot, for a Hugging Fa
     CHECK(both.exit_code != 0);
     CHECK(both.output.find("one of them") != std::string::npos);
     CHECK(both.output.find("--run-dir") != std::string::npos);
-    fs::remove_all(root);
 }
