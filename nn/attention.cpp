@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "autograd/grad_mode.h"
 #include "core/factory.h"
@@ -45,10 +46,15 @@ Tensor split_heads(const Tensor& t, int64_t n_head) {
     return t.reshape({B, T, n_head, C / n_head}).transpose(1, 2);
 }
 
-// Mean Euclidean norm of the D-vectors of t: (B, H, T, D), over all of them and per head.
-double mean_vector_norm(const Tensor& t) { return mean(sqrt(sum(t * t, {-1}))).item(); }
+// Mean Euclidean norm of the D-vectors of t: (B, H, T, D), per head.
 std::vector<double> head_vector_norms(const Tensor& t) {
     return mean(sqrt(sum(t * t, {-1})), {0, 2}).to_vector<double>();
+}
+
+// The mean over heads of per-head means: every head has the same B·T vectors, so this is the
+// mean over all of them.
+double mean_of_heads(const std::vector<double>& heads) {
+    return std::accumulate(heads.begin(), heads.end(), 0.0) / static_cast<double>(heads.size());
 }
 
 // Reduces the per-row signals (B, H, T) of ops/attention.h to the layer's: the max |s| per head
@@ -159,10 +165,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
     Tensor v = qkv.narrow(-1, q_width + kv_width, kv_width);
     if (stats) {
         NoGradGuard no_grad;
-        stats->q_norm = mean_vector_norm(split_heads(q, H));
-        stats->k_norm = mean_vector_norm(split_heads(k, H_kv));
         stats->head_q_norm = head_vector_norms(split_heads(q, H));
         stats->head_k_norm = head_vector_norms(split_heads(k, H_kv));
+        stats->q_norm = mean_of_heads(stats->head_q_norm);
+        stats->k_norm = mean_of_heads(stats->head_k_norm);
     }
     if (full_scope) {
         q = normalize(q, q_norm);
