@@ -279,7 +279,9 @@ GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fiel
         QK_CHECK(it != fields.end(), "config: field '{}' is missing", key);
         return it->second;
     };
+    auto has = [&](const char* key) { return fields.count(key) > 0; };
     auto integer = [&](const char* key) { return parse_integer(get(key), key); };
+    auto number = [&](const char* key) { return parse_number(get(key), key); };
     auto boolean = [&](const char* key) {
         const std::string& v = get(key);
         QK_CHECK(v == "true" || v == "false", "config: {} must be true or false, got '{}'", key, v);
@@ -293,63 +295,48 @@ GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fiel
     c.bias = boolean("bias");
     c.tie_embeddings = boolean("tie_embeddings");
     c.norm = parse_norm_kind(get("norm"));
-    c.dropout = parse_number(get("dropout"), "dropout");
+    c.dropout = number("dropout");
     c.qk_norm = parse_qk_norm(get("qk_norm"));
     c.qk_norm_scope = parse_norm_scope(get("qk_norm_scope"));
-    c.lp_p = parse_number(get("lp_p"), "lp_p");
+    c.lp_p = number("lp_p");
     c.qk_scale_init = get("qk_scale_init");
     c.qk_scale_per_head = boolean("qk_scale_per_head");
-    c.attn_softcap = parse_number(get("attn_softcap"), "attn_softcap");
+    c.attn_softcap = number("attn_softcap");
     c.qkv_norm = boolean("qkv_norm");
-    c.logit_softcap = parse_number(get("logit_softcap"), "logit_softcap");
-    c.z_loss = parse_number(get("z_loss"), "z_loss");
-    // Absent from checkpoints written before the fused kernel: those computed it naively, but the
-    // weights do not depend on it, so they load with today's default.
-    if (auto it = fields.find("attention"); it != fields.end()) {
-        QK_CHECK(it->second == "fused" || it->second == "naive",
-                 "config: attention must be fused or naive, got '{}'", it->second);
-        c.fused_attention = it->second == "fused";
+    c.logit_softcap = number("logit_softcap");
+    c.z_loss = number("z_loss");
+    // The fields below are absent from checkpoints written before them, and default to what
+    // those checkpoints meant.
+    // Before the fused kernel, attention was computed naively, but the weights do not depend on
+    // it, so they load with today's default.
+    if (has("attention")) {
+        const std::string& v = get("attention");
+        QK_CHECK(v == "fused" || v == "naive", "config: attention must be fused or naive, got '{}'",
+                 v);
+        c.fused_attention = v == "fused";
     }
-    // Absent from checkpoints written before mixed precision (all float32); the weights are
-    // float32 either way, so a checkpoint loads under either precision.
-    if (auto it = fields.find("precision"); it != fields.end())
-        c.precision = parse_precision(it->second);
-    // Absent from checkpoints written before RoPE: those had learned positions.
-    if (auto it = fields.find("pos_emb"); it != fields.end()) c.pos_emb = parse_pos_emb(it->second);
-    if (auto it = fields.find("rope_theta"); it != fields.end())
-        c.rope_theta = parse_number(it->second, "rope_theta");
-    if (auto it = fields.find("qk_norm_order"); it != fields.end())
-        c.qk_norm_order = parse_qk_norm_order(it->second);
-    // Absent from checkpoints written before gated MLPs: those had GPT-2's, 4 · n_embd wide.
-    if (auto it = fields.find("mlp"); it != fields.end()) c.mlp = parse_mlp_kind(it->second);
-    if (auto it = fields.find("mlp_hidden"); it != fields.end())
-        c.mlp_hidden = parse_integer(it->second, "mlp_hidden");
-    // Absent from checkpoints written before the Qwen3 / OLMo 2 / Gemma 3 switches: GPT-2's
-    // block (every head its own k and v, D = C / H, pre-norm, ε 1e-5, no offsets or windows).
-    auto optional = [&](const char* key, auto read) {
-        if (auto it = fields.find(key); it != fields.end()) read(it->second, key);
-    };
-    auto integer_into = [](int64_t& out) {
-        return [&out](const std::string& v, const char* key) { out = parse_integer(v, key); };
-    };
-    auto number_into = [](double& out) {
-        return [&out](const std::string& v, const char* key) { out = parse_number(v, key); };
-    };
-    optional("n_kv_head", integer_into(c.n_kv_head));
-    optional("head_size", integer_into(c.head_size));
-    optional("sliding_window", integer_into(c.sliding_window));
-    optional("norm_eps", number_into(c.norm_eps));
-    optional("embedding_scale", number_into(c.embedding_scale));
-    optional("rope_local_theta", number_into(c.rope_local_theta));
-    optional("query_pre_attn_scalar", number_into(c.query_pre_attn_scalar));
-    optional("norm_placement", [&](const std::string& v, const char*) {
-        c.norm_placement = parse_norm_placement(v);
-    });
-    optional("norm_unit_offset", [&](const std::string& v, const char* key) {
-        QK_CHECK(v == "true" || v == "false", "config: {} must be true or false, got '{}'", key, v);
-        c.norm_unit_offset = v == "true";
-    });
-    optional("layer_types", [&](const std::string& v, const char*) { c.layer_types = v; });
+    // Before mixed precision all was float32; the weights are float32 either way, so a
+    // checkpoint loads under either precision.
+    if (has("precision")) c.precision = parse_precision(get("precision"));
+    // Before RoPE: learned positions.
+    if (has("pos_emb")) c.pos_emb = parse_pos_emb(get("pos_emb"));
+    if (has("rope_theta")) c.rope_theta = number("rope_theta");
+    if (has("qk_norm_order")) c.qk_norm_order = parse_qk_norm_order(get("qk_norm_order"));
+    // Before gated MLPs: GPT-2's, 4 · n_embd wide.
+    if (has("mlp")) c.mlp = parse_mlp_kind(get("mlp"));
+    if (has("mlp_hidden")) c.mlp_hidden = integer("mlp_hidden");
+    // Before the Qwen3 / OLMo 2 / Gemma 3 switches: GPT-2's block (every head its own k and v,
+    // D = C / H, pre-norm, ε 1e-5, no offsets or windows).
+    if (has("n_kv_head")) c.n_kv_head = integer("n_kv_head");
+    if (has("head_size")) c.head_size = integer("head_size");
+    if (has("sliding_window")) c.sliding_window = integer("sliding_window");
+    if (has("norm_eps")) c.norm_eps = number("norm_eps");
+    if (has("embedding_scale")) c.embedding_scale = number("embedding_scale");
+    if (has("rope_local_theta")) c.rope_local_theta = number("rope_local_theta");
+    if (has("query_pre_attn_scalar")) c.query_pre_attn_scalar = number("query_pre_attn_scalar");
+    if (has("norm_placement")) c.norm_placement = parse_norm_placement(get("norm_placement"));
+    if (has("norm_unit_offset")) c.norm_unit_offset = boolean("norm_unit_offset");
+    if (has("layer_types")) c.layer_types = get("layer_types");
     c.validate();
     return c;
 }
