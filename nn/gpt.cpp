@@ -104,6 +104,15 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
                                                 dtype, config.precision));
 }
 
+Tensor GPT::embed(const Tensor& ids) const {
+    Tensor x = wte->forward(ids);
+    // Gemma scales by sqrt(C) rounded to the weights' dtype; multiplying by a double rounds it
+    // to that dtype the same way.
+    if (config_.embedding_scale != 1.0) x = x * config_.embedding_scale;
+    if (wpe) x = x + wpe->forward(arange(ids.size(1), kI32).to(ids.device()));  // + (T, C)
+    return x;
+}
+
 GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats) {
     QK_CHECK(ids.dim() == 2 && ids.dtype() == kI32, "GPT: ids must be (B, T) int32, got {} {}",
              ids.dtype(), ids.shape());
@@ -113,11 +122,7 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
     GPTOutput out;
     if (with_stats) out.stats.resize(config_.n_layer);
 
-    Tensor x = wte->forward(ids);  // (B, T, C)
-    // Gemma scales by sqrt(C) rounded to the weights' dtype; multiplying by a double rounds it
-    // to that dtype the same way.
-    if (config_.embedding_scale != 1.0) x = x * config_.embedding_scale;
-    if (wpe) x = x + wpe->forward(arange(T, kI32).to(ids.device()));  // + (T, C)
+    Tensor x = embed(ids);  // (B, T, C)
     if (config_.dropout > 0 && training()) x = dropout(x, config_.dropout, true, dropout_gen_);
     for (size_t i = 0; i < h.size(); ++i)
         x = h[i]->forward(x, with_stats ? &out.stats[i] : nullptr, &dropout_gen_);

@@ -49,6 +49,10 @@ class GPT : public Module {
     // ids, targets: (B, T) int32 with T <= block_size; targets may be undefined.
     GPTOutput forward(const Tensor& ids, const Tensor& targets = {}, bool with_stats = false);
 
+    // The residual stream's start, (B, T, C): token embeddings (times embedding_scale), plus
+    // the learned positions when there are; before any dropout.
+    Tensor embed(const Tensor& ids) const;
+
     const GPTConfig& config() const { return config_; }
     Generator& dropout_generator() { return dropout_gen_; }
 

@@ -47,10 +47,7 @@ double relative_error(const Tensor& a, const Tensor& b) {
 // what transformers returns as hidden_states (its last entry has the final norm applied).
 std::vector<Tensor> hidden_states(GPT& model, const Tensor& ids) {
     NoGradGuard no_grad;
-    const GPTConfig& c = model.config();
-    Tensor x = model.wte->forward(ids);
-    if (c.embedding_scale != 1.0) x = x * c.embedding_scale;
-    if (model.wpe) x = x + model.wpe->forward(arange(ids.size(1), kI32));
+    Tensor x = model.embed(ids);
     std::vector<Tensor> out{x};
     for (auto& block : model.h) out.push_back(x = block->forward(x, nullptr, nullptr));
     out.back() = model.ln_f->forward(x);
