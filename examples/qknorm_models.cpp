@@ -33,8 +33,7 @@ int run_export(const ExportArgs& args) {
         args.ckpt.empty() ? nn::latest_model_checkpoint(args.run_dir) : args.ckpt;
     QK_CHECK(!path.empty(), "export: {} holds no checkpoint", args.run_dir);
     const nn::LoadedModel loaded = nn::load_model(path);
-    const nn::HFFamily family = nn::hf_family_for(loaded.model->config());
-    nn::save_hf_model(*loaded.model, args.hf_dir);
+    const nn::HFFamily family = nn::save_hf_model(*loaded.model, args.hf_dir);
     fmt::print("{} -> {} ({}: config.json, model.safetensors)\n", path, args.hf_dir,
                nn::architecture_name(family));
     return 0;

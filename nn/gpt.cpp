@@ -22,10 +22,6 @@ class Holder : public Module {
     }
 };
 
-}  // namespace
-
-namespace {
-
 // A block norm (or ln_f) of width n_embd, with the config's kind, ε and gain form.
 std::shared_ptr<Norm> block_norm(const GPTConfig& config, DType dtype) {
     return std::make_shared<Norm>(config.norm, config.n_embd, config.bias, dtype, config.norm_eps,

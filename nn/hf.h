@@ -36,7 +36,7 @@ HFFamily hf_family_for(const GPTConfig& config);
 // files outside the directory are errors naming the file and the tensor.
 std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype = kF32);
 // Writes config.json and model.safetensors (float32) for `model` into dir, for the family
-// hf_family_for(model.config()) picks; transformers' from_pretrained loads it.
-void save_hf_model(const GPT& model, const std::string& dir);
+// hf_family_for(model.config()) picks, and returns it; transformers' from_pretrained loads it.
+HFFamily save_hf_model(const GPT& model, const std::string& dir);
 
 }  // namespace qk::nn

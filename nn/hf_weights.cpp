@@ -251,7 +251,7 @@ std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype) {
     return model;
 }
 
-void save_hf_model(const GPT& model, const std::string& dir) {
+HFFamily save_hf_model(const GPT& model, const std::string& dir) {
     const GPTConfig& c = model.config();
     const HFFamily family = hf_family_for(c);
     std::map<std::string, Tensor> params;
@@ -270,6 +270,7 @@ void save_hf_model(const GPT& model, const std::string& dir) {
     fs::create_directories(dir);
     save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
     write_file_atomic(dir + "/config.json", hf_config_json(family, c));
+    return family;
 }
 
 }  // namespace qk::nn
