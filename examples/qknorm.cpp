@@ -19,6 +19,7 @@
 #include <ctime>
 #include <filesystem>
 #include <new>
+#include <set>
 
 #include "core/distributed.h"
 #include "core/file_io.h"
@@ -29,6 +30,7 @@
 #include "nn/checkpoint.h"
 #include "nn/data.h"
 #include "nn/data_parallel.h"
+#include "nn/fine_tune.h"
 #include "nn/sample.h"
 
 using namespace qk;
@@ -114,10 +116,11 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
     } else if (!from_json.empty()) {
         cfg = TrainConfig::from_json(read_text_file(from_json, "train: --from-json"));
     } else {
-        as_usage([&] {
-            apply_model_flags(cfg, flags);
-            cfg.validate();
-        });
+        as_usage([&] { apply_model_flags(cfg, flags); });
+        if (!cfg.init_from.empty() && cmd->get_option("--tokenizer")->count() == 0)
+            cfg.tokenizer = "byte";  // the ids an imported embedding's rows can take
+        import_model_config(cfg);    // the architecture, for the line below (a bad file: exit 1)
+        as_usage([&] { cfg.validate(); });
     }
     cfg.progress = !quiet;
     if (cfg.run_dir.empty())  // rank 0's clock names it for every rank
@@ -129,7 +132,7 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
             "qknorm train: L={} H={} C={} T={} B={}, attention: {}, steps {}, lr {}, on {}, run "
             "dir "
             "{}{}\n",
-            cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size,
+            cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.context_length(),
             cfg.batch_size, describe_attention(cfg.model), cfg.steps, cfg.lr, cfg.device,
             cfg.run_dir, resume ? " (resuming)" : "");
     std::fflush(stdout);
@@ -205,6 +208,22 @@ void check_alone(const CLI::App* cmd, const std::string& option, const std::stri
                                          other->get_name()));
 }
 
+// The model flags that --init-from keeps: they change how the model computes or trains, not
+// which weights it has (GPTConfig's with_runtime_of).
+const std::set<std::string> kRuntimeModelFlags{"--attention", "--precision", "--dropout",
+                                               "--z-loss", "--help"};
+
+// The options of cmd that are not among `architecture`: what may sit next to --init-from.
+std::vector<std::string> not_architecture_flags(const CLI::App* cmd,
+                                                const std::vector<std::string>& architecture) {
+    std::vector<std::string> allowed;
+    for (const CLI::Option* option : cmd->get_options())
+        if (std::find(architecture.begin(), architecture.end(), option->get_name()) ==
+            architecture.end())
+            allowed.push_back(option->get_name());
+    return allowed;
+}
+
 // The newest run directory under runs/ (their names are dates, so they sort by time).
 std::string newest_run() {
     std::string newest;
@@ -228,13 +247,15 @@ int run_sample(const std::string& run, const std::string& ckpt, const std::strin
     QK_CHECK(!path.empty(), "sample: {} holds no checkpoint; pass --run-dir DIR or --ckpt FILE",
              run_dir);
     LoadedModel loaded = load_model(path);
+    SampleOptions limited = options;
+    limited.vocab = loaded.tokenizer.vocab_size();
     Generator gen(seed);
     std::vector<int32_t> ids =
         prompt.empty() ? std::vector<int32_t>{0} : loaded.tokenizer.encode(prompt);
     // Streamed: each token is printed as soon as it is drawn, so a long sample shows progress.
     fmt::print("{}", loaded.tokenizer.decode(ids));
     std::fflush(stdout);
-    generate(*loaded.model, ids, options, gen, [&](int32_t id) {
+    generate(*loaded.model, ids, limited, gen, [&](int32_t id) {
         fmt::print("{}", loaded.tokenizer.decode({id}));
         std::fflush(stdout);
     });
@@ -339,6 +360,10 @@ int main(int argc, char** argv) {
     CLI::App* train_cmd = app.add_subcommand(
         "train", "train a model (defaults: the QK-norm model on Tiny Shakespeare)");
     add_model_flags(train_cmd, cfg, flags, true);
+    std::vector<std::string> architecture_flags;  // those --init-from replaces
+    for (const CLI::Option* option : train_cmd->get_options())
+        if (!kRuntimeModelFlags.count(option->get_name()))
+            architecture_flags.push_back(option->get_name());
     add_threads(train_cmd);
     add_training_flags(train_cmd, cfg, true);
     train_cmd->add_option("--resume", resume_dir,
@@ -391,6 +416,10 @@ int main(int argc, char** argv) {
                                     fmt::join(kResumeFlags, ", ")),
                         kResumeFlags);
             check_alone(train_cmd, "--from-json", "takes every setting from the file");
+            check_alone(train_cmd, "--init-from",
+                        "takes the model from the directory (of the model flags it takes "
+                        "--attention, --precision, --dropout and --z-loss)",
+                        not_architecture_flags(train_cmd, architecture_flags));
             return run_train(cfg, flags, resume_dir, from_json, quiet, train_cmd);
         }
         if (dist::world_size() > 1)

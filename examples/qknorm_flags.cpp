@@ -148,8 +148,19 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
                                     : std::string();
             },
             "FILE");
-    add_value(cmd, "--tokenizer", cfg.tokenizer, "char (sorted unique characters) or byte (256)")
+    add_value(cmd, "--tokenizer", cfg.tokenizer,
+              "char (sorted unique characters) or byte (256; the default with --init-from)")
         ->check(CLI::IsMember({"char", "byte"}));
+    if (single_run)
+        cmd->add_option("--init-from", cfg.init_from,
+                        "fine-tune a Hugging Face model directory (config.json + safetensors of "
+                        "GPT-2, Qwen3, OLMo 2 or Gemma 3): its architecture and weights replace "
+                        "the model flags (--precision, --attention, --dropout, --z-loss still "
+                        "apply)")
+            ->check(CLI::ExistingDirectory);
+    add_value(cmd, "--context", cfg.context,
+              "training window length; 0 = block-size (with --init-from: the model's, at most "
+              "1024)");
     add_value(cmd, "--device", cfg.device,
               "cpu, or cuda: the CUDA backend (a GPU, or in an emulation build the CUDA "
               "kernels run on the cpu: correct but slow, for tests)")

@@ -272,6 +272,21 @@ std::map<std::string, std::string> GPTConfig::to_strings() const {
             {"mlp_hidden", std::to_string(mlp_hidden)}};
 }
 
+GPTConfig with_runtime_of(GPTConfig architecture, const GPTConfig& runtime) {
+    architecture.fused_attention = runtime.fused_attention;
+    architecture.precision = runtime.precision;
+    architecture.dropout = runtime.dropout;
+    architecture.z_loss = runtime.z_loss;
+    return architecture;
+}
+
+std::string first_difference(const GPTConfig& a, const GPTConfig& b) {
+    const std::map<std::string, std::string> sa = a.to_strings(), sb = b.to_strings();
+    for (const auto& [key, value] : sa)
+        if (sb.at(key) != value) return fmt::format("{}: {} vs {}", key, value, sb.at(key));
+    return "";
+}
+
 GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fields) {
     GPTConfig c;
     auto get = [&](const char* key) -> const std::string& {

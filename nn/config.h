@@ -92,6 +92,13 @@ struct GPTConfig {
     static GPTConfig from_strings(const std::map<std::string, std::string>& fields);
 };
 
+// `architecture` with the switches of `runtime` that change how the model computes but not what
+// (fused_attention, precision) or only how it trains (dropout, z_loss): a checkpoint's weights
+// fit the model whatever their values.
+GPTConfig with_runtime_of(GPTConfig architecture, const GPTConfig& runtime);
+// The first field whose value differs, as "n_kv_head: 2 vs 4"; "" when the two are equal.
+std::string first_difference(const GPTConfig& a, const GPTConfig& b);
+
 std::string to_string(QKNorm v);
 std::string to_string(Precision v);  // "fp32" (full) or "bf16", as the --precision flag says
 Precision parse_precision(const std::string& s);

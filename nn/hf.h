@@ -35,6 +35,9 @@ HFFamily hf_family_for(const GPTConfig& config);
 // q, k, v concatenated into c_attn. Missing, extra, duplicated or misshapen tensors and shard
 // files outside the directory are errors naming the file and the tensor.
 std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype = kF32);
+// The same into a model already built from that config.json (its runtime switches, e.g.
+// precision or dropout, may differ: with_runtime_of); the model lives on the cpu.
+void load_hf_weights(GPT& model, const std::string& dir);
 // Writes config.json and model.safetensors (float32) for `model` into dir, for the family
 // hf_family_for(model.config()) picks, and returns it; transformers' from_pretrained loads it.
 HFFamily save_hf_model(const GPT& model, const std::string& dir);

@@ -198,13 +198,25 @@ Tensor take(Checkpoint& ck, const std::string& name, const Shape& expected, cons
 }  // namespace
 
 std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype) {
+    auto model = std::make_unique<GPT>(read_hf_config(dir + "/config.json").config, 0, dtype);
+    load_hf_weights(*model, dir);
+    return model;
+}
+
+void load_hf_weights(GPT& model, const std::string& dir) {
     const HFConfig hf = read_hf_config(dir + "/config.json");
     const std::string arch = architecture_name(hf.family);
+    const std::string difference =
+        first_difference(with_runtime_of(hf.config, model.config()), model.config());
+    QK_CHECK(difference.empty(),
+             "load_hf_weights: the model is not the one {}/config.json describes ({}: theirs vs "
+             "the model's)",
+             dir, difference);
     Checkpoint ck = read_checkpoint(dir);
     if (hf.family == HFFamily::gpt2) normalise_gpt2_names(ck);
-    auto model = std::make_unique<GPT>(hf.config, 0, dtype);
+    const DType dtype = model.wte->weight.dtype();
     std::map<std::string, Tensor> params;
-    for (const auto& [name, p] : model->named_parameters()) params[name] = p;
+    for (const auto& [name, p] : model.named_parameters()) params[name] = p;
     NoGradGuard no_grad;
     const int64_t widths[3] = {hf.config.q_width(), hf.config.kv_width(), hf.config.kv_width()};
     for (const Mapping& m : weight_map(hf.family, hf.config)) {
@@ -234,8 +246,8 @@ std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype) {
     // A tied head may be stored anyway; it must then be the embedding itself.
     if (hf.config.tie_embeddings && ck.tensors.count("lm_head.weight")) {
         const auto [head, file] = ck.tensors.at("lm_head.weight");
-        QK_CHECK(head.shape() == model->wte->weight.shape() &&
-                     head.to(dtype).to_vector<double>() == model->wte->weight.to_vector<double>(),
+        QK_CHECK(head.shape() == model.wte->weight.shape() &&
+                     head.to(dtype).to_vector<double>() == model.wte->weight.to_vector<double>(),
                  "{}: lm_head.weight differs from the embedding, but config.json ties them "
                  "(tie_word_embeddings)",
                  file);
@@ -248,7 +260,6 @@ std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype) {
                         "such tensor(s))",
                         entry.second, name, arch, ck.tensors.size()));
     }
-    return model;
 }
 
 HFFamily save_hf_model(const GPT& model, const std::string& dir) {

@@ -52,6 +52,8 @@ void check_sample_options(const SampleOptions& options) {
              "sample: --temperature must be a finite number >= 0 (0 = greedy), got {}",
              options.temperature);
     QK_CHECK(options.top_k >= 0, "sample: --top-k must be >= 0 (0 = all), got {}", options.top_k);
+    QK_CHECK(options.vocab >= 0, "sample: the vocabulary limit must be >= 0 (0 = all), got {}",
+             options.vocab);
 }
 
 std::vector<int32_t> generate(GPT& model, std::vector<int32_t> tokens, const SampleOptions& options,
@@ -70,6 +72,7 @@ std::vector<int32_t> generate(GPT& model, std::vector<int32_t> tokens, const Sam
         Tensor logits = model.forward(ids).logits;  // (1, T, V)
         Tensor last = logits.select(1, -1).reshape({V});
         std::vector<double> row = last.to_vector<double>();
+        if (options.vocab > 0) row.resize(std::min<int64_t>(options.vocab, V));
         check_finite(row, n);
         tokens.push_back(draw(std::move(row), options, gen));
         if (on_token) on_token(tokens.back());

@@ -17,6 +17,9 @@ struct SampleOptions {
     int64_t max_new_tokens = 300;
     double temperature = 0.8;  // 0 = greedy
     int64_t top_k = 0;         // 0 = no top-k filtering
+    // Draw among the ids below this only: the tokenizer's, when the model's embedding has more
+    // rows (a fine-tuned import reading bytes; Qwen3's 151,936 rows for 151,669 tokens). 0 = all.
+    int64_t vocab = 0;
 };
 
 // Refuses options outside their range with a qk::Error naming the flag: max_new_tokens in

@@ -124,9 +124,10 @@ std::string describe_attention(const GPTConfig& m) {
 
 std::string describe_run(const TrainConfig& c) {
     const GPTConfig& m = c.model;
-    std::string model =
-        fmt::format("L={} H={} C={} T={}, {}, {}, {} blocks", m.n_layer, m.n_head, m.n_embd,
-                    m.block_size, describe_attention(m), to_string(m.precision), to_string(m.norm));
+    std::string model = fmt::format("L={} H={} C={} T={}, {}, {}, {} blocks", m.n_layer, m.n_head,
+                                    m.n_embd, c.context_length(), describe_attention(m),
+                                    to_string(m.precision), to_string(m.norm));
+    if (!c.init_from.empty()) model = fmt::format("from {}: {}", c.init_from, model);
     if (m.dropout > 0) model += fmt::format(", dropout {}", m.dropout);
     if (m.logit_softcap > 0) model += fmt::format(", logit soft-cap {}", m.logit_softcap);
     if (m.z_loss > 0) model += fmt::format(", z-loss {}", m.z_loss);
@@ -189,6 +190,9 @@ void TrainConfig::validate() const {
     require_count(checkpoint_every, "checkpoint-every", 1, kMaxSteps);
     require_count(keep_checkpoints, "keep-checkpoints", 1, 1 << 20);
     require_count(sample_tokens, "sample-tokens", 0, kMaxSampleTokens);
+    QK_CHECK(context >= 0 && context <= model.block_size,
+             "train: --context must be in [0, {}] (0 = the model's block size {}), got {}",
+             model.block_size, model.block_size, context);
     QK_CHECK(tokenizer == "char" || tokenizer == "byte",
              "train: --tokenizer must be 'char' or 'byte', got '{}'", tokenizer);
     QK_CHECK(device == "cpu" || device == "cuda",
@@ -203,6 +207,8 @@ std::string TrainConfig::to_json() const {
     json j;
     j["model"] = model_to_json(model);
     j["data_path"] = data_path;
+    j["init_from"] = init_from;
+    j["context"] = context;
     j["tokenizer"] = tokenizer;
     j["device"] = device;
     j["tf32"] = tf32;
@@ -253,6 +259,8 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
         QK_CHECK(j.is_object(), "train config: expected a JSON object, got {}", j.type_name());
         c.model = GPTConfig::from_strings(model_strings(j.at("model")));
         j.at("data_path").get_to(c.data_path);
+        c.init_from = j.value("init_from", c.init_from);  // added with fine-tuning
+        if (j.contains("context")) get_integer(j, "context", c.context);
         j.at("tokenizer").get_to(c.tokenizer);
         c.device = j.value("device", std::string("cpu"));  // runs saved before devices existed
         c.tf32 = j.value("tf32", false);                   // and before TF32

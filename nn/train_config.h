@@ -11,7 +11,16 @@ namespace qk::nn {
 
 struct TrainConfig {
     GPTConfig model;
-    std::string data_path;           // empty: the bundled Tiny Shakespeare
+    std::string data_path;  // empty: the bundled Tiny Shakespeare
+    // A Hugging Face model directory to start from (docs/models.md#fine-tuning-one): its
+    // config.json replaces the model's architecture (this config keeps its runtime switches:
+    // with_runtime_of) and its weights the random initialisation. Empty: a model trained from
+    // scratch.
+    std::string init_from;
+    // The training windows' length; 0 = the model's block_size. An imported model's block_size
+    // is the length it was built for (40,960 for Qwen3): fine-tuning uses a shorter window.
+    int64_t context = 0;
+    int64_t context_length() const { return context > 0 ? context : model.block_size; }
     std::string tokenizer = "char";  // char | byte
     std::string device = "cpu";      // cpu | cuda: where the weights, batches and steps live
     bool tf32 = false;               // cuda: float32 GEMMs on TF32 tensor cores (set_tf32)

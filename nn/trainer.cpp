@@ -19,6 +19,7 @@
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
 #include "nn/data_parallel.h"
+#include "nn/fine_tune.h"
 #include "nn/metrics_file.h"
 #include "nn/plot.h"
 #include "nn/qk_clip.h"
@@ -220,7 +221,8 @@ json stats_to_json(const std::vector<AttentionStats>& stats) {
                           {"entropy", s.entropy},
                           {"q_norm", s.q_norm},
                           {"k_norm", s.k_norm},
-                          {"qk_scale", s.qk_scale}});
+                          {"qk_scale", s.qk_scale},
+                          {"head_max_logit", s.head_max_logit}});
     return layers;
 }
 
@@ -360,7 +362,10 @@ void write_run_end(const TrainConfig& cfg, GPT& model, const Tokenizer& tokenize
                                                         .dump(2));
     if (!result.diverged && cfg.sample_tokens > 0) {
         Generator gen(cfg.seed);
-        SampleOptions options{.max_new_tokens = cfg.sample_tokens, .temperature = 0.8, .top_k = 0};
+        SampleOptions options{.max_new_tokens = cfg.sample_tokens,
+                              .temperature = 0.8,
+                              .top_k = 0,
+                              .vocab = tokenizer.vocab_size()};
         // Id 0 is the smallest byte of the text: the newline, for any ordinary text file.
         result.sample = tokenizer.decode(generate(model, {0}, options, gen));
     }
@@ -388,7 +393,7 @@ struct TrainingRun {
     std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
 
     double tokens_per_step() const {
-        return static_cast<double>(cfg.batch_size * cfg.model.block_size);
+        return static_cast<double>(cfg.batch_size * cfg.context_length());
     }
 };
 
@@ -397,6 +402,7 @@ struct TrainingRun {
 TrainingRun open_run(const TrainConfig& config, bool resume) {
     TrainingRun run;
     TrainConfig& cfg = run.cfg = config;
+    if (!resume) import_model_config(cfg);  // a resumed run's config.json holds the model
     cfg.validate();
     dist::set_timeout(cfg.dist_timeout);
     const int64_t ranks = dist::world_size();
@@ -417,12 +423,18 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
     resume = broadcast_string(resume ? "resume" : "start") == "resume";
 
     run.tokenizer = cfg.tokenizer == "char" ? Tokenizer::char_level(text) : Tokenizer::byte_level();
-    cfg.model.vocab_size = run.tokenizer.vocab_size();
-    run.data = std::make_unique<TextDataset>(run.tokenizer.encode(text), cfg.model.block_size);
+    if (cfg.init_from.empty())
+        cfg.model.vocab_size = run.tokenizer.vocab_size();
+    else  // the imported embedding keeps its rows; the tokenizer uses the first ones
+        QK_CHECK(run.tokenizer.vocab_size() <= cfg.model.vocab_size,
+                 "train: --tokenizer {} has {} ids, more than the {} of --init-from {}",
+                 cfg.tokenizer, run.tokenizer.vocab_size(), cfg.model.vocab_size, cfg.init_from);
+    run.data = std::make_unique<TextDataset>(run.tokenizer.encode(text), cfg.context_length());
     const Device device = cfg.device == "cuda" ? Device::cuda : Device::cpu;
     if (device == Device::cuda) set_tf32(cfg.tf32);
     // Initialised on the cpu: the same weights on every device.
     run.model = std::make_unique<GPT>(cfg.model, cfg.seed);
+    if (!cfg.init_from.empty() && !resume) import_model_weights(cfg, *run.model);
     run.model->to(device);
     check_replicas_agree(replica_settings(cfg, text), run.model->parameters());
     run.optimizer =

@@ -3,6 +3,7 @@
 // counts, and the faults that must end a job with an error instead of a hang: a killed rank, a
 // frozen rank, ranks started with different settings, a batch that does not split.
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -91,6 +92,29 @@ TEST_CASE("2 ranks x B/2 train like 1 process x B; --grad-accum 2 like the whole
     for (const char* file : {"config.json", "metrics.jsonl", "plot.svg", "result.json",
                              "step-000020.model.safetensors", "step-000020.state.safetensors"})
         CHECK(std::filesystem::exists(dir / ("two/" + std::string(file))));
+}
+
+TEST_CASE("fine-tuning an imported model: 2 ranks train like 1 process, from rank 0's copy") {
+    TempDir dir("dist_fine_tune");
+    const char* fixtures = std::getenv("HF_FIXTURES");
+    REQUIRE_MESSAGE(fixtures != nullptr, "HF_FIXTURES (tests/data/hf) is set by meson test");
+    auto fine_tune = [&](const std::string& run) {
+        return std::vector<std::string>{qknorm(),          "train",
+                                        "--init-from",     std::string(fixtures) + "/qwen3",
+                                        "--data",          write_corpus(dir),
+                                        "--context",       "24",
+                                        "--batch-size",    "8",
+                                        "--steps",         "20",
+                                        "--eval-every",    "10",
+                                        "--eval-batches",  "4",
+                                        "--precision",     "fp32",
+                                        "--sample-tokens", "0",
+                                        "--quiet",         "--run-dir",
+                                        dir / run};
+    };
+    require_ok(run_program(fine_tune("one"), {}, 120));
+    require_ok(run_program(mpirun(2, fine_tune("two")), kMpiEnv, 120));
+    check_same_losses(dir / "one", dir / "two", 1e-5);
 }
 
 TEST_CASE("a run resumes on another number of ranks: 2 -> 1 (from ZeRO-1) and 1 -> 2") {

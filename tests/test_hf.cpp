@@ -14,6 +14,7 @@
 #include "core/safetensors.h"
 #include "cuda_parity.h"
 #include "helpers.h"
+#include "hf_fixtures.h"
 #include "nn/checkpoint.h"
 #include "nn/hf.h"
 #include "nn/inspect.h"
@@ -22,19 +23,14 @@
 
 using namespace qk;
 using namespace qk::nn;
+using qk::test::fixture;
+using qk::test::kFamilies;
+using qk::test::ScratchDir;
 using qk::test::throws_with;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-const char* const kFamilies[] = {"gpt2", "qwen3", "olmo2", "gemma3"};
-
-std::string fixture(const std::string& family) {
-    const char* root = std::getenv("HF_FIXTURES");
-    REQUIRE_MESSAGE(root != nullptr, "HF_FIXTURES (tests/data/hf) is set by meson test");
-    return std::string(root) + "/" + family;
-}
 
 // max |a − b| / max |b|: the error relative to the tensor's scale.
 double relative_error(const Tensor& a, const Tensor& b) {
@@ -53,19 +49,6 @@ std::vector<Tensor> hidden_states(GPT& model, const Tensor& ids) {
     out.back() = model.ln_f->forward(x);
     return out;
 }
-
-// A scratch copy of a fixture directory, removed at the end of the scope.
-struct ScratchDir : test::TempDir {
-    explicit ScratchDir(const std::string& family) : TempDir("hf_" + family) {
-        fs::copy(fixture(family), path);
-    }
-    std::string str() const { return path.string(); }
-    json read(const std::string& file) const {
-        std::ifstream f(path / file);
-        return json::parse(f);
-    }
-    void write(const std::string& file, const json& j) const { std::ofstream(path / file) << j; }
-};
 
 }  // namespace
 

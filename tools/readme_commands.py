@@ -28,6 +28,8 @@ SHORT_MODEL = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-siz
 SHORT_TRAIN = SHORT_MODEL + ["--batch-size", "4", "--steps", "4", "--warmup", "1",
                              "--eval-every", "2", "--eval-batches", "1", "--sample-tokens", "20",
                              "--quiet"]
+# A fine-tuning run takes its model from --init-from: only the training is shortened.
+SHORT_FINE_TUNE = ["--context", "16"] + SHORT_TRAIN[len(SHORT_MODEL):]
 SHORT_SWEEP = SHORT_MODEL + ["--batch-size", "4", "--steps", "2", "--eval-batches", "1",
                              "--variants", "baseline,qk_layernorm", "--lrs", "0.01",
                              "--seeds", "1"]
@@ -108,7 +110,7 @@ def main():
             words = [first_run if w == "runs/<date-time>" else w for w in words]
         sub = words[1]
         if sub == "train" and "--resume" not in words:
-            words = with_flags(words, SHORT_TRAIN)
+            words = with_flags(words, SHORT_FINE_TUNE if "--init-from" in words else SHORT_TRAIN)
             if first_run is not None and "--run-dir" not in words:  # one run per second's name
                 words += ["--run-dir", f"runs/readme-{trains}"]
             trains += 1
