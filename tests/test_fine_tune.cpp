@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cuda_parity.h"
 #include "helpers.h"
 #include "hf_fixtures.h"
 #include "nn/checkpoint.h"
@@ -284,4 +285,27 @@ TEST_CASE("qknorm train --init-from refuses what it cannot honour, by name") {
     // The char tokenizer's 30-odd symbols fit it.
     require_ok(train_from(dir / "small", {"--tokenizer", "char", "--context", "16", "--batch-size",
                                           "4", "--sample-tokens", "5"}));
+}
+
+TEST_CASE("fine-tuning on the CUDA backend follows the cpu (Gemma 3: sliding layers, GQA)") {
+    if (!cuda_runnable()) return;
+    TempDir dir("fine_tune_cuda");
+    TrainConfig cfg = fine_tune_run(dir, fixture("gemma3"), "cpu");
+    cfg.batch_size = 2, cfg.context = 20, cfg.steps = 3, cfg.eval_every = 3, cfg.eval_batches = 1;
+    cfg.stats_every = 1, cfg.sample_tokens = 0;
+    cfg.model.precision = Precision::full;
+    TrainConfig on_cuda = cfg;
+    on_cuda.run_dir = dir / "cuda", on_cuda.device = "cuda";
+    const TrainResult a = train(cfg), b = train(on_cuda);
+    REQUIRE((!a.diverged && !b.diverged && b.steps_done == 3));
+    const std::vector<json> la = step_lines(cfg.run_dir), lb = step_lines(on_cuda.run_dir);
+    REQUIRE(la.size() == 3);
+    REQUIRE(lb.size() == 3);
+    for (size_t i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        CHECK(lb[i]["loss"].get<double>() == doctest::Approx(la[i]["loss"]).epsilon(1e-5));
+        for (size_t layer = 0; layer < la[i]["layers"].size(); ++layer)
+            CHECK(lb[i]["layers"][layer]["max_logit"].get<double>() ==
+                  doctest::Approx(la[i]["layers"][layer]["max_logit"]).epsilon(1e-4));
+    }
 }
