@@ -92,7 +92,7 @@ void reduce_signals(const AttentionSignals& rows, AttentionStats& stats) {
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen, DType dtype,
                                          int64_t layer)
-    : config_(config), rope_theta_(config.rope_theta) {
+    : config_(config), layer_(layer), rope_theta_(config.rope_theta) {
     config.validate();
     QK_CHECK(layer >= 0 && layer < config.n_layer, "attention: layer {} of a {}-layer model", layer,
              config.n_layer);
@@ -134,70 +134,70 @@ Tensor CausalSelfAttention::normalize(const Tensor& t, const std::shared_ptr<Nor
     return norm ? norm->forward(t) : t;
 }
 
-// t: (B, H, T, D) rotated by positions 0…T−1. The tables are made per device and dtype (the
-// angles in float64) for the positions needed so far, doubling up to block_size: a model with a
-// context of 40,960 (Qwen3) does not hold 40,960 rows per layer to read 13 of them. An angle does
-// not depend on the table's length, so neither do the results.
-Tensor CausalSelfAttention::rotate(const Tensor& t) const {
-    const int64_t T = t.size(2);
+// t: (B, H, T, D) rotated by positions first…first+T−1. The tables are made per device and dtype
+// (the angles in float64) for the positions needed so far, doubling up to block_size: a model
+// with a context of 40,960 (Qwen3) does not hold 40,960 rows per layer to read 13 of them. An
+// angle does not depend on the table's length, so neither do the results.
+Tensor CausalSelfAttention::rotate(const Tensor& t, int64_t first) const {
+    const int64_t T = t.size(2), end = first + T;
     if (!rope_cos_.defined() || rope_cos_.device() != t.device() ||
-        rope_cos_.dtype() != t.dtype() || rope_cos_.size(0) < T) {
+        rope_cos_.dtype() != t.dtype() || rope_cos_.size(0) < end) {
         int64_t rows = 64;
-        while (rows < T) rows *= 2;
+        while (rows < end) rows *= 2;
         RopeTables tables = rope_tables(std::min(rows, config_.block_size), config_.head_dim(),
                                         rope_theta_, t.dtype(), t.device());
         rope_cos_ = tables.cos;
         rope_sin_ = tables.sin;
     }
-    return rope(t, rope_cos_.narrow(0, 0, T), rope_sin_.narrow(0, 0, T));
+    return rope(t, rope_cos_.narrow(0, first, T), rope_sin_.narrow(0, first, T));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
-                                    Generator* dropout_gen) {
+CausalSelfAttention::Projected CausalSelfAttention::project(const Tensor& x,
+                                                            AttentionStats* stats) const {
     QK_CHECK(x.dim() == 3 && x.size(2) == config_.n_embd,
              "attention: input must be (B, T, {}), got {}", config_.n_embd, x.shape());
-    const int64_t H = config_.n_head, H_kv = config_.kv_heads(), D = config_.head_dim();
     const int64_t q_width = config_.q_width(), kv_width = config_.kv_width();
-    const bool full_scope =
-        config_.qk_norm_scope == NormScope::full && !is_lp_family(config_.qk_norm);
     const Tensor qkv = c_attn->forward(x);  // (B, T, H·D + 2·Hkv·D)
-    Tensor q = qkv.narrow(-1, 0, q_width), k = qkv.narrow(-1, q_width, kv_width);
-    Tensor v = qkv.narrow(-1, q_width + kv_width, kv_width);
+    Projected p{qkv.narrow(-1, 0, q_width), qkv.narrow(-1, q_width, kv_width),
+                qkv.narrow(-1, q_width + kv_width, kv_width)};
     if (stats) {
         NoGradGuard no_grad;
-        stats->head_q_norm = head_vector_norms(split_heads(q, H));
-        stats->head_k_norm = head_vector_norms(split_heads(k, H_kv));
+        stats->head_q_norm = head_vector_norms(split_heads(p.q, config_.n_head));
+        stats->head_k_norm = head_vector_norms(split_heads(p.k, config_.kv_heads()));
         stats->q_norm = mean_of_heads(stats->head_q_norm);
         stats->k_norm = mean_of_heads(stats->head_k_norm);
     }
-    if (full_scope) {
-        q = normalize(q, q_norm);
-        k = normalize(k, k_norm);
-        if (config_.qkv_norm) v = normalize(v, v_norm);
+    if (full_scope()) {
+        p.q = normalize(p.q, q_norm);
+        p.k = normalize(p.k, k_norm);
+        if (config_.qkv_norm) p.v = normalize(p.v, v_norm);
     }
-    q = split_heads(q, H);
-    k = split_heads(k, H_kv);
-    v = split_heads(v, H_kv);
+    return p;
+}
+
+CausalSelfAttention::Projected CausalSelfAttention::to_heads(Projected p, int64_t first) const {
+    p.q = split_heads(p.q, config_.n_head);
+    p.k = split_heads(p.k, config_.kv_heads());
+    p.v = split_heads(p.v, config_.kv_heads());
     const bool use_rope = config_.pos_emb == PosEmb::rope;
     const bool rotate_first = use_rope && config_.qk_norm_order == QKNormOrder::after_rope;
     if (rotate_first) {
-        q = rotate(q);
-        k = rotate(k);
+        p.q = rotate(p.q, first);
+        p.k = rotate(p.k, first);
     }
-    if (!full_scope) {
-        q = normalize(q, q_norm);
-        k = normalize(k, k_norm);
-        if (config_.qkv_norm) v = normalize(v, v_norm);
+    if (!full_scope()) {
+        p.q = normalize(p.q, q_norm);
+        p.k = normalize(p.k, k_norm);
+        if (config_.qkv_norm) p.v = normalize(p.v, v_norm);
     }
     if (use_rope && !rotate_first) {
-        q = rotate(q);
-        k = rotate(k);
+        p.q = rotate(p.q, first);
+        p.k = rotate(p.k, first);
     }
-    if (stats) {
-        NoGradGuard no_grad;
-        stats->head_q_norm_after = head_vector_norms(q);
-        stats->head_k_norm_after = head_vector_norms(k);
-    }
+    return p;
+}
+
+AttentionOptions CausalSelfAttention::options() const {
     AttentionOptions options{.causal = true,
                              .window = window_,
                              .softcap = config_.attn_softcap,
@@ -205,9 +205,25 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
     if (is_lp_family(config_.qk_norm))
         options.scale_tensor = qk_scale;  // (1) or (H); the op takes its gradient
     else
-        options.scale =
-            1.0 / std::sqrt(config_.query_pre_attn_scalar > 0 ? config_.query_pre_attn_scalar
-                                                              : static_cast<double>(D));
+        options.scale = 1.0 / std::sqrt(config_.query_pre_attn_scalar > 0
+                                            ? config_.query_pre_attn_scalar
+                                            : static_cast<double>(config_.head_dim()));
+    return options;
+}
+
+bool CausalSelfAttention::full_scope() const {
+    return config_.qk_norm_scope == NormScope::full && !is_lp_family(config_.qk_norm);
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
+                                    Generator* dropout_gen) {
+    const Projected p = to_heads(project(x, stats), 0);
+    if (stats) {
+        NoGradGuard no_grad;
+        stats->head_q_norm_after = head_vector_norms(p.q);
+        stats->head_k_norm_after = head_vector_norms(p.k);
+    }
+    AttentionOptions options = this->options();
     const bool drop = config_.dropout > 0 && training();
     if (drop) {
         options.dropout = config_.dropout;
@@ -216,14 +232,39 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
     AttentionSignals signals;
     // The fused kernel has no attention dropout: with dropout in training, the unfused path.
     Tensor y = config_.fused_attention && !drop
-                   ? attention(q, k, v, options, stats ? &signals : nullptr)
-                   : attention_unfused(q, k, v, options, stats ? &signals : nullptr);  // (B,H,T,D)
+                   ? attention(p.q, p.k, p.v, options, stats ? &signals : nullptr)
+                   : attention_unfused(p.q, p.k, p.v, options,
+                                       stats ? &signals : nullptr);  // (B,H,T,D)
     if (stats) {
         NoGradGuard no_grad;
         reduce_signals(signals, *stats);
         stats->qk_scale = qk_scale.defined() ? mean(qk_scale).item() : 0.0;
     }
-    y = y.transpose(1, 2).reshape({x.size(0), x.size(1), q_width});
+    y = y.transpose(1, 2).reshape({x.size(0), x.size(1), config_.q_width()});
+    return c_proj->forward(y);
+}
+
+// The projections and c_proj batched over the sequences (one GEMM for all of them); RoPE, the
+// cache and attention per sequence, each from its own position.
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, KVCache& cache,
+                                           const std::vector<int64_t>& sequences) {
+    QK_CHECK(x.dim() == 3 && x.size(0) == static_cast<int64_t>(sequences.size()),
+             "attention: a cached forward takes (sequences {}, T, C), got {}", sequences.size(),
+             x.shape());
+    const Projected all = project(x, nullptr);
+    const AttentionOptions options = this->options();
+    std::vector<Tensor> outputs;
+    for (int64_t row = 0; row < x.size(0); ++row) {
+        const int64_t s = sequences[static_cast<size_t>(row)];
+        const Projected p =
+            to_heads({all.q.narrow(0, row, 1), all.k.narrow(0, row, 1), all.v.narrow(0, row, 1)},
+                     cache.length(s));
+        const auto [k, v] = cache.append(layer_, s, p.k, p.v);
+        outputs.push_back(config_.fused_attention ? attention(p.q, k, v, options)
+                                                  : attention_unfused(p.q, k, v, options));
+    }
+    Tensor y = outputs.size() == 1 ? outputs[0] : cat(outputs, 0);  // (rows, H, T, D)
+    y = y.transpose(1, 2).reshape({x.size(0), x.size(1), config_.q_width()});
     return c_proj->forward(y);
 }
 

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "nn/config.h"
+#include "nn/kv_cache.h"
 #include "nn/layers.h"
+#include "ops/attention.h"
 
 namespace qk::nn {
 
@@ -39,11 +41,27 @@ class CausalSelfAttention : public Module {
     std::shared_ptr<Norm> q_norm, k_norm, v_norm;  // layernorm/rmsnorm variants only
     Tensor qk_scale;                               // g, l2/lp variants only
 
+    // The same for the next T positions of some sequences of `cache` (eval, without gradient):
+    // row i of x (rows, T, C) continues sequence sequences[i]; k and v join the cache, the
+    // queries attend over it (nn/kv_cache.h).
+    Tensor forward_cached(const Tensor& x, KVCache& cache, const std::vector<int64_t>& sequences);
+
   private:
+    struct Projected {
+        Tensor q, k, v;
+    };
+    // c_attn, the signals before any norm, and the full-scope norms: (B, T, width) each.
+    Projected project(const Tensor& x, AttentionStats* stats) const;
+    // Split into heads ((B, H or Hkv, T, D)), then the per-head norms and RoPE (in the config's
+    // order) for positions first, first + 1, ...
+    Projected to_heads(Projected p, int64_t first) const;
+    AttentionOptions options() const;  // the scale, soft-cap, window and precision
+    bool full_scope() const;           // QK-norm statistics over the whole width (OLMo 2)
     Tensor normalize(const Tensor& t, const std::shared_ptr<Norm>& norm) const;  // per variant
-    Tensor rotate(const Tensor& t) const;  // RoPE by position, t: (B, H, T, D)
+    Tensor rotate(const Tensor& t, int64_t first) const;  // RoPE, t: (B, H, T, D)
 
     GPTConfig config_;
+    int64_t layer_;
     int64_t window_ = 0;                  // this layer's sliding window, 0 = full attention
     double rope_theta_;                   // this layer's RoPE base
     mutable Tensor rope_cos_, rope_sin_;  // (rows, D/2), rows grown as positions are needed

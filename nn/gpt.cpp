@@ -1,10 +1,14 @@
 #include "nn/gpt.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
+#include "autograd/grad_mode.h"
 #include "core/factory.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
+#include "ops/join.h"
 #include "ops/loss.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
@@ -100,13 +104,62 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
                                                 dtype, config.precision));
 }
 
-Tensor GPT::embed(const Tensor& ids) const {
+Tensor Block::forward_cached(const Tensor& x_in, KVCache& cache,
+                             const std::vector<int64_t>& sequences) {
+    auto norm = [](const std::shared_ptr<Norm>& n, const Tensor& t) {
+        return n ? n->forward(t) : t;
+    };
+    Tensor x = x_in + norm(post_ln_1, attn->forward_cached(norm(ln_1, x_in), cache, sequences));
+    return x + norm(post_ln_2, mlp->forward(norm(ln_2, x)));
+}
+
+Tensor GPT::embed(const Tensor& ids, int64_t first) const {
     Tensor x = wte->forward(ids);
     // Gemma scales by sqrt(C) rounded to the weights' dtype; multiplying by a double rounds it
     // to that dtype the same way.
     if (config_.embedding_scale != 1.0) x = x * config_.embedding_scale;
-    if (wpe) x = x + wpe->forward(arange(ids.size(1), kI32).to(ids.device()));  // + (T, C)
+    if (wpe) {  // + (T, C), the rows of positions first…first+T−1
+        std::vector<int32_t> positions(static_cast<size_t>(ids.size(1)));
+        std::iota(positions.begin(), positions.end(), static_cast<int32_t>(first));
+        x = x + wpe->forward(from_ids(positions).to(ids.device()));
+    }
     return x;
+}
+
+Tensor GPT::head(const Tensor& x_in) const {
+    const Tensor x = ln_f->forward(x_in);
+    Tensor logits = lm_head ? lm_head->forward(x)
+                    : config_.precision == Precision::bf16
+                        ? linear(x, wte->weight, {}, Precision::bf16)
+                        : matmul(x, wte->weight.t());
+    return config_.logit_softcap > 0 ? softcap(logits, config_.logit_softcap) : logits;
+}
+
+Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache, std::vector<int64_t> sequences,
+                           bool last_only) {
+    if (sequences.empty())
+        for (int64_t s = 0; s < cache.batch(); ++s) sequences.push_back(s);
+    const int64_t rows = static_cast<int64_t>(sequences.size());
+    QK_CHECK(ids.dim() == 2 && ids.dtype() == kI32 && ids.size(0) == rows && ids.size(1) >= 1,
+             "GPT: a cached forward takes ids ({} sequences, T >= 1) int32, got {} {}", rows,
+             ids.dtype(), ids.shape());
+    QK_CHECK(!training(), "GPT: the KV cache is for inference; call eval() first");
+    const int64_t T = ids.size(1);
+    for (size_t i = 0; i < sequences.size(); ++i) {
+        QK_CHECK(std::count(sequences.begin(), sequences.end(), sequences[i]) == 1,
+                 "GPT: sequence {} appears twice in one cached forward", sequences[i]);
+        QK_CHECK(T <= cache.room(sequences[i]),
+                 "GPT: sequence {} of the cache holds {} of {} positions; {} more do not fit",
+                 sequences[i], cache.length(sequences[i]), cache.capacity(), T);
+    }
+    NoGradGuard no_grad;
+    std::vector<Tensor> embedded;  // each sequence's positions start at its own length
+    for (int64_t row = 0; row < rows; ++row)
+        embedded.push_back(embed(ids.narrow(0, row, 1), cache.length(sequences[row])));
+    Tensor x = rows == 1 ? embedded[0] : cat(embedded, 0);
+    for (auto& block : h) x = block->forward_cached(x, cache, sequences);
+    for (const int64_t s : sequences) cache.advance(s, T);
+    return head(last_only ? x.narrow(1, T - 1, 1) : x);
 }
 
 GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats) {
@@ -122,12 +175,7 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
     if (config_.dropout > 0 && training()) x = dropout(x, config_.dropout, true, dropout_gen_);
     for (size_t i = 0; i < h.size(); ++i)
         x = h[i]->forward(x, with_stats ? &out.stats[i] : nullptr, &dropout_gen_);
-    x = ln_f->forward(x);
-    Tensor logits = lm_head ? lm_head->forward(x)
-                    : config_.precision == Precision::bf16
-                        ? linear(x, wte->weight, {}, Precision::bf16)
-                        : matmul(x, wte->weight.t());
-    if (config_.logit_softcap > 0) logits = softcap(logits, config_.logit_softcap);
+    const Tensor logits = head(x);
     out.logits = logits;
     if (targets.defined()) {
         QK_CHECK(targets.shape() == ids.shape(), "GPT: targets {} must match ids {}",

@@ -27,6 +27,9 @@ class Block : public Module {
     //   both  x = x + post_ln_1(attn(ln_1(x)));    x = x + post_ln_2(mlp(ln_2(x)))   (Gemma 3)
     // With qkv_norm, ln_1 is dropped.
     Tensor forward(const Tensor& x, AttentionStats* stats, Generator* dropout_gen);
+    // The same through the attention's KV cache (eval, no dropout): row i of x continues
+    // sequence sequences[i] of the cache.
+    Tensor forward_cached(const Tensor& x, KVCache& cache, const std::vector<int64_t>& sequences);
 
     std::shared_ptr<Norm> ln_1, ln_2;            // before; null under post (ln_1: or qkv_norm)
     std::shared_ptr<Norm> post_ln_1, post_ln_2;  // after; null under pre
@@ -49,9 +52,18 @@ class GPT : public Module {
     // ids, targets: (B, T) int32 with T <= block_size; targets may be undefined.
     GPTOutput forward(const Tensor& ids, const Tensor& targets = {}, bool with_stats = false);
 
+    // The next T positions of some sequences of `cache`: row i of ids (rows, T) int32 continues
+    // sequence sequences[i] (empty: every sequence, in order), their k and v added to the cache.
+    // Returns the logits of every position (rows, T, V), or with last_only of each row's last
+    // one (rows, 1, V), which is all decoding needs (the LM head is a prefill's largest GEMM).
+    // Eval mode, no gradient; the logits equal forward()'s over the whole sequence so far
+    // (tests/test_generate.cpp).
+    Tensor forward_cached(const Tensor& ids, KVCache& cache, std::vector<int64_t> sequences = {},
+                          bool last_only = true);
+
     // The residual stream's start, (B, T, C): token embeddings (times embedding_scale), plus
-    // the learned positions when there are; before any dropout.
-    Tensor embed(const Tensor& ids) const;
+    // the learned positions first… when there are; before any dropout.
+    Tensor embed(const Tensor& ids, int64_t first = 0) const;
 
     const GPTConfig& config() const { return config_; }
     Generator& dropout_generator() { return dropout_gen_; }
@@ -62,6 +74,8 @@ class GPT : public Module {
     std::shared_ptr<Linear> lm_head;  // null when tie_embeddings
 
   private:
+    Tensor head(const Tensor& x) const;  // ln_f, the LM head and the logit soft-cap
+
     GPTConfig config_;
     Generator dropout_gen_;
 };
