@@ -135,33 +135,6 @@ Tensor GPT::head(const Tensor& x_in) const {
     return config_.logit_softcap > 0 ? softcap(logits, config_.logit_softcap) : logits;
 }
 
-Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache, std::vector<int64_t> sequences,
-                           bool last_only) {
-    if (sequences.empty())
-        for (int64_t s = 0; s < cache.batch(); ++s) sequences.push_back(s);
-    const int64_t rows = static_cast<int64_t>(sequences.size());
-    QK_CHECK(ids.dim() == 2 && ids.dtype() == kI32 && ids.size(0) == rows && ids.size(1) >= 1,
-             "GPT: a cached forward takes ids ({} sequences, T >= 1) int32, got {} {}", rows,
-             ids.dtype(), ids.shape());
-    QK_CHECK(!training(), "GPT: the KV cache is for inference; call eval() first");
-    const int64_t T = ids.size(1);
-    for (size_t i = 0; i < sequences.size(); ++i) {
-        QK_CHECK(std::count(sequences.begin(), sequences.end(), sequences[i]) == 1,
-                 "GPT: sequence {} appears twice in one cached forward", sequences[i]);
-        QK_CHECK(T <= cache.room(sequences[i]),
-                 "GPT: sequence {} of the cache holds {} of {} positions; {} more do not fit",
-                 sequences[i], cache.length(sequences[i]), cache.capacity(), T);
-    }
-    NoGradGuard no_grad;
-    std::vector<Tensor> embedded;  // each sequence's positions start at its own length
-    for (int64_t row = 0; row < rows; ++row)
-        embedded.push_back(embed(ids.narrow(0, row, 1), cache.length(sequences[row])));
-    Tensor x = rows == 1 ? embedded[0] : cat(embedded, 0);
-    for (auto& block : h) x = block->forward_cached(x, cache, sequences);
-    for (const int64_t s : sequences) cache.advance(s, T);
-    return head(last_only ? x.narrow(1, T - 1, 1) : x);
-}
-
 GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats) {
     QK_CHECK(ids.dim() == 2 && ids.dtype() == kI32, "GPT: ids must be (B, T) int32, got {} {}",
              ids.dtype(), ids.shape());
@@ -189,6 +162,33 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
         }
     }
     return out;
+}
+
+Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache, std::vector<int64_t> sequences,
+                           bool last_only) {
+    if (sequences.empty())
+        for (int64_t s = 0; s < cache.batch(); ++s) sequences.push_back(s);
+    const int64_t rows = static_cast<int64_t>(sequences.size());
+    QK_CHECK(ids.dim() == 2 && ids.dtype() == kI32 && ids.size(0) == rows && ids.size(1) >= 1,
+             "GPT: a cached forward takes ids ({} sequences, T >= 1) int32, got {} {}", rows,
+             ids.dtype(), ids.shape());
+    QK_CHECK(!training(), "GPT: the KV cache is for inference; call eval() first");
+    const int64_t T = ids.size(1);
+    for (size_t i = 0; i < sequences.size(); ++i) {
+        QK_CHECK(std::count(sequences.begin(), sequences.end(), sequences[i]) == 1,
+                 "GPT: sequence {} appears twice in one cached forward", sequences[i]);
+        QK_CHECK(T <= cache.room(sequences[i]),
+                 "GPT: sequence {} of the cache holds {} of {} positions; {} more do not fit",
+                 sequences[i], cache.length(sequences[i]), cache.capacity(), T);
+    }
+    NoGradGuard no_grad;
+    std::vector<Tensor> embedded;  // each sequence's positions start at its own length
+    for (int64_t row = 0; row < rows; ++row)
+        embedded.push_back(embed(ids.narrow(0, row, 1), cache.length(sequences[row])));
+    Tensor x = rows == 1 ? embedded[0] : cat(embedded, 0);
+    for (auto& block : h) x = block->forward_cached(x, cache, sequences);
+    for (const int64_t s : sequences) cache.advance(s, T);
+    return head(last_only ? x.narrow(1, T - 1, 1) : x);
 }
 
 }  // namespace qk::nn
