@@ -235,29 +235,40 @@ std::string newest_run() {
     return newest;
 }
 
-int run_sample(const std::string& run, const std::string& ckpt, const std::string& prompt,
-               const SampleOptions& options, uint64_t seed) {
+int run_sample(const SampleArgs& args) {
+    SampleOptions options = args.options;
+    options.when_full = args.when_full == "stop" ? WhenFull::stop : WhenFull::slide;
     as_usage([&] { check_sample_options(options); });
-    const std::string run_dir = ckpt.empty() && run.empty() ? newest_run() : run;
-    QK_CHECK(!ckpt.empty() || fs::is_directory(run_dir),
+    const std::string run_dir = args.ckpt.empty() && args.run.empty() ? newest_run() : args.run;
+    QK_CHECK(!args.ckpt.empty() || fs::is_directory(run_dir),
              "sample: --run-dir '{}' is not a directory (pass a run directory, or a checkpoint "
              "file with --ckpt)",
              run_dir);
-    const std::string path = !ckpt.empty() ? ckpt : latest_model_checkpoint(run_dir);
+    const std::string path = !args.ckpt.empty() ? args.ckpt : latest_model_checkpoint(run_dir);
     QK_CHECK(!path.empty(), "sample: {} holds no checkpoint; pass --run-dir DIR or --ckpt FILE",
              run_dir);
     LoadedModel loaded = load_model(path);
-    SampleOptions limited = options;
-    limited.vocab = loaded.tokenizer.vocab_size();
-    Generator gen(seed);
-    std::vector<int32_t> ids =
-        prompt.empty() ? std::vector<int32_t>{0} : loaded.tokenizer.encode(prompt);
+    options.vocab = loaded.tokenizer.vocab_size();
+    Generator gen(args.seed);
+    const std::vector<int32_t> ids =
+        args.prompt.empty() ? std::vector<int32_t>{0} : loaded.tokenizer.encode(args.prompt);
+    const int64_t context = loaded.model->config().block_size;
+    if (static_cast<int64_t>(ids.size()) > context)
+        throw UsageError(
+            fmt::format("sample: --prompt is {} tokens long, more than the model's context of {}",
+                        ids.size(), context));
     // Streamed: each token is printed as soon as it is drawn, so a long sample shows progress.
     fmt::print("{}", loaded.tokenizer.decode(ids));
     std::fflush(stdout);
-    generate(*loaded.model, ids, limited, gen, [&](int32_t id) {
-        fmt::print("{}", loaded.tokenizer.decode({id}));
+    std::string generated;
+    generate(*loaded.model, ids, options, gen, [&](int32_t id) {
+        const std::string piece = loaded.tokenizer.decode({id});
+        fmt::print("{}", piece);
         std::fflush(stdout);
+        generated += piece;
+        return std::none_of(args.stops.begin(), args.stops.end(), [&](const std::string& stop) {
+            return generated.find(stop) != std::string::npos;
+        });
     });
     fmt::print("\n");
     return 0;
@@ -385,10 +396,8 @@ int main(int argc, char** argv) {
     add_threads(sweep_cmd);
 
     CLI::App* sample_cmd = app.add_subcommand("sample", "generate text from a trained model");
-    std::string run, ckpt, prompt;
-    SampleOptions options;
-    uint64_t seed = 0;
-    add_sample_flags(sample_cmd, run, ckpt, prompt, options, seed);
+    SampleArgs sample_args;
+    add_sample_flags(sample_cmd, sample_args);
     add_threads(sample_cmd);
 
     ExportArgs export_args;
@@ -438,7 +447,7 @@ int main(int argc, char** argv) {
                 std::getenv("QK_NUM_THREADS");
             return run_sweep_command(sweep, sweep_flags, threads_given ? threads : 0);
         }
-        return run_sample(run, ckpt, prompt, options, seed);
+        return run_sample(sample_args);
     } catch (const UsageError& e) {
         return fail(fmt::format("{}\nRun with --help for more information.", e.what()), kExitUsage);
     } catch (const fs::filesystem_error& e) {

@@ -289,18 +289,36 @@ void add_sweep_flags(CLI::App* cmd, SweepSpec& spec) {
               "learning rate of the logit and entropy plots; 0 = the largest");
 }
 
-void add_sample_flags(CLI::App* cmd, std::string& run, std::string& ckpt, std::string& prompt,
-                      SampleOptions& options, uint64_t& seed) {
+void add_sample_flags(CLI::App* cmd, SampleArgs& args) {
     cmd->add_option(
-        "--run-dir,--run", run,
+        "--run-dir,--run", args.run,
         "run directory, its latest checkpoint is used (default: the newest under runs/)");
-    cmd->add_option("--ckpt", ckpt, "a model checkpoint file, instead of --run-dir");
-    cmd->add_option("--prompt", prompt, "text to continue (default: a newline)");
-    add_value(cmd, "--tokens", options.max_new_tokens,
+    cmd->add_option("--ckpt", args.ckpt, "a model checkpoint file, instead of --run-dir");
+    cmd->add_option("--prompt", args.prompt, "text to continue (default: a newline)");
+    SampleOptions& o = args.options;
+    add_value(cmd, "--tokens", o.max_new_tokens,
               fmt::format("tokens to generate, at most {}", kMaxSampleTokens));
-    add_value(cmd, "--temperature", options.temperature, "softmax temperature; 0 = greedy");
-    add_value(cmd, "--top-k", options.top_k, "sample among the k most likely; 0 = all");
-    add_value(cmd, "--seed", seed, "sampling seed");
+    add_value(cmd, "--temperature", o.temperature, "softmax temperature; 0 = greedy");
+    add_value(cmd, "--top-k", o.top_k, "sample among the k most likely; 0 = all");
+    add_value(cmd, "--top-p", o.top_p,
+              "nucleus sampling: among the most likely ids holding this much probability; 1 = off");
+    add_value(cmd, "--min-p", o.min_p,
+              "drop ids less likely than this times the most likely one; 0 = off");
+    add_value(cmd, "--repetition-penalty", o.repetition_penalty,
+              "divide (multiply) the positive (negative) logits of ids already in the text; 1 = "
+              "off");
+    cmd->add_option("--stop", args.stops,
+                    "stop once the generated text contains this string (repeatable)")
+        ->check(
+            [](const std::string& s) {
+                return s.empty() ? std::string("an empty stop string would stop at once")
+                                 : std::string();
+            },
+            "TEXT");
+    add_value(cmd, "--when-full", args.when_full,
+              "at the context limit: slide (keep the last half of the text and go on) or stop")
+        ->check(CLI::IsMember({"slide", "stop"}));
+    add_value(cmd, "--seed", args.seed, "sampling seed");
 }
 
 }  // namespace qk::cli

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "nn/sample.h"
 #include "nn/sweep.h"
@@ -26,8 +27,14 @@ void add_model_flags(CLI::App* cmd, nn::TrainConfig& cfg, ModelFlags& flags, boo
 void add_training_flags(CLI::App* cmd, nn::TrainConfig& cfg, bool single_run);
 void add_sweep_flags(CLI::App* cmd, nn::SweepSpec& spec);
 void set_sweep_defaults(nn::SweepSpec& spec);
-void add_sample_flags(CLI::App* cmd, std::string& run, std::string& ckpt, std::string& prompt,
-                      nn::SampleOptions& options, uint64_t& seed);
+// What `qknorm sample` is given.
+struct SampleArgs {
+    std::string run, ckpt, prompt, when_full = "slide";
+    std::vector<std::string> stops;  // stop once the generated text holds one of these
+    nn::SampleOptions options;
+    uint64_t seed = 0;
+};
+void add_sample_flags(CLI::App* cmd, SampleArgs& args);
 void apply_model_flags(nn::TrainConfig& cfg, const ModelFlags& flags);
 // The flags that say what m says: the defaults a command shows when its config is m.
 ModelFlags model_flags_of(const nn::GPTConfig& m);

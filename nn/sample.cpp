@@ -2,35 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "autograd/grad_mode.h"
 #include "core/factory.h"
+#include "nn/kv_cache.h"
 
 namespace qk::nn {
 
 namespace {
-
-// Draws an index from the logits row: temperature, optional top-k, then inverse-CDF sampling.
-int32_t draw(std::vector<double> logits, const SampleOptions& options, Generator& gen) {
-    if (options.temperature <= 0)
-        return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                    logits.begin());
-    if (options.top_k > 0 && options.top_k < static_cast<int64_t>(logits.size())) {
-        std::vector<double> sorted = logits;
-        std::nth_element(sorted.begin(), sorted.begin() + options.top_k - 1, sorted.end(),
-                         std::greater<>());
-        const double threshold = sorted[options.top_k - 1];
-        for (double& l : logits)
-            if (l < threshold) l = -INFINITY;
-    }
-    const double top = *std::max_element(logits.begin(), logits.end());
-    double total = 0;
-    for (double& l : logits) total += (l = std::exp((l - top) / options.temperature));
-    double u = gen.uniform() * total;
-    for (size_t i = 0; i < logits.size(); ++i)
-        if ((u -= logits[i]) < 0) return static_cast<int32_t>(i);
-    return static_cast<int32_t>(logits.size() - 1);
-}
 
 // A NaN would fall through every comparison below and come out as the last token of the
 // vocabulary, again and again: refuse it, naming where the sample stopped.
@@ -40,6 +20,35 @@ void check_finite(const std::vector<double>& logits, int64_t token) {
                  "sample: the model's logits are not finite (logit {} of token {} is {}); its "
                  "weights hold a NaN or Inf",
                  i, token, logits[i]);
+}
+
+// logits -> probabilities of the ids that survive top-k, top-p and min-p (the others 0).
+std::vector<double> filtered_probabilities(std::vector<double> logits,
+                                           const SampleOptions& options) {
+    const int64_t V = static_cast<int64_t>(logits.size());
+    std::vector<int32_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    const double top = logits[order[0]];
+    std::vector<double> p(logits.size());
+    double total = 0;
+    for (size_t i = 0; i < p.size(); ++i)
+        total += (p[i] = std::exp((logits[i] - top) / options.temperature));
+    const int64_t k = options.top_k > 0 ? std::min(options.top_k, V) : V;
+    double kept_mass = 0;
+    const double floor = options.min_p * p[order[0]];  // p[order[0]] = 1 before normalising
+    for (int64_t rank = 0; rank < V; ++rank) {
+        const int32_t id = order[static_cast<size_t>(rank)];
+        // The most likely id always survives; the others while every filter lets them through.
+        const bool keep =
+            rank == 0 || (rank < k && kept_mass < options.top_p * total && p[id] >= floor);
+        if (keep)
+            kept_mass += p[id];
+        else
+            p[id] = 0;
+    }
+    return p;
 }
 
 }  // namespace
@@ -52,30 +61,79 @@ void check_sample_options(const SampleOptions& options) {
              "sample: --temperature must be a finite number >= 0 (0 = greedy), got {}",
              options.temperature);
     QK_CHECK(options.top_k >= 0, "sample: --top-k must be >= 0 (0 = all), got {}", options.top_k);
+    QK_CHECK(options.top_p > 0 && options.top_p <= 1,
+             "sample: --top-p must be in (0, 1] (1 = off), got {}", options.top_p);
+    QK_CHECK(options.min_p >= 0 && options.min_p < 1,
+             "sample: --min-p must be in [0, 1) (0 = off), got {}", options.min_p);
+    QK_CHECK(std::isfinite(options.repetition_penalty) && options.repetition_penalty > 0,
+             "sample: --repetition-penalty must be a finite number > 0 (1 = off), got {}",
+             options.repetition_penalty);
     QK_CHECK(options.vocab >= 0, "sample: the vocabulary limit must be >= 0 (0 = all), got {}",
              options.vocab);
 }
 
+int32_t sample_token(std::vector<double> logits, const std::vector<int32_t>& context,
+                     const SampleOptions& options, Generator& gen) {
+    if (options.repetition_penalty != 1.0) {
+        // Once per id, however often it occurs (transformers gathers the distinct ids too).
+        std::vector<bool> seen(logits.size(), false);
+        for (const int32_t id : context)
+            if (id >= 0 && id < static_cast<int32_t>(logits.size()) && !seen[id]) {
+                seen[static_cast<size_t>(id)] = true;
+                double& l = logits[static_cast<size_t>(id)];
+                l = l > 0 ? l / options.repetition_penalty : l * options.repetition_penalty;
+            }
+    }
+    if (options.temperature <= 0)
+        return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                                    logits.begin());
+    const std::vector<double> p = filtered_probabilities(std::move(logits), options);
+    double u = gen.uniform() * std::accumulate(p.begin(), p.end(), 0.0);
+    int32_t last = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+        if (p[i] == 0) continue;
+        last = static_cast<int32_t>(i);
+        if ((u -= p[i]) < 0) return last;
+    }
+    return last;  // rounding left u a hair above 0: the last surviving id
+}
+
 std::vector<int32_t> generate(GPT& model, std::vector<int32_t> tokens, const SampleOptions& options,
-                              Generator& gen, const std::function<void(int32_t)>& on_token) {
+                              Generator& gen, const std::function<bool(int32_t)>& on_token) {
+    const int64_t block = model.config().block_size, V = model.config().vocab_size;
     QK_CHECK(!tokens.empty(), "generate: the prompt must hold at least one token");
+    QK_CHECK(static_cast<int64_t>(tokens.size()) <= block,
+             "generate: the prompt holds {} tokens, more than the model's context of {}",
+             tokens.size(), block);
     check_sample_options(options);
     NoGradGuard no_grad;
     const bool was_training = model.training();
     model.eval();
-    const int64_t block = model.config().block_size, V = model.config().vocab_size;
+    KVCache cache(model.config(), 1, block, model.wte->weight.dtype(), model.device());
+    // A prompt, or the last half of a full context when sliding: prefilled from position 0.
+    auto prefill = [&](size_t first) {
+        cache.reset(0);
+        const std::vector<int32_t> part(tokens.begin() + static_cast<std::ptrdiff_t>(first),
+                                        tokens.end());
+        return model.forward_cached(
+            from_ids(part, {1, static_cast<int64_t>(part.size())}).to(model.device()), cache);
+    };
+    Tensor logits = prefill(0);  // (1, 1, V)
     for (int64_t n = 0; n < options.max_new_tokens; ++n) {
-        const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - block);
-        std::vector<int32_t> context(tokens.begin() + start, tokens.end());
-        Tensor ids =
-            from_ids(context, {1, static_cast<int64_t>(context.size())}).to(model.device());
-        Tensor logits = model.forward(ids).logits;  // (1, T, V)
-        Tensor last = logits.select(1, -1).reshape({V});
-        std::vector<double> row = last.to_vector<double>();
-        if (options.vocab > 0) row.resize(std::min<int64_t>(options.vocab, V));
+        std::vector<double> row = logits.reshape({V}).to_vector<double>();
+        if (options.vocab > 0) row.resize(static_cast<size_t>(std::min(options.vocab, V)));
         check_finite(row, n);
-        tokens.push_back(draw(std::move(row), options, gen));
-        if (on_token) on_token(tokens.back());
+        tokens.push_back(sample_token(std::move(row), tokens, options, gen));
+        if (on_token && !on_token(tokens.back())) break;
+        if (n + 1 == options.max_new_tokens) break;
+        if (cache.room(0) > 0) {
+            logits =
+                model.forward_cached(from_ids({tokens.back()}, {1, 1}).to(model.device()), cache);
+        } else if (options.when_full == WhenFull::slide) {
+            logits = prefill(tokens.size() - static_cast<size_t>(std::max<int64_t>(1, block / 2)));
+        } else {
+            break;
+        }
     }
     model.train(was_training);
     return tokens;

@@ -225,8 +225,11 @@ TEST_CASE("generate refuses non-finite logits and bad options, and streams every
     GPT model(c, 3);
     Generator gen(1);
     std::vector<int32_t> streamed;
-    const auto ids = generate(model, {1, 2}, {.max_new_tokens = 6, .temperature = 1.0}, gen,
-                              [&](int32_t id) { streamed.push_back(id); });
+    const auto ids =
+        generate(model, {1, 2}, {.max_new_tokens = 6, .temperature = 1.0}, gen, [&](int32_t id) {
+            streamed.push_back(id);
+            return true;
+        });
     CHECK(streamed == std::vector<int32_t>(ids.begin() + 2, ids.end()));
     CHECK(throws_with([&] { generate(model, {1}, {.temperature = NAN}, gen); },
                       {"--temperature", "nan"}));
