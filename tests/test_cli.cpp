@@ -208,6 +208,28 @@ TEST_CASE("sample: options checked, tokens streamed, non-finite logits refused")
     CHECK(ok.exit_code == 0);
     CHECK(ok.output.size() == 4 + 12 + 1);  // the prompt, 12 characters, a final newline
     CHECK(ok.output.rfind("All:", 0) == 0);
+    check_refused(run_qknorm({"sample", "--run-dir", run, "--top-p", "0"}), 2,
+                  {"--top-p must be in (0, 1]", "0"});
+    check_refused(run_qknorm({"sample", "--run-dir", run, "--min-p", "1"}), 2, {"--min-p"});
+    check_refused(run_qknorm({"sample", "--run-dir", run, "--repetition-penalty", "-2"}), 2,
+                  {"--repetition-penalty"});
+    check_refused(run_qknorm({"sample", "--run-dir", run, "--stop", ""}), 2,
+                  {"--stop", "empty stop string"});
+    check_refused(run_qknorm({"sample", "--run-dir", run, "--when-full", "wrap"}), 2,
+                  {"--when-full", "wrap"});
+    // The tiny model's context is 16 characters.
+    check_refused(run_qknorm({"sample", "--run-dir", run, "--prompt", std::string(17, 'a')}), 2,
+                  {"17 tokens long", "context of 16"});
+    // Every character is a stop string: it stops after the first one; the filters all at once.
+    const Outcome stopped =
+        run_qknorm({"sample", "--run-dir",   run,    "--prompt", "All:", "--tokens",
+                    "40",     "--top-p",     "0.9",  "--min-p",  "0.05", "--repetition-penalty",
+                    "1.3",    "--when-full", "stop", "--stop",   "a",    "--stop",
+                    "e",      "--stop",      " ",    "--stop",   "\n",   "--stop",
+                    "t",      "--stop",      "s"});
+    CAPTURE(stopped.output);
+    CHECK(stopped.exit_code == 0);
+    CHECK(stopped.output.size() < 4 + 40 + 1);
 
     // A NaN in one weight: sampling must stop with an error, not print a plausible text.
     const std::string ckpt = nn::latest_model_checkpoint(run);
