@@ -8,6 +8,7 @@
 
 #include "core/factory.h"
 #include "core/rng.h"
+#include "cuda_parity.h"
 #include "helpers.h"
 #include "nn/gpt.h"
 #include "nn/kv_cache.h"
@@ -296,5 +297,32 @@ TEST_CASE("sampling options out of range are refused by flag name") {
           std::pair{SampleOptions{.repetition_penalty = NAN}, "--repetition-penalty"}}) {
         CAPTURE(says);
         CHECK(throws_with([&] { check_sample_options(options); }, {says}));
+    }
+}
+
+TEST_CASE("the cache on the CUDA backend: cached logits equal the cpu's recompute (families)") {
+    if (!cuda_runnable()) return;
+    // The three families' blocks: grouped-query heads, full-width norms, a wrapping ring.
+    for (const Variant& variant : variants()) {
+        if (variant.name.rfind("qwen3", 0) != 0 && variant.name.rfind("olmo2", 0) != 0 &&
+            variant.name.rfind("gemma3", 0) != 0 && variant.name != "l2 per-head scale")
+            continue;
+        CAPTURE(variant.name);
+        GPT model(generation_config(variant), 5);
+        randomise_norms(model);
+        model.eval();
+        const std::vector<int32_t> ids = random_ids(9, 11, 4);
+        const Tensor full = model.forward(from_ids(ids, {1, 9})).logits;  // on the cpu
+        model.to(Device::cuda);
+        KVCache cache(model.config(), 1, model.config().block_size, kF32, Device::cuda);
+        int64_t at = 0;
+        for (const int64_t n : {4, 1, 1, 3}) {
+            const std::vector<int32_t> part(ids.begin() + at, ids.begin() + at + n);
+            const Tensor logits =
+                model.forward_cached(from_ids(part, {1, n}).to(Device::cuda), cache, {}, false);
+            CHECK(logits.device() == Device::cuda);
+            CHECK(relative_error(logits.to(Device::cpu), full.narrow(1, at, n)) <= 1e-5);
+            at += n;
+        }
     }
 }
