@@ -195,23 +195,9 @@ Tensor take(Checkpoint& ck, const std::string& name, const Shape& expected, cons
     return t;
 }
 
-}  // namespace
-
-std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype) {
-    auto model = std::make_unique<GPT>(read_hf_config(dir + "/config.json").config, 0, dtype);
-    load_hf_weights(*model, dir);
-    return model;
-}
-
-void load_hf_weights(GPT& model, const std::string& dir) {
-    const HFConfig hf = read_hf_config(dir + "/config.json");
+// The tensors of dir into `model`, built from `hf` (its config.json, read once by the caller).
+void load_weights(GPT& model, const std::string& dir, const HFConfig& hf) {
     const std::string arch = architecture_name(hf.family);
-    const std::string difference =
-        first_difference(with_runtime_of(hf.config, model.config()), model.config());
-    QK_CHECK(difference.empty(),
-             "load_hf_weights: the model is not the one {}/config.json describes ({}: theirs vs "
-             "the model's)",
-             dir, difference);
     Checkpoint ck = read_checkpoint(dir);
     if (hf.family == HFFamily::gpt2) normalise_gpt2_names(ck);
     const DType dtype = model.wte->weight.dtype();
@@ -260,6 +246,26 @@ void load_hf_weights(GPT& model, const std::string& dir) {
                         "such tensor(s))",
                         entry.second, name, arch, ck.tensors.size()));
     }
+}
+
+}  // namespace
+
+std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype) {
+    const HFConfig hf = read_hf_config(dir + "/config.json");
+    auto model = std::make_unique<GPT>(hf.config, 0, dtype);
+    load_weights(*model, dir, hf);
+    return model;
+}
+
+void load_hf_weights(GPT& model, const std::string& dir) {
+    const HFConfig hf = read_hf_config(dir + "/config.json");
+    const std::string difference =
+        first_difference(with_runtime_of(hf.config, model.config()), model.config());
+    QK_CHECK(difference.empty(),
+             "load_hf_weights: the model is not the one {}/config.json describes ({}: theirs vs "
+             "the model's)",
+             dir, difference);
+    load_weights(model, dir, hf);
 }
 
 HFFamily save_hf_model(const GPT& model, const std::string& dir) {

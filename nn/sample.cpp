@@ -26,6 +26,13 @@ void check_finite(const std::vector<double>& logits, int64_t token) {
 std::vector<double> filtered_probabilities(std::vector<double> logits,
                                            const SampleOptions& options) {
     const int64_t V = static_cast<int64_t>(logits.size());
+    const bool filtered =
+        (options.top_k > 0 && options.top_k < V) || options.top_p < 1 || options.min_p > 0;
+    if (!filtered) {  // every id stays: no ranking of the vocabulary on every token
+        const double top = *std::max_element(logits.begin(), logits.end());
+        for (double& l : logits) l = std::exp((l - top) / options.temperature);
+        return logits;
+    }
     std::vector<int32_t> order(logits.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
