@@ -19,6 +19,7 @@
 #include <ctime>
 #include <filesystem>
 #include <new>
+#include <optional>
 #include <set>
 
 #include "core/distributed.h"
@@ -235,10 +236,8 @@ std::string newest_run() {
     return newest;
 }
 
-int run_sample(const SampleArgs& args) {
-    SampleOptions options = args.options;
-    options.when_full = args.when_full == "stop" ? WhenFull::stop : WhenFull::slide;
-    as_usage([&] { check_sample_options(options); });
+// The newest checkpoint of --run-dir (or the newest run), or --ckpt.
+std::string checkpoint_to_sample(const SampleArgs& args) {
     const std::string run_dir = args.ckpt.empty() && args.run.empty() ? newest_run() : args.run;
     QK_CHECK(!args.ckpt.empty() || fs::is_directory(run_dir),
              "sample: --run-dir '{}' is not a directory (pass a run directory, or a checkpoint "
@@ -247,30 +246,58 @@ int run_sample(const SampleArgs& args) {
     const std::string path = !args.ckpt.empty() ? args.ckpt : latest_model_checkpoint(run_dir);
     QK_CHECK(!path.empty(), "sample: {} holds no checkpoint; pass --run-dir DIR or --ckpt FILE",
              run_dir);
-    LoadedModel loaded = load_model(path);
+    return path;
+}
+
+int run_sample(const SampleArgs& args) {
+    SampleOptions options = args.options;
+    options.when_full = args.when_full == "stop" ? WhenFull::stop : WhenFull::slide;
+    as_usage([&] { check_sample_options(options); });
+    std::optional<Precision> precision;
+    if (!args.precision.empty()) precision = parse_precision(args.precision);
+    LoadedModel loaded = load_model(checkpoint_to_sample(args), precision);
+    // bf16 inference reads bf16-stored weights: the same logits, half the bytes per token.
+    if (loaded.model->config().precision == Precision::bf16) loaded.model->store_weights_bf16();
     options.vocab = loaded.tokenizer.vocab_size();
-    Generator gen(args.seed);
-    const std::vector<int32_t> ids =
-        args.prompt.empty() ? std::vector<int32_t>{0} : loaded.tokenizer.encode(args.prompt);
     const int64_t context = loaded.model->config().block_size;
-    if (static_cast<int64_t>(ids.size()) > context)
-        throw UsageError(
-            fmt::format("sample: --prompt is {} tokens long, more than the model's context of {}",
-                        ids.size(), context));
-    // Streamed: each token is printed as soon as it is drawn, so a long sample shows progress.
-    fmt::print("{}", loaded.tokenizer.decode(ids));
-    std::fflush(stdout);
-    std::string generated;
-    generate(*loaded.model, ids, options, gen, [&](int32_t id) {
-        const std::string piece = loaded.tokenizer.decode({id});
-        fmt::print("{}", piece);
+    // Every prompt num_samples times; sample i draws with seed + i.
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<Generator> gens;
+    for (const std::string& text :
+         args.prompts.empty() ? std::vector<std::string>{""} : args.prompts) {
+        const std::vector<int32_t> ids =
+            text.empty() ? std::vector<int32_t>{0} : loaded.tokenizer.encode(text);
+        if (static_cast<int64_t>(ids.size()) > context)
+            throw UsageError(fmt::format(
+                "sample: --prompt is {} tokens long, more than the model's context of {}",
+                ids.size(), context));
+        for (int64_t n = 0; n < args.num_samples; ++n) {
+            gens.emplace_back(args.seed + gens.size());
+            prompts.push_back(ids);
+        }
+    }
+    const bool stream = prompts.size() == 1;
+    if (stream) {  // each token printed as soon as it is drawn: a long sample shows progress
+        fmt::print("{}", loaded.tokenizer.decode(prompts[0]));
         std::fflush(stdout);
-        generated += piece;
+    }
+    std::vector<std::string> generated(prompts.size());
+    const auto texts = generate(*loaded.model, prompts, options, gens, [&](int64_t s, int32_t id) {
+        const std::string piece = loaded.tokenizer.decode({id});
+        if (stream) {
+            fmt::print("{}", piece);
+            std::fflush(stdout);
+        }
+        std::string& text = generated[static_cast<size_t>(s)];
+        text += piece;
         return std::none_of(args.stops.begin(), args.stops.end(), [&](const std::string& stop) {
-            return generated.find(stop) != std::string::npos;
+            return text.find(stop) != std::string::npos;
         });
     });
-    fmt::print("\n");
+    if (stream) fmt::print("\n");
+    for (size_t s = 0; !stream && s < texts.size(); ++s)
+        fmt::print("--- sample {} (seed {}) ---\n{}\n", s + 1, args.seed + s,
+                   loaded.tokenizer.decode(texts[s]));
     return 0;
 }
 

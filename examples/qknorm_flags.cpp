@@ -294,7 +294,16 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& args) {
         "--run-dir,--run", args.run,
         "run directory, its latest checkpoint is used (default: the newest under runs/)");
     cmd->add_option("--ckpt", args.ckpt, "a model checkpoint file, instead of --run-dir");
-    cmd->add_option("--prompt", args.prompt, "text to continue (default: a newline)");
+    cmd->add_option("--prompt", args.prompts,
+                    "text to continue (default: a newline); repeat it to decode several prompts "
+                    "together");
+    add_value(cmd, "--num-samples", args.num_samples,
+              "samples per prompt, decoded together; sample i draws with --seed + i")
+        ->check(CLI::Range(int64_t{1}, int64_t{1024}));
+    cmd->add_option("--precision", args.precision,
+                    "fp32 or bf16 (bf16-stored weights: half the bytes per token); default: as "
+                    "trained")
+        ->check(CLI::IsMember({"fp32", "bf16"}));
     SampleOptions& o = args.options;
     add_value(cmd, "--tokens", o.max_new_tokens,
               fmt::format("tokens to generate, at most {}", kMaxSampleTokens));

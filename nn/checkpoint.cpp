@@ -81,7 +81,7 @@ void load_weights_into(GPT& model, const SafetensorsFile& file, const std::strin
     for (auto& [name, param] : params) copy_into(param, file.get(name));
 }
 
-LoadedModel load_model(const std::string& path) {
+LoadedModel load_model(const std::string& path, std::optional<Precision> precision) {
     SafetensorsFile file = load_safetensors(path);
     QK_CHECK(file.metadata.count("tokenizer"),
              "checkpoint {}: no tokenizer in __metadata__ (not a "
@@ -99,6 +99,7 @@ LoadedModel load_model(const std::string& path) {
              "{:.0f} parameter values, the file holds {:.0f}",
              path, config.n_layer, config.n_embd, config.vocab_size, config.block_size,
              to_string(config.pos_emb), needed, stored);
+    if (precision) config.precision = *precision;
     out.model = std::make_unique<GPT>(config, 0);
     out.tokenizer = Tokenizer::deserialize(file.metadata.at("tokenizer"));
     // Fewer is a fine-tuned import: its embedding keeps the rows the tokenizer does not use.

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,8 +34,9 @@ struct LoadedModel {
     std::map<std::string, std::string> metadata;
 };
 // Builds the model from the config in the file and loads every tensor, checking names, shapes
-// and dtypes; a missing, extra or mismatched tensor is an error naming it.
-LoadedModel load_model(const std::string& path);
+// and dtypes; a missing, extra or mismatched tensor is an error naming it. `precision`, when
+// given, replaces the one the model was trained with (how it computes, not what it is).
+LoadedModel load_model(const std::string& path, std::optional<Precision> precision = {});
 void load_weights_into(GPT& model, const std::string& path);
 // The same from a file already read (path names it in errors).
 void load_weights_into(GPT& model, const SafetensorsFile& file, const std::string& path);

@@ -128,7 +128,8 @@ Tensor GPT::embed(const Tensor& ids, int64_t first) const {
 
 Tensor GPT::head(const Tensor& x_in) const {
     const Tensor x = ln_f->forward(x_in);
-    Tensor logits = lm_head ? lm_head->forward(x)
+    Tensor logits = lm_head                     ? lm_head->forward(x)
+                    : tied_head_bf16_.defined() ? linear(x, tied_head_bf16_, {}, Precision::bf16)
                     : config_.precision == Precision::bf16
                         ? linear(x, wte->weight, {}, Precision::bf16)
                         : matmul(x, wte->weight.t());
@@ -189,6 +190,31 @@ Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache, std::vector<int64_
     for (auto& block : h) x = block->forward_cached(x, cache, sequences);
     for (const int64_t s : sequences) cache.advance(s, T);
     return head(last_only ? x.narrow(1, T - 1, 1) : x);
+}
+
+void GPT::store_weights_bf16() {
+    QK_CHECK(config_.precision == Precision::bf16,
+             "GPT: bf16-stored weights are for bf16 inference; the model's precision is {} "
+             "(build it with precision bf16)",
+             to_string(config_.precision));
+    auto is_table = [&](const Tensor& p) {
+        return &p.impl() == &wte->weight.impl() || (wpe && &p.impl() == &wpe->weight.impl());
+    };
+    for (const auto& [name, p] : named_parameters())
+        if (p.dim() == 2 && !is_table(p)) store_parameter_as(p, kBF16);
+    if (config_.tie_embeddings && !tied_head_bf16_.defined())
+        tied_head_bf16_ = register_buffer(wte->weight.detach().to(kBF16));
+}
+
+int64_t GPT::weight_bytes_per_token() const {
+    int64_t bytes = tied_head_bf16_.defined() ? tied_head_bf16_.numel() * 2
+                    : config_.tie_embeddings
+                        ? wte->weight.numel() * int64_t(dtype_size(wte->weight.dtype()))
+                        : 0;
+    for (const auto& [name, p] : named_parameters())
+        if (&p.impl() != &wte->weight.impl() && !(wpe && &p.impl() == &wpe->weight.impl()))
+            bytes += p.numel() * int64_t(dtype_size(p.dtype()));
+    return bytes;
 }
 
 }  // namespace qk::nn

@@ -65,6 +65,18 @@ class GPT : public Module {
     // the learned positions first… when there are; before any dropout.
     Tensor embed(const Tensor& ids, int64_t first = 0) const;
 
+    // For inference at Precision::bf16: every Linear weight is stored as bfloat16 once, instead
+    // of being rounded at each GEMM, and a tied LM head gets a bfloat16 copy (the embedding
+    // table stays float32: a lookup reads one row, exactly). The GEMMs read the same rounded
+    // values as before, so the logits are bit-identical, and a decode step reads half the bytes.
+    // The model cannot train afterwards: its bf16 matrices take no gradient, so it runs under
+    // NoGradGuard (as generate does).
+    void store_weights_bf16();
+    // The bytes of parameters one forward step reads: every weight, the tied head once more when
+    // it has its own bf16 copy, but of the embedding tables only the rows it looks up (none
+    // counted). What a decode step's memory-bandwidth bound is made of (bench/bench_generate).
+    int64_t weight_bytes_per_token() const;
+
     const GPTConfig& config() const { return config_; }
     Generator& dropout_generator() { return dropout_gen_; }
 
@@ -78,6 +90,7 @@ class GPT : public Module {
 
     GPTConfig config_;
     Generator dropout_gen_;
+    Tensor tied_head_bf16_;  // after store_weights_bf16, for a tied head
 };
 
 }  // namespace qk::nn

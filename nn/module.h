@@ -33,6 +33,10 @@ class Module {
 
   protected:
     Tensor register_parameter(std::string name, Tensor value);  // marks it requires_grad
+    // A tensor the module computes with but does not train or save (a bf16 copy of a tied
+    // head): it moves with the parameters in to(), and is in no checkpoint.
+    Tensor register_buffer(Tensor value);
+    std::vector<Tensor> buffers() const;  // this module's and its children's
     template <class M>
     std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
         children_.emplace_back(std::move(name), module);
@@ -43,8 +47,14 @@ class Module {
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
 
     std::vector<std::pair<std::string, Tensor>> params_;
+    std::vector<Tensor> buffers_;
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
     bool training_ = true;
 };
+
+// Stores parameter p as `dtype` in place, like Module::to for devices: every handle to it sees
+// the new storage. The ops refuse to record a gradient for a bfloat16 one: it has no float32
+// master copy to update (inference only).
+void store_parameter_as(const Tensor& p, DType dtype);
 
 }  // namespace qk::nn

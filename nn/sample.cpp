@@ -105,45 +105,104 @@ int32_t sample_token(std::vector<double> logits, const std::vector<int32_t>& con
     return last;  // rounding left u a hair above 0: the last surviving id
 }
 
-std::vector<int32_t> generate(GPT& model, std::vector<int32_t> tokens, const SampleOptions& options,
-                              Generator& gen, const std::function<bool(int32_t)>& on_token) {
+namespace {
+
+// One sequence of a batched generation.
+struct Sequence {
+    std::vector<int32_t> tokens;
+    Tensor logits;  // (1, 1, V): the next token's, once prefilled or stepped
+    int64_t drawn = 0;
+    bool done = false;
+};
+
+void check_prompts(const std::vector<std::vector<int32_t>>& prompts, int64_t block, size_t gens) {
+    QK_CHECK(!prompts.empty(), "generate: no prompt given");
+    QK_CHECK(gens == prompts.size(), "generate: {} prompts need one generator each, got {}",
+             prompts.size(), gens);
+    for (size_t s = 0; s < prompts.size(); ++s) {
+        QK_CHECK(!prompts[s].empty(), "generate: prompt {} must hold at least one token", s);
+        QK_CHECK(static_cast<int64_t>(prompts[s].size()) <= block,
+                 "generate: prompt {} holds {} tokens, more than the model's context of {}", s,
+                 prompts[s].size(), block);
+    }
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> generate(GPT& model, std::vector<std::vector<int32_t>> prompts,
+                                           const SampleOptions& options,
+                                           std::vector<Generator>& gens,
+                                           const std::function<bool(int64_t, int32_t)>& on_token) {
     const int64_t block = model.config().block_size, V = model.config().vocab_size;
-    QK_CHECK(!tokens.empty(), "generate: the prompt must hold at least one token");
-    QK_CHECK(static_cast<int64_t>(tokens.size()) <= block,
-             "generate: the prompt holds {} tokens, more than the model's context of {}",
-             tokens.size(), block);
+    check_prompts(prompts, block, gens.size());
     check_sample_options(options);
     NoGradGuard no_grad;
     const bool was_training = model.training();
     model.eval();
-    KVCache cache(model.config(), 1, block, model.wte->weight.dtype(), model.device());
-    // A prompt, or the last half of a full context when sliding: prefilled from position 0.
-    auto prefill = [&](size_t first) {
-        cache.reset(0);
-        const std::vector<int32_t> part(tokens.begin() + static_cast<std::ptrdiff_t>(first),
-                                        tokens.end());
-        return model.forward_cached(
-            from_ids(part, {1, static_cast<int64_t>(part.size())}).to(model.device()), cache);
+    const int64_t B = static_cast<int64_t>(prompts.size());
+    KVCache cache(model.config(), B, block, model.wte->weight.dtype(), model.device());
+    std::vector<Sequence> seqs(static_cast<size_t>(B));
+    // A prompt, or the last half of a full context when sliding: prefilled from position 0, one
+    // sequence at a time (prompts differ in length; a prefill is GEMM-bound anyway).
+    auto prefill = [&](int64_t s, size_t first) {
+        Sequence& q = seqs[static_cast<size_t>(s)];
+        cache.reset(s);
+        const std::vector<int32_t> part(q.tokens.begin() + static_cast<std::ptrdiff_t>(first),
+                                        q.tokens.end());
+        q.logits = model.forward_cached(
+            from_ids(part, {1, static_cast<int64_t>(part.size())}).to(model.device()), cache, {s});
     };
-    Tensor logits = prefill(0);  // (1, 1, V)
-    for (int64_t n = 0; n < options.max_new_tokens; ++n) {
-        std::vector<double> row = logits.reshape({V}).to_vector<double>();
-        if (options.vocab > 0) row.resize(static_cast<size_t>(std::min(options.vocab, V)));
-        check_finite(row, n);
-        tokens.push_back(sample_token(std::move(row), tokens, options, gen));
-        if (on_token && !on_token(tokens.back())) break;
-        if (n + 1 == options.max_new_tokens) break;
-        if (cache.room(0) > 0) {
-            logits =
-                model.forward_cached(from_ids({tokens.back()}, {1, 1}).to(model.device()), cache);
-        } else if (options.when_full == WhenFull::slide) {
-            logits = prefill(tokens.size() - static_cast<size_t>(std::max<int64_t>(1, block / 2)));
-        } else {
-            break;
+    for (int64_t s = 0; s < B; ++s) {
+        seqs[static_cast<size_t>(s)].tokens = std::move(prompts[static_cast<size_t>(s)]);
+        seqs[static_cast<size_t>(s)].done = options.max_new_tokens == 0;
+        if (!seqs[static_cast<size_t>(s)].done) prefill(s, 0);
+    }
+    // Each round draws one token for every running sequence, then steps all that go on together.
+    for (;;) {
+        std::vector<int64_t> step;  // the sequences decoded together this round
+        for (int64_t s = 0; s < B; ++s) {
+            Sequence& q = seqs[static_cast<size_t>(s)];
+            if (q.done) continue;
+            std::vector<double> row = q.logits.reshape({V}).to_vector<double>();
+            if (options.vocab > 0) row.resize(static_cast<size_t>(std::min(options.vocab, V)));
+            check_finite(row, q.drawn);
+            q.tokens.push_back(
+                sample_token(std::move(row), q.tokens, options, gens[static_cast<size_t>(s)]));
+            q.done =
+                (on_token && !on_token(s, q.tokens.back())) || ++q.drawn == options.max_new_tokens;
+            if (q.done) continue;
+            if (cache.room(s) > 0)
+                step.push_back(s);
+            else if (options.when_full == WhenFull::slide)
+                prefill(s, q.tokens.size() - static_cast<size_t>(std::max<int64_t>(1, block / 2)));
+            else
+                q.done = true;
         }
+        if (std::all_of(seqs.begin(), seqs.end(), [](const Sequence& q) { return q.done; })) break;
+        if (step.empty()) continue;
+        std::vector<int32_t> last;
+        for (const int64_t s : step) last.push_back(seqs[static_cast<size_t>(s)].tokens.back());
+        const Tensor logits = model.forward_cached(
+            from_ids(last, {static_cast<int64_t>(step.size()), 1}).to(model.device()), cache,
+            step);  // (rows, 1, V)
+        for (size_t row = 0; row < step.size(); ++row)
+            seqs[static_cast<size_t>(step[row])].logits =
+                logits.narrow(0, static_cast<int64_t>(row), 1);
     }
     model.train(was_training);
-    return tokens;
+    std::vector<std::vector<int32_t>> out;
+    for (Sequence& q : seqs) out.push_back(std::move(q.tokens));
+    return out;
+}
+
+std::vector<int32_t> generate(GPT& model, std::vector<int32_t> prompt, const SampleOptions& options,
+                              Generator& gen, const std::function<bool(int32_t)>& on_token) {
+    std::vector<Generator> gens{gen};
+    auto tokens = generate(model, {std::move(prompt)}, options, gens,
+                           on_token ? [&](int64_t, int32_t id) { return on_token(id); }
+                                    : std::function<bool(int64_t, int32_t)>());
+    gen = gens[0];
+    return std::move(tokens[0]);
 }
 
 }  // namespace qk::nn

@@ -53,4 +53,13 @@ std::vector<int32_t> generate(GPT& model, std::vector<int32_t> prompt, const Sam
                               Generator& gen,
                               const std::function<bool(int32_t)>& on_token = nullptr);
 
+// Several prompts at once (a batch with per-sequence lengths): each prompt prefilled on its own,
+// then every running sequence decoded in one cached step per token (its GEMMs batched, its
+// attention over its own keys). Sequence s draws from gens[s] only, so each gets the tokens it
+// would get alone with that generator. on_token(s, id) streams sequence s's tokens and returns
+// whether s goes on; a sequence that stops leaves the batch. Returns each prompt extended.
+std::vector<std::vector<int32_t>> generate(
+    GPT& model, std::vector<std::vector<int32_t>> prompts, const SampleOptions& options,
+    std::vector<Generator>& gens, const std::function<bool(int64_t, int32_t)>& on_token = nullptr);
+
 }  // namespace qk::nn

@@ -215,31 +215,36 @@ std::pair<Tensor, Tensor> cpu_linear_grads(const Tensor& dy_rows, const Tensor& 
     return {dx, dw};
 }
 
-void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+// A bfloat16 weight (stored so for inference) is read by the bf16 GEMMs only, with float32 x and
+// bias.
+void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       Precision precision) {
     QK_CHECK(x.defined() && weight.defined(), "linear: got an undefined x or weight");
     QK_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
              "linear: x is {}, weight is {} (expected weight (out_features, {}))", x.shape(),
              weight.shape(), x.dim() >= 1 ? x.size(-1) : 0);
-    QK_CHECK(is_compute_dtype(x.dtype()) && x.dtype() == weight.dtype(),
-             "linear: needs float32 or float64 x and weight of one dtype, got x {} {} and weight "
-             "{} {}",
-             x.dtype(), x.shape(), weight.dtype(), weight.shape());
+    const bool bf16_weight = weight.dtype() == kBF16 && precision == Precision::bf16;
+    QK_CHECK(is_compute_dtype(x.dtype()) && (x.dtype() == weight.dtype() || bf16_weight),
+             "linear: needs float32 or float64 x and weight of one dtype (or a bfloat16 weight "
+             "at bf16 precision), got x {} {} and weight {} {} at precision {}",
+             x.dtype(), x.shape(), weight.dtype(), weight.shape(),
+             precision == Precision::bf16 ? "bf16" : "full");
     QK_CHECK(x.device() == weight.device(), "linear: x is on {}, weight on {}", x.device(),
              weight.device());
     QK_CHECK(weight.size(0) <= INT_MAX && weight.size(1) <= INT_MAX,
              "linear: weight {} has a dim above BLAS's int range", weight.shape());
     if (!bias.defined()) return;
-    QK_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0) && bias.dtype() == weight.dtype() &&
+    QK_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0) && bias.dtype() == x.dtype() &&
                  bias.device() == weight.device(),
              "linear: bias is {} {}, expected {} [{}] for weight {}", bias.dtype(), bias.shape(),
-             weight.dtype(), weight.size(0), weight.shape());
+             x.dtype(), weight.size(0), weight.shape());
 }
 
 }  // namespace
 
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
               Precision precision) {
-    check_linear_args(x_in, weight_in, bias_in);
+    check_linear_args(x_in, weight_in, bias_in, precision);
     if (precision == Precision::bf16) return linear_bf16(x_in, weight_in, bias_in);
     const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
     const int64_t K = weight.size(1), N = weight.size(0);

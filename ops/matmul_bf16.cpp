@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "ops/gemm.h"
@@ -19,7 +20,8 @@ namespace qk::matmul_impl {
 namespace {
 
 // A float32 (rows, cols) tensor as a contiguous bf16 one (the rounding; a view's elements are
-// gathered on the way). t is detached, or dy under the backward's NoGradGuard: nothing records.
+// gathered on the way); a bf16 one as it is. t is detached, or dy under the backward's NoGradGuard:
+// nothing records.
 Tensor to_bf16(const Tensor& t) { return t.to(kBF16); }
 
 // t = 0 on its device (t contiguous).
@@ -74,6 +76,12 @@ Tensor linear_bf16(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
     const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
     QK_CHECK(x.dtype() == kF32, "linear: bf16 precision needs float32 x and weight, got {} {}",
              x.dtype(), x.shape());
+    // A weight stored as bf16 (inference, nn::GPT::store_weights_bf16) has no float32 master copy
+    // for a gradient to update.
+    QK_CHECK(weight.dtype() != kBF16 || !(weight_in.requires_grad() && autograd::grad_enabled()),
+             "linear: a bfloat16-stored weight {} is for inference and takes no gradient (run "
+             "the model under NoGradGuard)",
+             weight.shape());
     const int64_t K = weight.size(1), N = weight.size(0);
     const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
     QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape());

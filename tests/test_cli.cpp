@@ -267,6 +267,33 @@ TEST_CASE("sample takes --run-dir as train does, --run as its alias; the text en
                   {"qknorm: sample: --run-dir", "none"});
 }
 
+TEST_CASE("sample: several prompts and samples decode together; bf16-stored weights") {
+    TempDir dir("cli_sample_batch");
+    const std::string run = dir / "run";
+    REQUIRE(run_qknorm(tiny(dir, {"--steps", "2", "--run-dir", run})).exit_code == 0);
+    auto sample = [&](std::vector<std::string> more) {
+        std::vector<std::string> args{"sample", "--run", run, "--tokens", "7"};
+        args.insert(args.end(), more.begin(), more.end());
+        return run_qknorm(args);
+    };
+    // Two prompts, two samples each: four texts, sample i drawn with seed 3 + i. The fourth
+    // (prompt "Be", seed 6) is what that prompt gives alone with --seed 6.
+    const Outcome batch =
+        sample({"--prompt", "All:", "--prompt", "Be", "--num-samples", "2", "--seed", "3"});
+    CAPTURE(batch.output);
+    REQUIRE(batch.exit_code == 0);
+    CHECK(batch.output.find("--- sample 4 (seed 6) ---\nBe") != std::string::npos);
+    const Outcome alone = sample({"--prompt", "Be", "--seed", "6"});
+    REQUIRE(alone.exit_code == 0);
+    CHECK(batch.output.find(alone.output) != std::string::npos);  // "Be" + 7 tokens + "\n"
+    const Outcome bf16 = sample({"--prompt", "All:", "--precision", "bf16"});
+    CAPTURE(bf16.output);
+    CHECK(bf16.exit_code == 0);
+    CHECK(bf16.output.size() == 4 + 7 + 1);
+    check_refused(sample({"--num-samples", "0"}), 2, {"--num-samples"});
+    check_refused(sample({"--precision", "fp16"}), 2, {"--precision", "fp16"});
+}
+
 TEST_CASE("--pos-emb rope: no wpe in the checkpoint, the switch in its metadata, and it samples") {
     TempDir dir("cli_rope");
     const std::string run = dir / "run";

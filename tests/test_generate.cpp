@@ -326,3 +326,95 @@ TEST_CASE("the cache on the CUDA backend: cached logits equal the cpu's recomput
         }
     }
 }
+
+TEST_CASE("several prompts decode together: each gets the tokens it gets alone with its seed") {
+    // Prompts of 2, 7 and 10 tokens in a 12-position context: the third slides mid-way, the
+    // second stops early through on_token, so the batch shrinks and its sequences drift apart.
+    for (const Variant& variant : variants()) {
+        if (variant.name != "none" && variant.name.rfind("rope, layernorm head", 0) != 0 &&
+            variant.name.rfind("olmo2", 0) != 0 && variant.name.rfind("gemma3", 0) != 0)
+            continue;
+        CAPTURE(variant.name);
+        GPT model(generation_config(variant), 6, kF64);
+        randomise_norms(model);
+        const std::vector<std::vector<int32_t>> prompts = {
+            random_ids(2, 11, 1), random_ids(7, 11, 2), random_ids(10, 11, 3)};
+        const SampleOptions options{.max_new_tokens = 9, .temperature = 1.0, .top_k = 6};
+        auto stop_second = [](int64_t s, int64_t drawn) { return s != 1 || drawn < 3; };
+        std::vector<Generator> gens = {Generator(40), Generator(41), Generator(42)};
+        std::vector<int64_t> drawn(3, 0);
+        const auto together = generate(model, prompts, options, gens, [&](int64_t s, int32_t) {
+            return stop_second(s, ++drawn[static_cast<size_t>(s)]);
+        });
+        REQUIRE(together.size() == 3);
+        CHECK(together[0].size() == 2 + 9);
+        CHECK(together[1].size() == 7 + 3);
+        for (int64_t s = 0; s < 3; ++s) {
+            Generator gen(40 + static_cast<uint64_t>(s));
+            int64_t alone_drawn = 0;
+            CHECK(generate(model, prompts[static_cast<size_t>(s)], options, gen, [&](int32_t) {
+                      return stop_second(s, ++alone_drawn);
+                  }) == together[static_cast<size_t>(s)]);
+        }
+    }
+    GPT model(generation_config(variants()[0]), 6);
+    std::vector<Generator> one(1);
+    CHECK(throws_with(
+        [&] {
+            generate(model, {{1, 2}, {3}}, {}, one);
+        },
+        {"2 prompts need one generator each, got 1"}));
+    std::vector<Generator> two(2);
+    CHECK(throws_with(
+        [&] {
+            generate(model, {{1, 2}, {}}, {}, two);
+        },
+        {"prompt 1 must hold at least one token"}));
+}
+
+TEST_CASE("bf16-stored weights: the logits of bf16 GEMMs on float32 weights, bit for bit") {
+    for (const Variant& variant : variants()) {  // biases or none, tied or not, GQA, windows
+        if (variant.name != "none" && variant.name.rfind("logit softcap", 0) != 0 &&
+            variant.name.rfind("qwen3", 0) != 0 && variant.name.rfind("olmo2", 0) != 0 &&
+            variant.name.rfind("gemma3", 0) != 0)
+            continue;
+        CAPTURE(variant.name);
+        GPTConfig c = generation_config(variant);
+        c.precision = Precision::bf16;
+        GPT reference(c, 5), stored(c, 5);
+        randomise_norms(reference), randomise_norms(stored);
+        reference.eval(), stored.eval();
+        const int64_t f32_bytes = stored.weight_bytes_per_token();
+        stored.store_weights_bf16();
+        // The matrices halve; gains, biases and the embedding lookups stay float32.
+        CHECK(stored.weight_bytes_per_token() < f32_bytes * 0.6);
+        CHECK(stored.h[0]->mlp->parameters()[0].dtype() == kBF16);
+        CHECK(stored.wte->weight.dtype() == kF32);
+        const std::vector<int32_t> ids = random_ids(9, 11, 4);
+        NoGradGuard no_grad;
+        const Tensor want = reference.forward(from_ids(ids, {1, 9})).logits;
+        CHECK(max(abs(stored.forward(from_ids(ids, {1, 9})).logits - want)).item() == 0.0);
+        KVCache cache(c, 1, c.block_size);
+        const Tensor cached = stored.forward_cached(from_ids(ids, {1, 9}), cache, {}, false);
+        CHECK(relative_error(cached, want) <= 1e-5);
+        if (cuda_runnable()) {  // the same bf16 matrices through the CUDA backend's GEMMs
+            stored.to(Device::cuda);
+            const Tensor on_cuda = stored.forward(from_ids(ids, {1, 9}).to(Device::cuda)).logits;
+            CHECK(relative_error(on_cuda.to(Device::cpu), want) <= 1e-5);
+        }
+    }
+    GPTConfig c = generation_config(variants()[0]);
+    GPT fp32_model(c, 5);
+    CHECK(throws_with([&] { fp32_model.store_weights_bf16(); },
+                      {"bf16-stored weights are for bf16 inference", "fp32"}));
+    c.precision = Precision::bf16;
+    GPT model(c, 5);
+    model.store_weights_bf16();
+    model.train();
+    const std::vector<int32_t> ids = random_ids(4, 11, 4);
+    CHECK(throws_with(
+        [&] {
+            model.forward(from_ids(ids, {1, 4}), from_ids(ids, {1, 4}));
+        },
+        {"bfloat16-stored weight", "takes no gradient"}));
+}
