@@ -74,4 +74,33 @@ inline double memcpy_gbps(size_t bytes) {
     return 2.0 * bytes / s / 1e9;
 }
 
+// GB/s of a STREAM-style copy of `bytes` with the library's threads, each copying its own slice
+// (read + write counted: 2 * bytes moved); best of a few runs, as STREAM reports. Arrays far
+// larger than the caches (256 MB each by default) measure main memory.
+inline double stream_copy_gbps(size_t bytes = size_t{256} << 20) {
+    Storage src(bytes, Device::cpu), dst(bytes, Device::cpu);
+    const int threads = num_threads();
+    auto copy = [&](int t) {  // the same slices each time, first touched by the same thread
+        const size_t begin = bytes * size_t(t) / size_t(threads);
+        const size_t end = bytes * size_t(t + 1) / size_t(threads);
+        std::memcpy(static_cast<char*>(dst.data()) + begin,
+                    static_cast<const char*>(src.data()) + begin, end - begin);
+    };
+    auto touch = [&](int t) {
+        const size_t begin = bytes * size_t(t) / size_t(threads);
+        const size_t end = bytes * size_t(t + 1) / size_t(threads);
+        std::memset(static_cast<char*>(src.data()) + begin, 1, end - begin);
+        std::memset(static_cast<char*>(dst.data()) + begin, 0, end - begin);
+    };
+    parallel_run(threads, touch);
+    double best = 1e30;
+    for (int round = 0; round < 5; ++round) {
+        const auto t0 = std::chrono::steady_clock::now();
+        parallel_run(threads, copy);
+        best = std::min(
+            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return 2.0 * double(bytes) / best / 1e9;
+}
+
 }  // namespace qk::bench

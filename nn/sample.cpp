@@ -140,7 +140,13 @@ std::vector<std::vector<int32_t>> generate(GPT& model, std::vector<std::vector<i
     const bool was_training = model.training();
     model.eval();
     const int64_t B = static_cast<int64_t>(prompts.size());
-    KVCache cache(model.config(), B, block, model.wte->weight.dtype(), model.device());
+    // Room for the longest prompt and every new token, at most the context: Qwen3's 40,960
+    // positions would be 9 GB of float32 keys and values, for a sample of a few hundred tokens.
+    size_t longest = 0;
+    for (const auto& p : prompts) longest = std::max(longest, p.size());
+    const int64_t capacity =
+        std::min(block, static_cast<int64_t>(longest) + options.max_new_tokens);
+    KVCache cache(model.config(), B, capacity, model.wte->weight.dtype(), model.device());
     std::vector<Sequence> seqs(static_cast<size_t>(B));
     // A prompt, or the last half of a full context when sliding: prefilled from position 0, one
     // sequence at a time (prompts differ in length; a prefill is GEMM-bound anyway).

@@ -72,6 +72,22 @@ TEST_CASE("2-D matmul matches the naive loop, contiguous and transposed views") 
     }
 }
 
+TEST_CASE("one row of output (a decode step) goes through gemv, every layout and leading dim") {
+    for (DType dt : {kF64, kF32}) {
+        const Tensor a = randn_seeded({1, 9}, 5, dt), b = randn_seeded({9, 6}, 6, dt);
+        const Tensor a_t = randn_seeded({9, 1}, 7, dt).t();                     // a stored (K, 1)
+        const Tensor a_wide = randn_seeded({9, 4}, 8, dt).narrow(1, 2, 1).t();  // K apart 4
+        const Tensor b_t = randn_seeded({6, 9}, 9, dt).t();                     // the Linear's Wᵀ
+        const Tensor b_wide = randn_seeded({9, 10}, 10, dt).narrow(1, 1, 6);    // ld 10
+        for (const Tensor& x : {a, a_t, a_wide})
+            for (const Tensor& w : {b, b_t, b_wide}) check_forward(x, w);
+        // linear's bias comes into the gemv as beta = 1 over y = b.
+        const Tensor w = randn_seeded({6, 9}, 11, dt), bias = randn_seeded({6}, 12, dt);
+        const Tensor want = matmul_ref(a, w.t()) + bias.to(kF64);
+        CHECK(max_abs_diff(linear(a, w, bias), want) <= (dt == kF64 ? 1e-12 : 1e-5));
+    }
+}
+
 TEST_CASE("narrowed views are read through their leading dimension") {
     Tensor wide = randn_seeded({6, 10}, 5), tall = randn_seeded({12, 4}, 6);
     check_forward(wide.narrow(1, 2, 7), randn_seeded({7, 4}, 7));  // a: strides (10, 1)
