@@ -62,6 +62,10 @@ void batched_gemm(Out* y, const In* a, const Shape& a_batch_strides, GemmLayout 
 // On the calling thread, by the engine bf16_gemm_engine() names.
 void gemm_bf16_one_thread(float* y, int64_t ldy, const bf16* a, GemmLayout la, const bf16* b,
                           GemmLayout lb, int64_t M, int64_t N, int64_t K, float beta);
+// One row with w stored (N, K), on a CPU with avx512_bf16 only (ops/gemv_bf16.cpp):
+//     y[j] = Σ_k x[k] · w[j, k] + beta · y[j]
+void gemv_bf16_avx512(float* y, const bf16* x, const bf16* w, int64_t ldw, int64_t N, int64_t K,
+                      float beta);
 // v1 of the ladder: the triple loop that mirrors the sum, in double (tests compare against it).
 void gemm_bf16_reference(float* y, int64_t ldy, const bf16* a, GemmLayout la, const bf16* b,
                          GemmLayout lb, int64_t M, int64_t N, int64_t K, float beta);

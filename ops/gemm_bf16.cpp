@@ -17,6 +17,8 @@
 //       of OpenBLAS's cblas_sgemm on 1 thread, 2.0-2.5x on 2 (bench/bench_matmul.cpp prints the
 //       current figures). Chosen over a hand-written vdpbf16ps kernel because it already reaches
 //       the instruction's 2x and follows new CPUs (AMX) without code here.
+//   v3  one row against a (N, K) weight (a decode step): ops/gemv_bf16.cpp's streaming gemv,
+//       since oneDNN's kernels read a single row at a third of the memory bandwidth.
 //   fallback  a CPU without avx512_bf16 (or a build without oneDNN): the operands widened to
 //       float32 (exactly) and multiplied by cblas_sgemm. Same sums, float32 speed.
 //
@@ -242,6 +244,13 @@ void gemm_bf16_one_thread(float* y, int64_t ldy, const bf16* a, GemmLayout la, c
         return;
     }
 #ifdef QK_WITH_ONEDNN
+    // One row against a weight stored (N, K), a decode step's Linear: the streaming gemv
+    // (ops/gemv_bf16.cpp); oneDNN's blocked kernels read such a row at a third of the bandwidth.
+    if (bf16_gemm_engine() == Bf16GemmEngine::onednn && M == 1 && lb.trans &&
+        (!la.trans || la.ld == 1)) {
+        gemv_bf16_avx512(y, a, b, lb.ld, N, K, beta);
+        return;
+    }
     if (bf16_gemm_engine() == Bf16GemmEngine::onednn) {
         QK_CHECK(beta == 0 || beta == 1, "gemm_bf16: beta must be 0 or 1 on oneDNN, got {}", beta);
         onednn().run(y, ldy, a, la, b, lb, M, N, K, beta);

@@ -45,7 +45,8 @@ TEST_CASE("bf16 GEMM engines match the naive loop in every layout, with beta 0 a
     for (auto engine : engines()) {
         EngineScope scope(engine);
         INFO(cpu::bf16_gemm_engine_name());
-        for (Case c : {Case{37, 29, 45}, Case{1, 70, 3}, Case{65, 1, 130}, Case{17, 33, 1}})
+        for (Case c :
+             {Case{37, 29, 45}, Case{1, 70, 3}, Case{1, 7, 101}, Case{65, 1, 130}, Case{17, 33, 1}})
             for (bool ta : {false, true})
                 for (bool tb : {false, true})
                     for (float beta : {0.0f, 1.0f}) {
