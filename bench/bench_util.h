@@ -103,4 +103,38 @@ inline double stream_copy_gbps(size_t bytes = size_t{256} << 20) {
     return 2.0 * double(bytes) / best / 1e9;
 }
 
+// GB/s of reading `bytes` once with the library's threads (each its own slice, summed as
+// integers so that the loop vectorises without reordering float sums), best of a few runs: what
+// a decode step does with its weights. One core reads more slowly than it copies (a copy's
+// writes go out in parallel with its reads), so at one thread this is the tighter bound.
+inline double stream_read_gbps(size_t bytes = size_t{256} << 20) {
+    const size_t words = bytes / 8;
+    Storage src(words * 8, Device::cpu);
+    uint64_t* data = static_cast<uint64_t*>(src.data());
+    const int threads = num_threads();
+    std::vector<uint64_t> sums(size_t(threads) * 8, 0);  // a cache line apart
+    auto slice = [&](int t, auto&& body) {
+        body(words * size_t(t) / size_t(threads), words * size_t(t + 1) / size_t(threads));
+    };
+    auto touch = [&](int t) {
+        slice(t, [&](size_t b, size_t e) { std::fill(data + b, data + e, t); });
+    };
+    auto read = [&](int t) {
+        slice(t, [&](size_t b, size_t e) {
+            uint64_t sum = 0;
+            for (size_t i = b; i < e; ++i) sum += data[i];
+            sums[size_t(t) * 8] += sum;
+        });
+    };
+    parallel_run(threads, touch);
+    double best = 1e30;
+    for (int round = 0; round < 5; ++round) {
+        const auto t0 = std::chrono::steady_clock::now();
+        parallel_run(threads, read);
+        best = std::min(
+            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return double(words * 8) / best / 1e9;
+}
+
 }  // namespace qk::bench
