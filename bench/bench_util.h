@@ -74,6 +74,19 @@ inline double memcpy_gbps(size_t bytes) {
     return 2.0 * bytes / s / 1e9;
 }
 
+// The fastest of five parallel_run(threads, task) calls, in seconds (STREAM reports the best).
+template <class Task>
+double best_parallel_seconds(int threads, Task& task) {
+    double best = 1e30;
+    for (int round = 0; round < 5; ++round) {
+        const auto t0 = std::chrono::steady_clock::now();
+        parallel_run(threads, task);
+        best = std::min(
+            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+}
+
 // GB/s of a STREAM-style copy of `bytes` with the library's threads, each copying its own slice
 // (read + write counted: 2 * bytes moved); best of a few runs, as STREAM reports. Arrays far
 // larger than the caches (256 MB each by default) measure main memory.
@@ -93,14 +106,7 @@ inline double stream_copy_gbps(size_t bytes = size_t{256} << 20) {
         std::memset(static_cast<char*>(dst.data()) + begin, 0, end - begin);
     };
     parallel_run(threads, touch);
-    double best = 1e30;
-    for (int round = 0; round < 5; ++round) {
-        const auto t0 = std::chrono::steady_clock::now();
-        parallel_run(threads, copy);
-        best = std::min(
-            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return 2.0 * double(bytes) / best / 1e9;
+    return 2.0 * double(bytes) / best_parallel_seconds(threads, copy) / 1e9;
 }
 
 // GB/s of reading `bytes` once with the library's threads (each its own slice, summed as
@@ -127,14 +133,7 @@ inline double stream_read_gbps(size_t bytes = size_t{256} << 20) {
         });
     };
     parallel_run(threads, touch);
-    double best = 1e30;
-    for (int round = 0; round < 5; ++round) {
-        const auto t0 = std::chrono::steady_clock::now();
-        parallel_run(threads, read);
-        best = std::min(
-            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return double(words * 8) / best / 1e9;
+    return double(words * 8) / best_parallel_seconds(threads, read) / 1e9;
 }
 
 }  // namespace qk::bench
