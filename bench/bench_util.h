@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include <cblas.h>
@@ -74,6 +75,11 @@ inline double memcpy_gbps(size_t bytes) {
     return 2.0 * bytes / s / 1e9;
 }
 
+// Thread t's share [begin, end) of n items split over `threads`.
+inline std::pair<size_t, size_t> slice_of(size_t n, int t, int threads) {
+    return {n * size_t(t) / size_t(threads), n * size_t(t + 1) / size_t(threads)};
+}
+
 // The fastest of five parallel_run(threads, task) calls, in seconds (STREAM reports the best).
 template <class Task>
 double best_parallel_seconds(int threads, Task& task) {
@@ -92,18 +98,16 @@ double best_parallel_seconds(int threads, Task& task) {
 // larger than the caches (256 MB each by default) measure main memory.
 inline double stream_copy_gbps(size_t bytes = size_t{256} << 20) {
     Storage src(bytes, Device::cpu), dst(bytes, Device::cpu);
+    char *from = static_cast<char*>(src.data()), *to = static_cast<char*>(dst.data());
     const int threads = num_threads();
-    auto copy = [&](int t) {  // the same slices each time, first touched by the same thread
-        const size_t begin = bytes * size_t(t) / size_t(threads);
-        const size_t end = bytes * size_t(t + 1) / size_t(threads);
-        std::memcpy(static_cast<char*>(dst.data()) + begin,
-                    static_cast<const char*>(src.data()) + begin, end - begin);
+    auto touch = [&](int t) {  // each slice first touched by the thread that copies it
+        const auto [begin, end] = slice_of(bytes, t, threads);
+        std::memset(from + begin, 1, end - begin);
+        std::memset(to + begin, 0, end - begin);
     };
-    auto touch = [&](int t) {
-        const size_t begin = bytes * size_t(t) / size_t(threads);
-        const size_t end = bytes * size_t(t + 1) / size_t(threads);
-        std::memset(static_cast<char*>(src.data()) + begin, 1, end - begin);
-        std::memset(static_cast<char*>(dst.data()) + begin, 0, end - begin);
+    auto copy = [&](int t) {
+        const auto [begin, end] = slice_of(bytes, t, threads);
+        std::memcpy(to + begin, from + begin, end - begin);
     };
     parallel_run(threads, touch);
     return 2.0 * double(bytes) / best_parallel_seconds(threads, copy) / 1e9;
@@ -118,19 +122,17 @@ inline double stream_read_gbps(size_t bytes = size_t{256} << 20) {
     Storage src(words * 8, Device::cpu);
     uint64_t* data = static_cast<uint64_t*>(src.data());
     const int threads = num_threads();
-    std::vector<uint64_t> sums(size_t(threads) * 8, 0);  // a cache line apart
-    auto slice = [&](int t, auto&& body) {
-        body(words * size_t(t) / size_t(threads), words * size_t(t + 1) / size_t(threads));
-    };
+    // A cache line apart, and volatile: a sum nobody reads could otherwise be optimised away.
+    std::vector<uint64_t> sums(size_t(threads) * 8, 0);
     auto touch = [&](int t) {
-        slice(t, [&](size_t b, size_t e) { std::fill(data + b, data + e, t); });
+        const auto [begin, end] = slice_of(words, t, threads);
+        std::fill(data + begin, data + end, uint64_t(t));
     };
     auto read = [&](int t) {
-        slice(t, [&](size_t b, size_t e) {
-            uint64_t sum = 0;
-            for (size_t i = b; i < e; ++i) sum += data[i];
-            sums[size_t(t) * 8] += sum;
-        });
+        const auto [begin, end] = slice_of(words, t, threads);
+        uint64_t sum = 0;
+        for (size_t i = begin; i < end; ++i) sum += data[i];
+        static_cast<volatile uint64_t&>(sums[size_t(t) * 8]) = sum;
     };
     parallel_run(threads, touch);
     return double(words * 8) / best_parallel_seconds(threads, read) / 1e9;

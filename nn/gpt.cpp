@@ -192,28 +192,29 @@ Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache, std::vector<int64_
     return head(last_only ? x.narrow(1, T - 1, 1) : x);
 }
 
+bool GPT::is_embedding_table(const Tensor& p) const {
+    return &p.impl() == &wte->weight.impl() || (wpe && &p.impl() == &wpe->weight.impl());
+}
+
 void GPT::store_weights_bf16() {
     QK_CHECK(config_.precision == Precision::bf16,
              "GPT: bf16-stored weights are for bf16 inference; the model's precision is {} "
              "(build it with precision bf16)",
              to_string(config_.precision));
-    auto is_table = [&](const Tensor& p) {
-        return &p.impl() == &wte->weight.impl() || (wpe && &p.impl() == &wpe->weight.impl());
-    };
     for (const auto& [name, p] : named_parameters())
-        if (p.dim() == 2 && !is_table(p)) store_parameter_as(p, kBF16);
+        if (p.dim() == 2 && !is_embedding_table(p)) store_parameter_as(p, kBF16);
     if (config_.tie_embeddings && !tied_head_bf16_.defined())
         tied_head_bf16_ = register_buffer(wte->weight.detach().to(kBF16));
 }
 
 int64_t GPT::weight_bytes_per_token() const {
-    int64_t bytes = tied_head_bf16_.defined() ? tied_head_bf16_.numel() * 2
-                    : config_.tie_embeddings
-                        ? wte->weight.numel() * int64_t(dtype_size(wte->weight.dtype()))
-                        : 0;
+    auto bytes_of = [](const Tensor& t) { return t.numel() * int64_t(dtype_size(t.dtype())); };
+    // A tied head reads the whole table (or its bf16 copy); a lookup reads one row, not counted.
+    int64_t bytes = tied_head_bf16_.defined() ? bytes_of(tied_head_bf16_)
+                    : config_.tie_embeddings  ? bytes_of(wte->weight)
+                                              : 0;
     for (const auto& [name, p] : named_parameters())
-        if (&p.impl() != &wte->weight.impl() && !(wpe && &p.impl() == &wpe->weight.impl()))
-            bytes += p.numel() * int64_t(dtype_size(p.dtype()));
+        if (!is_embedding_table(p)) bytes += bytes_of(p);
     return bytes;
 }
 

@@ -86,7 +86,8 @@ class GPT : public Module {
     std::shared_ptr<Linear> lm_head;  // null when tie_embeddings
 
   private:
-    Tensor head(const Tensor& x) const;  // ln_f, the LM head and the logit soft-cap
+    Tensor head(const Tensor& x) const;              // ln_f, the LM head and the logit soft-cap
+    bool is_embedding_table(const Tensor& p) const;  // wte's or wpe's weight
 
     GPTConfig config_;
     Generator dropout_gen_;

@@ -39,6 +39,13 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
     return worst;
 }
 
+// max |a − b| / max |b|: the error relative to b's scale (shapes must match).
+inline double relative_error(const Tensor& a, const Tensor& b) {
+    REQUIRE(a.shape() == b.shape());
+    const double scale = max(abs(b.to(kF64))).item();
+    return max(abs(a.to(kF64) - b.to(kF64))).item() / std::max(scale, 1e-30);
+}
+
 // The message of the qk::Error that f throws, or "(no error)".
 template <typename F>
 std::string error_message(F&& f) {

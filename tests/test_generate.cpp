@@ -46,13 +46,6 @@ void randomise_norms(GPT& model) {
             copy_into(p, p + randn(p.shape(), p.dtype(), gen) * 0.3);
 }
 
-// max |a − b| / max |b| over the rows of two logits tensors.
-double relative_error(const Tensor& a, const Tensor& b) {
-    REQUIRE(a.shape() == b.shape());
-    const double scale = max(abs(b.to(kF64))).item();
-    return max(abs(a.to(kF64) - b.to(kF64))).item() / std::max(scale, 1e-30);
-}
-
 // Runs `ids` through the cache in chunks of the given sizes, checking each chunk's logits
 // against the full recompute's rows; returns the largest relative error.
 double cached_error(GPT& model, const std::vector<int32_t>& ids,

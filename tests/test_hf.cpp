@@ -25,19 +25,13 @@ using namespace qk;
 using namespace qk::nn;
 using qk::test::fixture;
 using qk::test::kFamilies;
+using qk::test::relative_error;
 using qk::test::ScratchDir;
 using qk::test::throws_with;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-// max |a − b| / max |b|: the error relative to the tensor's scale.
-double relative_error(const Tensor& a, const Tensor& b) {
-    REQUIRE(a.shape() == b.shape());
-    const double scale = max(abs(b.to(kF64))).item();
-    return max(abs(a.to(kF64) - b.to(kF64))).item() / std::max(scale, 1e-30);
-}
 
 // The residual stream after the embedding and after each block, and the final norm's output:
 // what transformers returns as hidden_states (its last entry has the final norm applied).
