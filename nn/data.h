@@ -1,4 +1,4 @@
-// Text data: tokenizers and a dataset of seeded random windows.
+// Text data: a dataset of seeded random windows (tokenizers: nn/tokenizer.h).
 #pragma once
 
 #include <string>
@@ -6,28 +6,9 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "nn/tokenizer.h"
 
 namespace qk::nn {
-
-// Char-level (the sorted unique bytes of a text) or byte-level (all 256 bytes) tokenizer.
-class Tokenizer {
-  public:
-    static Tokenizer char_level(const std::string& text);
-    static Tokenizer byte_level();
-    // The string form saved in checkpoints: "bytes" or "chars:" + the vocabulary, hex-encoded.
-    std::string serialize() const;
-    static Tokenizer deserialize(const std::string& s);
-
-    std::vector<int32_t> encode(const std::string& text) const;  // throws on an unknown character
-    std::string decode(const std::vector<int32_t>& ids) const;
-    int64_t vocab_size() const { return static_cast<int64_t>(vocab_.size()); }
-    bool is_byte_level() const { return byte_level_; }
-
-  private:
-    std::string vocab_;            // id -> byte
-    std::vector<int32_t> lookup_;  // byte -> id, or -1
-    bool byte_level_ = false;
-};
 
 // Token ids split 90 % train / 10 % val; random windows of block_size + 1 tokens.
 class TextDataset {

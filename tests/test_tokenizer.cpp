@@ -1,0 +1,286 @@
+// Tokenizers (nn/tokenizer.h): ids equal to Hugging Face tokenizers' and SentencePiece's on the
+// committed fixtures (tools/make_tokenizer_fixtures.py), the trainer's merges equal to theirs and
+// to tools/bpe_reference.py's, round trips of arbitrary bytes, and hostile tokenizer files.
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "helpers.h"
+#include "nn.h"
+#include "nn/bpe.h"
+#include "nn/pretokenizer.h"
+
+using namespace qk;
+using namespace qk::nn;
+using namespace qk::test;
+using json = nlohmann::json;
+
+namespace {
+
+std::string fixture(const std::string& name) {
+    const char* dir = std::getenv("TOKENIZER_FIXTURES");
+    REQUIRE_MESSAGE(dir, "TOKENIZER_FIXTURES is not set (meson test sets it)");
+    return std::string(dir) + "/" + name;
+}
+
+std::string corpus() {
+    const char* path = std::getenv("TINY_SHAKESPEARE");
+    REQUIRE_MESSAGE(path, "TINY_SHAKESPEARE is not set (meson test sets it)");
+    return read_file(path);
+}
+
+const json& cases() {
+    static const json c = json::parse(read_file(fixture("cases.json")));
+    return c;
+}
+
+std::string printable(const std::string& s) { return s.size() > 60 ? s.substr(0, 60) + "..." : s; }
+
+void check_fixture(const std::string& name, const Tokenizer& tok, bool nfc) {
+    const json& texts = cases()["texts"];
+    const json& expected = cases()["ids"][name];
+    REQUIRE(texts.size() == expected.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
+        const std::string text = texts[i].get<std::string>();
+        INFO(name << " case " << i << ": " << printable(text));
+        const std::vector<int32_t> ids = tok.encode(text);
+        CHECK(ids == expected[i].get<std::vector<int32_t>>());
+        if (tok.kind() == "bpe")  // SentencePiece's decode of byte fallback is its own business
+            CHECK(tok.decode(ids) == (nfc ? bpe::normalize(text, bpe::Normalization::nfc) : text));
+    }
+}
+
+// A random string of bytes, most of it not valid UTF-8, with some ASCII words mixed in.
+std::string random_bytes(Generator& gen, size_t n) {
+    std::string s;
+    while (s.size() < n) {
+        const double u = gen.uniform();
+        if (u < 0.3)
+            s += " the";
+        else if (u < 0.4)
+            s += "\xe4\xbd\xa0";  // 你
+        else
+            s += static_cast<char>(static_cast<int>(gen.uniform() * 256));
+    }
+    return s;
+}
+
+std::string write(const TempDir& dir, const std::string& name, const std::string& text) {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return dir / name;
+}
+
+}  // namespace
+
+TEST_CASE("byte-level BPE ids equal Hugging Face tokenizers' on every fixture") {
+    for (const char* name : {"gpt2_style", "qwen_style", "cl100k_style"}) {
+        const Tokenizer tok = Tokenizer::from_file(fixture(std::string(name) + ".json"));
+        CHECK(tok.kind() == "bpe");
+        check_fixture(name, tok, std::string(name) == "qwen_style");
+    }
+}
+
+TEST_CASE("SentencePiece ids equal the sentencepiece package's") {
+    const Tokenizer tok = Tokenizer::from_file(fixture("sp_bpe.model"));
+    CHECK(tok.kind() == "sentencepiece");
+    CHECK(tok.vocab_size() == 500);
+    check_fixture("sp_bpe", tok, false);
+    const std::string text = "Before we proceed any further, 1234 😀";
+    CHECK(tok.decode(tok.encode(text)) == text);  // byte fallback carries the emoji
+}
+
+TEST_CASE("decode(encode(x)) == x for arbitrary bytes, invalid UTF-8 included") {
+    Generator gen(7);
+    for (const char* name : {"gpt2_style", "cl100k_style"}) {
+        const Tokenizer tok = Tokenizer::from_file(fixture(std::string(name) + ".json"));
+        for (int trial = 0; trial < 50; ++trial) {
+            const std::string x = random_bytes(gen, 1 + trial * 7);
+            CHECK(tok.decode(tok.encode(x)) == x);
+            CHECK(tok.decode(tok.encode(x, false)) == x);
+        }
+        std::string all;
+        for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+        CHECK(tok.decode(tok.encode(all)) == all);
+    }
+}
+
+TEST_CASE("special tokens are parsed only when asked") {
+    const Tokenizer tok = Tokenizer::from_file(fixture("qwen_style.json"));
+    const int32_t end = *tok.model().token_id("<|endoftext|>");
+    CHECK(tok.encode("a<|endoftext|>b") ==
+          std::vector<int32_t>{tok.encode("a")[0], end, tok.encode("b")[0]});
+    const auto ordinary = tok.encode("<|endoftext|>", false);
+    CHECK(ordinary.size() > 1);
+    CHECK(tok.decode(ordinary) == "<|endoftext|>");
+    CHECK(tok.document_separator() == end);
+}
+
+TEST_CASE("the trainer's merges equal Hugging Face's and the reference script's") {
+    const std::string text = corpus();
+    SUBCASE("the whole of Tiny Shakespeare, 1000 ids, against tokenizers' BpeTrainer") {
+        BpeTrainOptions options;
+        options.vocab_size = 1000;
+        options.min_frequency = 0;
+        const Tokenizer ours = train_bpe({text}, options);
+        const json theirs = json::parse(read_file(fixture("gpt2_style.json")));
+        const json mine = json::parse(ours.model().file_contents());
+        CHECK(mine["model"]["merges"] == theirs["model"]["merges"]);
+        CHECK(mine["model"]["vocab"] == theirs["model"]["vocab"]);
+        check_fixture("gpt2_style", ours, false);
+    }
+    SUBCASE("the first 200,000 bytes against tools/bpe_reference.py") {
+        const json reference = json::parse(read_file(fixture("reference_merges.json")));
+        BpeTrainOptions options;
+        options.vocab_size = reference["vocab_size"].get<int64_t>();
+        options.special_tokens = reference["special_tokens"].get<std::vector<std::string>>();
+        options.min_frequency = 0;
+        const Tokenizer ours =
+            train_bpe({text.substr(0, reference["corpus_bytes"].get<size_t>())}, options);
+        std::vector<std::string> merges;
+        const json file = json::parse(ours.model().file_contents());
+        for (const json& m : file["model"]["merges"])
+            merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+        const auto expected = reference["merges"].get<std::vector<std::string>>();
+        REQUIRE(merges.size() == expected.size());
+        for (size_t i = 0; i < merges.size(); ++i) {
+            INFO("merge " << i);
+            CHECK(merges[i] == expected[i]);
+        }
+    }
+}
+
+TEST_CASE("the trainer: progress, special tokens, min_frequency and refusals") {
+    BpeTrainOptions options;
+    options.vocab_size = 300;
+    options.special_tokens = {"<|endoftext|>", "<pad>"};
+    int64_t last_merge = 0;
+    options.progress = [&](const char* phase, int64_t done, int64_t) {
+        if (std::string(phase) == "merge") last_merge = done;
+    };
+    const std::string text =
+        "low lower lowest<|endoftext|>newer newest wider<pad>" + corpus().substr(0, 5000);
+    const Tokenizer tok = train_bpe({text}, options);
+    CHECK(tok.vocab_size() == 300);
+    CHECK(last_merge == 300 - 258);
+    CHECK(tok.encode("<pad>") == std::vector<int32_t>{1});
+    CHECK(tok.decode(tok.encode(text)) == text);
+    options.min_frequency = 1000000;  // nothing is that frequent: only specials and bytes
+    CHECK(train_bpe({text}, options).vocab_size() == 258);
+    CHECK(throws_with([] { train_bpe({"", ""}, {}); }, {"corpus is empty"}));
+    options.vocab_size = 100;
+    CHECK(throws_with([&] { train_bpe({text}, options); }, {"--vocab-size 100", "258"}));
+}
+
+TEST_CASE("save, from_file, serialize: the same tokenizer back") {
+    TempDir dir("tokenizer_files");
+    BpeTrainOptions options;
+    options.vocab_size = 400;
+    const Tokenizer trained = train_bpe({corpus().substr(0, 100000)}, options);
+    trained.save(dir / "tokenizer.json");
+    const std::string sample = "Hear me speak, 你好 \xff\xfe";
+    for (const Tokenizer& t :
+         {Tokenizer::from_file(dir / "tokenizer.json"), Tokenizer::from_file(dir.path.string()),
+          Tokenizer::deserialize(trained.serialize())})
+        CHECK(t.encode(sample) == trained.encode(sample));
+    const Tokenizer sp = Tokenizer::from_file(fixture("sp_bpe.model"));
+    const Tokenizer sp_back = Tokenizer::deserialize(sp.serialize());
+    CHECK(sp_back.kind() == "sentencepiece");
+    CHECK(sp_back.encode(sample) == sp.encode(sample));
+    CHECK(Tokenizer::deserialize(Tokenizer::byte_level().serialize()).is_byte_level());
+    CHECK(throws_with([] { Tokenizer::byte_level().save("/tmp/x.json"); }, {"no file form"}));
+}
+
+TEST_CASE("Split behaviours cut as Hugging Face's do") {
+    auto cut = [](bpe::SplitBehavior behavior, bool invert, const std::string& text) {
+        std::vector<bpe::SplitStep> steps{{std::make_shared<bpe::Regex>("-"), behavior, invert}};
+        std::vector<std::string_view> pieces;
+        bpe::pre_tokenize(steps, text, pieces);
+        return std::vector<std::string>(pieces.begin(), pieces.end());
+    };
+    using V = std::vector<std::string>;
+    using B = bpe::SplitBehavior;
+    const std::string text = "the-final--countdown";
+    CHECK(cut(B::isolated, false, text) == V{"the", "-", "final", "-", "-", "countdown"});
+    CHECK(cut(B::removed, false, text) == V{"the", "final", "countdown"});
+    CHECK(cut(B::merged_with_previous, false, text) == V{"the-", "final-", "-", "countdown"});
+    CHECK(cut(B::merged_with_next, false, text) == V{"the", "-final", "-", "-countdown"});
+    CHECK(cut(B::contiguous, false, text) == V{"the", "-", "final", "--", "countdown"});
+    CHECK(cut(B::removed, true, text) == V{"-", "-", "-"});
+}
+
+TEST_CASE("hostile tokenizer files give a clean error naming the file") {
+    TempDir dir("tokenizer_hostile");
+    const json good = json::parse(read_file(fixture("gpt2_style.json")));
+    auto variant = [&](const std::string& name, auto edit) {
+        json j = good;
+        edit(j);
+        return write(dir, name, j.dump());
+    };
+    struct Case {
+        std::string file, fragment;
+    };
+    const std::vector<Case> refused = {
+        {variant("missing_token.json",
+                 [](json& j) {
+                     j["model"]["merges"][0] = {"Ġ", "zzz"};
+                 }),
+         "not in the vocabulary"},
+        {variant("missing_merged.json",
+                 [](json& j) { j["model"]["vocab"].erase(j["model"]["vocab"].find("Ġt")); }),
+         "not in the vocabulary"},
+        {variant("twice.json",
+                 [](json& j) { j["model"]["merges"].push_back(j["model"]["merges"][0]); }),
+         "listed twice"},
+        {variant("shared_id.json", [](json& j) { j["model"]["vocab"]["Ġt"] = 5; }),
+         "given to two tokens"},
+        {variant("wordpiece.json", [](json& j) { j["model"]["type"] = "WordPiece"; }),
+         "'WordPiece' is not supported"},
+        {variant("negative.json", [](json& j) { j["model"]["vocab"]["!"] = -1; }), "got -1"},
+        {variant("huge_id.json", [](json& j) { j["model"]["vocab"]["!"] = 2000000000; }),
+         "got 2000000000"},
+        {variant("no_byte.json",
+                 [](json& j) { j["model"]["vocab"].erase(j["model"]["vocab"].find("!")); }),
+         "no token for byte 0x21"},
+        {variant("not_byte_level.json",
+                 [](json& j) {
+                     j["pre_tokenizer"] = {{"type", "Whitespace"}};
+                 }),
+         "'Whitespace' is not supported"},
+        {variant("no_pre.json", [](json& j) { j["pre_tokenizer"] = nullptr; }), "no ByteLevel"},
+        {variant("lowercase.json",
+                 [](json& j) {
+                     j["normalizer"] = {{"type", "Lowercase"}};
+                 }),
+         "'Lowercase' is not supported"},
+        {variant("bad_regex.json",
+                 [](json& j) {
+                     j["pre_tokenizer"] = {{"type", "Sequence"},
+                                           {"pretokenizers",
+                                            {{{"type", "Split"},
+                                              {"pattern", {{"Regex", "(["}}},
+                                              {"behavior", "Isolated"}},
+                                             {{"type", "ByteLevel"}}}}};
+                 }),
+         "bad regex"},
+        {variant("unicode_vocab.json", [](json& j) { j["model"]["vocab"]["你"] = 999999; }),
+         "not byte stand-ins"},
+        {variant("no_model.json", [](json& j) { j.erase("model"); }), "no \"model\""},
+        {write(dir, "array.json", "[1, 2]"), "must be a JSON object"},
+        {write(dir, "truncated.json", good.dump().substr(0, 5000)), "not JSON"},
+        {write(dir, "deep.json", std::string(100000, '[')), "nested"},
+        {write(dir, "empty.json", ""), "is empty"},
+        {write(dir, "garbage.model", "\x01\x02garbage"), "not a SentencePiece model"},
+        {write(dir, "x.txt", "hello"), "neither a tokenizer.json"},
+    };
+    for (const Case& c : refused) {
+        INFO(c.file);
+        CHECK(throws_with([&] { Tokenizer::from_file(c.file); }, {c.fragment}));
+        if (c.fragment != "is empty" && c.fragment != "no token for byte 0x21" &&
+            c.fragment != "bad regex" && c.fragment != "not a SentencePiece model")
+            CHECK(throws_with([&] { Tokenizer::from_file(c.file); }, {c.file}));
+    }
+    CHECK(throws_with([&] { Tokenizer::from_file(dir.path.string()); }, {"no tokenizer.json"}));
+    const Tokenizer tok = Tokenizer::from_file(fixture("gpt2_style.json"));
+    CHECK(throws_with([&] { tok.decode({5, 1000}); }, {"id 1000"}));
+    CHECK(throws_with([&] { tok.decode({-3}); }, {"id -3"}));
+}
