@@ -28,6 +28,7 @@
 #include "examples/qknorm_config.h"
 #include "examples/qknorm_flags.h"
 #include "examples/qknorm_models.h"
+#include "examples/qknorm_tokens.h"
 #include "nn/checkpoint.h"
 #include "nn/data.h"
 #include "nn/data_parallel.h"
@@ -118,9 +119,14 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
         cfg = TrainConfig::from_json(read_text_file(from_json, "train: --from-json"));
     } else {
         as_usage([&] { apply_model_flags(cfg, flags); });
-        if (!cfg.init_from.empty() && cmd->get_option("--tokenizer")->count() == 0)
-            cfg.tokenizer = "byte";  // the ids an imported embedding's rows can take
-        import_model_config(cfg);    // the architecture, for the line below (a bad file: exit 1)
+        if (!cfg.init_from.empty() && cmd->get_option("--tokenizer")->count() == 0) {
+            // The model's own tokenizer when its directory has one; else the ids an imported
+            // embedding's rows can take.
+            const bool own = fs::exists(fs::path(cfg.init_from) / "tokenizer.json") ||
+                             fs::exists(fs::path(cfg.init_from) / "tokenizer.model");
+            cfg.tokenizer = own ? cfg.init_from : "byte";
+        }
+        import_model_config(cfg);  // the architecture, for the line below (a bad file: exit 1)
         as_usage([&] { cfg.validate(); });
     }
     cfg.progress = !quiet;
@@ -152,8 +158,8 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
         fmt::print(stderr, "qknorm train: {}\n", result.message);
         return kExitDiverged;
     }
-    fmt::print("final train loss {:.4f}, val loss {:.4f} after {} steps\n", result.final_loss,
-               result.final_val_loss, result.steps_done);
+    fmt::print("final train loss {:.4f}, val loss {:.4f} ({:.4f} bits per byte) after {} steps\n",
+               result.final_loss, result.final_val_loss, result.final_val_bpb, result.steps_done);
     fmt::print("metrics: {0}/metrics.jsonl, plot: {0}/plot.svg\n", cfg.run_dir);
     if (!result.sample.empty()) fmt::print("\n--- sample ---\n{}\n--------------\n", result.sample);
     return 0;
@@ -431,6 +437,10 @@ int main(int argc, char** argv) {
     CLI::App* export_cmd = add_export_command(app, export_args);
     InspectArgs inspect_args;
     CLI::App* inspect_cmd = add_inspect_command(app, inspect_args);
+    TokenizerArgs tokenizer_args;
+    CLI::App* tokenizer_cmd = add_tokenizer_command(app, tokenizer_args);
+    PrepareArgs prepare_args;
+    CLI::App* prepare_cmd = add_prepare_command(app, prepare_args);
 
     dist::init();  // joins the MPI world when mpirun or srun started this process
     try {
@@ -461,12 +471,16 @@ int main(int argc, char** argv) {
         if (dist::world_size() > 1)
             throw UsageError(fmt::format(
                 "'qknorm {}' runs in one process; of the commands only train runs under mpirun",
-                sweep_cmd->parsed()     ? "sweep"
-                : export_cmd->parsed()  ? "export"
-                : inspect_cmd->parsed() ? "inspect"
-                                        : "sample"));
+                sweep_cmd->parsed()       ? "sweep"
+                : export_cmd->parsed()    ? "export"
+                : inspect_cmd->parsed()   ? "inspect"
+                : tokenizer_cmd->parsed() ? "tokenizer"
+                : prepare_cmd->parsed()   ? "prepare"
+                                          : "sample"));
         if (export_cmd->parsed()) return run_export(export_args);
         if (inspect_cmd->parsed()) return run_inspect(inspect_args);
+        if (tokenizer_cmd->parsed()) return run_tokenizer(tokenizer_args);
+        if (prepare_cmd->parsed()) return run_prepare(prepare_args);
         if (sweep_cmd->parsed()) {
             const bool threads_given =
                 std::any_of(threads_options.begin(), threads_options.end(),

@@ -139,18 +139,22 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool at
 
 void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
     cmd->add_option("--data", cfg.data_path,
-                    "text file to train on (default: bundled Tiny Shakespeare)")
+                    "a text file to train on (default: bundled Tiny Shakespeare), or a directory "
+                    "of token shards (qknorm prepare, llm.c's scripts, nanoGPT's train.bin / "
+                    "val.bin) with --tokenizer naming their tokenizer")
         ->check(
             [](const std::string& path) {
-                return path.empty() ? std::string(
-                                          "an empty path; give a text file, or leave "
-                                          "--data out for the bundled Tiny Shakespeare")
-                                    : std::string();
+                return path.empty()
+                           ? std::string(
+                                 "an empty path; give a text file or a directory, or leave "
+                                 "--data out for the bundled Tiny Shakespeare")
+                           : std::string();
             },
             "FILE");
     add_value(cmd, "--tokenizer", cfg.tokenizer,
-              "char (sorted unique characters) or byte (256; the default with --init-from)")
-        ->check(CLI::IsMember({"char", "byte"}));
+              "char (sorted unique characters), byte (256), or a tokenizer file: tokenizer.json "
+              "(byte-level BPE), tokenizer.model (SentencePiece), a directory holding one, a "
+              "checkpoint (with --init-from: the model's own, else byte)");
     if (single_run)
         cmd->add_option("--init-from", cfg.init_from,
                         "fine-tune a Hugging Face model directory (config.json + safetensors of "

@@ -193,8 +193,10 @@ void TrainConfig::validate() const {
     QK_CHECK(context >= 0 && context <= model.block_size,
              "train: --context must be in [0, {}] (0 = the model's block size {}), got {}",
              model.block_size, model.block_size, context);
-    QK_CHECK(tokenizer == "char" || tokenizer == "byte",
-             "train: --tokenizer must be 'char' or 'byte', got '{}'", tokenizer);
+    QK_CHECK(tokenizer == "char" || tokenizer == "byte" || std::filesystem::exists(tokenizer),
+             "train: --tokenizer must be 'char', 'byte' or a tokenizer file (tokenizer.json, "
+             "tokenizer.model, a directory holding one, a checkpoint); '{}' is none of them",
+             tokenizer);
     QK_CHECK(device == "cpu" || device == "cuda",
              "train: --device must be 'cpu' or 'cuda', got '{}'", device);
     QK_CHECK(!tf32 || device == "cuda",

@@ -1,4 +1,5 @@
 #include "nn/trainer.h"
+#include "nn/train_data.h"
 
 #include <unistd.h>
 #include <cerrno>
@@ -68,8 +69,10 @@ double evaluate(GPT& model, const TextDataset& data, const TrainConfig& cfg) {
     double total = 0;
     for (int64_t i = 0; i < cfg.eval_batches; ++i) {
         Tensor ids, targets;
-        data.batch(false, cfg.batch_size, gen, ids, targets);  // every rank draws every batch,
-        if (i % dist::world_size() != dist::rank()) continue;  // and evaluates its share
+        // Every rank draws every batch, and reads and evaluates its share.
+        const bool mine = i % dist::world_size() == dist::rank();
+        data.batch(false, cfg.batch_size, gen, ids, targets, [mine](int64_t) { return mine; });
+        if (!mine) continue;
         ids = ids.to(model.device()), targets = targets.to(model.device());
         total += model.forward(ids, targets).cross_entropy.item();
     }
@@ -117,14 +120,11 @@ void reduce_stats(std::vector<AttentionStats>& stats) {
 
 // What every rank must agree on before the first step: the saved config and the knobs that
 // change the collectives each rank makes.
-std::string replica_settings(const TrainConfig& cfg, const std::string& text) {
+std::string replica_settings(const TrainConfig& cfg, const TrainingData& input) {
     json j = json::parse(cfg.to_json());
     if (dist::world_size() == 1) return j.dump();  // nothing to compare with
     // The data's content, not only its path: ranks on other machines may read another file.
-    uint64_t fnv1a = 0xcbf29ce484222325u;
-    for (const char c : text) fnv1a = (fnv1a ^ static_cast<unsigned char>(c)) * 0x100000001b3u;
-    j["data_bytes"] = text.size();
-    j["data_fnv1a64"] = fmt::format("{:016x}", fnv1a);
+    j["data_fnv1a64"] = input.fingerprint;
     j["bucket_mb"] = cfg.bucket_mb;
     j["overlap"] = cfg.overlap;
     j["dist_timeout"] = cfg.dist_timeout;
@@ -187,9 +187,11 @@ StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const Tr
                                    Generator& data_gen, RunOptimizer& optimizer,
                                    std::vector<AttentionStats>* stats) {
     const bool many = dist::world_size() > 1;
-    Tensor ids, targets;
-    data.batch(true, cfg.batch_size, data_gen, ids, targets);
     const int64_t K = cfg.grad_accum, micro_size = cfg.batch_size / (dist::world_size() * K);
+    Tensor ids, targets;  // the global batch, of which this rank reads its rows (micro_rows)
+    data.batch(true, cfg.batch_size, data_gen, ids, targets, [&](int64_t row) {
+        return (row / micro_size) % dist::world_size() == dist::rank();
+    });
     double loss_sum = 0;
     bool finite = true;
     for (int64_t k = 0; k < K; ++k) {
@@ -356,6 +358,7 @@ void write_run_end(const TrainConfig& cfg, GPT& model, const Tokenizer& tokenize
     write_file_atomic(cfg.run_dir + "/result.json", json{{"steps_done", result.steps_done},
                                                          {"final_loss", result.final_loss},
                                                          {"final_val_loss", result.final_val_loss},
+                                                         {"final_val_bpb", result.final_val_bpb},
                                                          {"diverged", result.diverged},
                                                          {"message", result.message},
                                                          {"seconds", seconds}}
@@ -366,8 +369,10 @@ void write_run_end(const TrainConfig& cfg, GPT& model, const Tokenizer& tokenize
                               .temperature = 0.8,
                               .top_k = 0,
                               .vocab = tokenizer.vocab_size()};
-        // Id 0 is the smallest byte of the text: the newline, for any ordinary text file.
-        result.sample = tokenizer.decode(generate(model, {0}, options, gen));
+        // A document's start (<|endoftext|>) where the tokenizer has one; else id 0, the
+        // smallest byte of the text: the newline, for any ordinary text file.
+        const int32_t start = tokenizer.document_separator().value_or(0);
+        result.sample = tokenizer.decode(generate(model, {start}, options, gen));
     }
 }
 
@@ -378,8 +383,7 @@ struct TrainingRun {
     TrainConfig cfg;
     bool root = dist::is_root();       // the one rank that writes the run directory
     std::unique_ptr<RunDirLock> lock;  // held to the end: one process per run directory
-    Tokenizer tokenizer = Tokenizer::byte_level();
-    std::unique_ptr<TextDataset> data;
+    TrainingData input;                // the tokenizer, the dataset, bytes per validation token
     std::unique_ptr<GPT> model;
     std::unique_ptr<RunOptimizer> optimizer;
     Generator data_gen{0};
@@ -412,7 +416,7 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
              "sequences)",
              cfg.batch_size, ranks, cfg.grad_accum, ranks * cfg.grad_accum);
     if (cfg.data_path.empty()) cfg.data_path = default_data_path();
-    const std::string text = read_text_file(cfg.data_path, "train: --data");
+    run.input = load_training_data(cfg);
     if (run.root) {
         QK_CHECK(!fs::exists(cfg.run_dir) || fs::is_directory(cfg.run_dir),
                  "train: --run-dir '{}' is a file, not a directory", cfg.run_dir);
@@ -422,21 +426,20 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
     }
     resume = broadcast_string(resume ? "resume" : "start") == "resume";
 
-    run.tokenizer = cfg.tokenizer == "char" ? Tokenizer::char_level(text) : Tokenizer::byte_level();
     if (cfg.init_from.empty())
-        cfg.model.vocab_size = run.tokenizer.vocab_size();
+        cfg.model.vocab_size = run.input.tokenizer.vocab_size();
     else  // the imported embedding keeps its rows; the tokenizer uses the first ones
-        QK_CHECK(run.tokenizer.vocab_size() <= cfg.model.vocab_size,
+        QK_CHECK(run.input.tokenizer.vocab_size() <= cfg.model.vocab_size,
                  "train: --tokenizer {} has {} ids, more than the {} of --init-from {}",
-                 cfg.tokenizer, run.tokenizer.vocab_size(), cfg.model.vocab_size, cfg.init_from);
-    run.data = std::make_unique<TextDataset>(run.tokenizer.encode(text), cfg.context_length());
+                 cfg.tokenizer, run.input.tokenizer.vocab_size(), cfg.model.vocab_size,
+                 cfg.init_from);
     const Device device = cfg.device == "cuda" ? Device::cuda : Device::cpu;
     if (device == Device::cuda) set_tf32(cfg.tf32);
     // Initialised on the cpu: the same weights on every device.
     run.model = std::make_unique<GPT>(cfg.model, cfg.seed);
     if (!cfg.init_from.empty() && !resume) import_model_weights(cfg, *run.model);
     run.model->to(device);
-    check_replicas_agree(replica_settings(cfg, text), run.model->parameters());
+    check_replicas_agree(replica_settings(cfg, run.input), run.model->parameters());
     run.optimizer =
         std::make_unique<RunOptimizer>(run.model->named_parameters(), run_optimizer_options(cfg));
     if (run.root && (ranks > 1 || cfg.zero))
@@ -445,7 +448,7 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
                    cfg.zero ? " (ZeRO-1: AdamW's moments sharded)" : "");
     run.data_gen = Generator(cfg.seed + 1);
     const RunStart begun = resume ? resume_run(cfg, *run.model, *run.optimizer, run.data_gen)
-                                  : start_run(cfg, *run.model, *run.data);
+                                  : start_run(cfg, *run.model, *run.input.dataset);
     run.start_step = begun.step;
     run.result.steps_done = begun.step;  // a resumed run that was already complete says so
     run.result.final_loss = begun.so_far.last_loss;
@@ -465,8 +468,9 @@ bool train_step(TrainingRun& run, int64_t step) {
     const bool with_stats = step % cfg.stats_interval() == 0 || step + 1 == cfg.steps;
     std::vector<AttentionStats> stats;  // every step with QK-Clip: it reads S_h from them
     const bool measure = with_stats || cfg.qk_clip > 0;
-    const StepGradients grads = accumulate_gradients(*run.model, *run.data, cfg, run.data_gen,
-                                                     *run.optimizer, measure ? &stats : nullptr);
+    const StepGradients grads =
+        accumulate_gradients(*run.model, *run.input.dataset, cfg, run.data_gen, *run.optimizer,
+                             measure ? &stats : nullptr);
     const double loss = grads.loss;
     const double grad_norm = grads.backward_done ? run.optimizer->clip(cfg.grad_clip) : NAN;
     if (const std::string why = divergence(loss, grad_norm, run.min_loss, cfg.diverge_factor);
@@ -487,7 +491,8 @@ bool train_step(TrainingRun& run, int64_t step) {
     run.min_loss = std::min(run.min_loss, loss);
     // This step's loss was measured on the weights of the pending checkpoint and passed: only
     // now is that checkpoint known to be good (the weights are still unchanged).
-    if (run.pending) write_checkpoint(cfg, *run.model, *run.optimizer, run.tokenizer, *run.pending);
+    if (run.pending)
+        write_checkpoint(cfg, *run.model, *run.optimizer, run.input.tokenizer, *run.pending);
     run.pending.reset();
     run.optimizer->step(lr);
     run.optimizer->zero_grad();
@@ -502,8 +507,9 @@ bool train_step(TrainingRun& run, int64_t step) {
               {"grad_norm", grad_norm},
               {"tokens_per_s", run.tokens_per_step() / seconds}};
     if ((step + 1) % cfg.eval_interval() == 0 || step + 1 == cfg.steps) {
-        run.last_val = evaluate(*run.model, *run.data, cfg);
+        run.last_val = evaluate(*run.model, *run.input.dataset, cfg);
         line["val_loss"] = run.last_val;
+        line["val_bpb"] = run.input.bits_per_byte(run.last_val);
     }
     if (with_stats) line["layers"] = stats_to_json(stats);
     if (cfg.qk_clip > 0) line["heads_clipped"] = heads_clipped;
@@ -519,7 +525,7 @@ bool checkpoint_if_due(TrainingRun& run, int64_t done) {
     if (done % run.cfg.checkpoint_every != 0 && done != run.cfg.steps) return true;
     run.result.message =
         checkpoint_after_update(run.cfg, done, run.last_val, run.min_loss, *run.model,
-                                *run.optimizer, run.tokenizer, run.data_gen, run.pending);
+                                *run.optimizer, run.input.tokenizer, run.data_gen, run.pending);
     run.result.diverged = !run.result.message.empty();
     return !run.result.diverged;
 }
@@ -537,8 +543,8 @@ void report_progress(const TrainingRun& run, int64_t done) {
 TrainResult stop_with_checkpoint(TrainingRun& run, int64_t done, const StopSignals& signals) {
     if (run.cfg.progress && run.root && progress_on_terminal()) fmt::print(stderr, "\n");
     run.result.stop_signal = signals.signal_number() ? signals.signal_number() : SIGTERM;
-    run.result.message =
-        checkpoint_on_stop(run.cfg, done, *run.model, *run.optimizer, run.tokenizer, run.data_gen);
+    run.result.message = checkpoint_on_stop(run.cfg, done, *run.model, *run.optimizer,
+                                            run.input.tokenizer, run.data_gen);
     run.result.final_val_loss = run.last_val;
     if (run.root) write_run_plot(run.cfg);
     return run.result;
@@ -548,10 +554,11 @@ TrainResult stop_with_checkpoint(TrainingRun& run, int64_t done, const StopSigna
 TrainResult finish(TrainingRun& run) {
     if (run.cfg.progress && run.root && progress_on_terminal()) fmt::print(stderr, "\n");
     run.result.final_val_loss = run.last_val;
+    run.result.final_val_bpb = run.input.bits_per_byte(run.last_val);
     if (!run.root) return run.result;  // the other ranks write nothing
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - run.start_time).count();
-    write_run_end(run.cfg, *run.model, run.tokenizer, seconds, run.result);
+    write_run_end(run.cfg, *run.model, run.input.tokenizer, seconds, run.result);
     return run.result;
 }
 

@@ -13,8 +13,9 @@ namespace qk::nn {
 struct TrainResult {
     int64_t steps_done = 0;
     double final_loss = 0, final_val_loss = 0;
-    bool diverged = false;  // a NaN or Inf loss, or a spike, stopped the run
-    int stop_signal = 0;    // SIGINT or SIGTERM stopped it after a step, with a checkpoint
+    double final_val_bpb = 0;  // final_val_loss in bits per byte of raw text
+    bool diverged = false;     // a NaN or Inf loss, or a spike, stopped the run
+    int stop_signal = 0;       // SIGINT or SIGTERM stopped it after a step, with a checkpoint
     std::string message;
     std::string sample;
 };

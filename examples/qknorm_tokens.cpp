@@ -1,0 +1,183 @@
+#include "qknorm_tokens.h"
+
+#include <unistd.h>
+
+#include <fmt/core.h>
+#include <chrono>
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "nn/data.h"
+
+namespace qk::cli {
+
+namespace {
+
+// A progress bar on stderr: redrawn in place on a terminal, a line every 5 % into a file.
+class Progress {
+  public:
+    Progress(std::string what, bool quiet) : what_(std::move(what)), quiet_(quiet) {}
+    void operator()(int64_t done, int64_t total, const char* unit) {
+        if (quiet_ || total <= 0) return;
+        const int percent = static_cast<int>(100 * done / total);
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        const bool terminal = ::isatty(2) == 1;
+        if (!terminal && percent / 5 == last_ / 5 && done < total) return;
+        if (percent == last_ && done < total) return;
+        last_ = percent;
+        const int filled = percent * 24 / 100;
+        const std::string rate = std::string(unit) == "MB"
+                                     ? fmt::format("{:.1f} MB/s", static_cast<double>(done) / 1e6 /
+                                                                      std::max(seconds, 1e-9))
+                                     : fmt::format("{}/{}", done, total);
+        fmt::print(stderr, "{}[{}{}] {:3d}% {} {}{}", terminal ? "\r" : "",
+                   std::string(filled, '#'), std::string(24 - filled, '.'), percent, what_, rate,
+                   terminal ? "   " : "\n");
+        if (terminal && done >= total) fmt::print(stderr, "\n");
+    }
+
+  private:
+    std::string what_;
+    bool quiet_;
+    int last_ = -1;
+    std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+std::vector<int32_t> parse_ids(const std::vector<std::string>& words) {
+    std::vector<int32_t> ids;
+    for (const std::string& w : words) {
+        size_t used = 0;
+        long long v = -1;
+        try {
+            v = std::stoll(w, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        QK_CHECK(used == w.size() && v >= 0 && v <= INT32_MAX,
+                 "tokenizer decode: '{}' is not a token id (a whole number >= 0)", w);
+        ids.push_back(static_cast<int32_t>(v));
+    }
+    return ids;
+}
+
+}  // namespace
+
+CLI::App* add_tokenizer_command(CLI::App& app, TokenizerArgs& args) {
+    CLI::App* cmd = app.add_subcommand(
+        "tokenizer", "train a byte-level BPE tokenizer, or encode / decode with any tokenizer");
+    cmd->require_subcommand(1);
+    args.train = cmd->add_subcommand(
+        "train", "learn byte-level BPE merges from text files (GPT-2's pre-tokenizer)");
+    args.train
+        ->add_option("--vocab-size", args.options.vocab_size,
+                     "ids in all: the special tokens, the 256 bytes and one per merge")
+        ->check(CLI::Range(int64_t{257}, int64_t{1} << 22))
+        ->capture_default_str();
+    args.train->add_option("--out", args.out, "the tokenizer.json to write")->required();
+    args.train
+        ->add_option("--special", args.options.special_tokens,
+                     "special tokens, given the first ids (repeatable)")
+        ->capture_default_str();
+    args.train
+        ->add_option("--min-frequency", args.options.min_frequency,
+                     "stop when the best pair occurs fewer times than this")
+        ->check(CLI::Range(int64_t{0}, INT64_MAX))
+        ->capture_default_str();
+    args.train->add_option("files", args.inputs, "the text files to learn from")->required();
+    args.train->add_flag("--quiet", args.quiet, "no progress bar");
+
+    args.encode = cmd->add_subcommand("encode", "print the ids of a text, one line");
+    args.decode = cmd->add_subcommand("decode", "print the text of ids");
+    for (CLI::App* sub : {args.encode, args.decode})
+        sub->add_option("--tokenizer", args.tokenizer,
+                        "a tokenizer.json, tokenizer.model, a directory holding one, or a qknorm "
+                        "checkpoint")
+            ->required();
+    args.encode->add_option("--text", args.text, "the text to encode");
+    args.encode->add_option("--file", args.file, "a file whose text to encode");
+    args.encode->add_flag("--ordinary", args.ordinary,
+                          "special tokens written in the text stay text");
+    args.decode->add_option("ids", args.inputs, "token ids")->required();
+    return cmd;
+}
+
+int run_tokenizer(const TokenizerArgs& args) {
+    if (args.train->parsed()) {
+        std::vector<std::string> texts;
+        for (const std::string& f : args.inputs)
+            texts.push_back(read_regular_file(f, "tokenizer train", nn::kMaxTextFileBytes));
+        nn::BpeTrainOptions options = args.options;
+        Progress reading("reading", args.quiet), merging("merges", args.quiet);
+        options.progress = [&](const char* phase, int64_t done, int64_t total) {
+            if (std::string(phase) == "read")
+                reading(done, total, "MB");
+            else
+                merging(done, total, "merges");
+        };
+        const nn::Tokenizer tok = nn::train_bpe(texts, options);
+        tok.save(args.out);
+        fmt::print("{}: byte-level BPE with {} ids\n", args.out, tok.vocab_size());
+        return 0;
+    }
+    const nn::Tokenizer tok = nn::Tokenizer::from_file(args.tokenizer);
+    if (args.encode->parsed()) {
+        QK_CHECK(args.text.empty() != args.file.empty(),
+                 "tokenizer encode: give the text as --text TEXT or --file FILE (one of them)");
+        const std::string text =
+            args.file.empty()
+                ? args.text
+                : read_regular_file(args.file, "tokenizer encode", nn::kMaxTextFileBytes);
+        fmt::print("{}\n", fmt::join(tok.encode(text, !args.ordinary), " "));
+        return 0;
+    }
+    fmt::print("{}\n", tok.decode(parse_ids(args.inputs)));
+    return 0;
+}
+
+CLI::App* add_prepare_command(CLI::App& app, PrepareArgs& args) {
+    CLI::App* cmd = app.add_subcommand(
+        "prepare", "tokenize a corpus into token shards in llm.c's format (train with --data DIR)");
+    cmd->add_option("--tokenizer", args.tokenizer,
+                    "a tokenizer.json, tokenizer.model, a directory holding one, or 'byte'")
+        ->required();
+    cmd->add_option("--out", args.options.out_dir, "the directory to write the shards to")
+        ->required();
+    cmd->add_option("--name", args.options.name, "shard names: NAME_val_000000.bin, ...")
+        ->capture_default_str();
+    cmd->add_option("--val-fraction", args.options.val_fraction,
+                    "the last fraction of the input bytes, for validation")
+        ->capture_default_str();
+    cmd->add_option("--shard-tokens", args.options.shard_tokens, "tokens per train shard")
+        ->capture_default_str();
+    cmd->add_option("--text-field", args.options.text_field,
+                    "the field holding each JSONL line's document")
+        ->capture_default_str();
+    cmd->add_option("inputs", args.inputs,
+                    "text files, JSONL files (.jsonl) or directories of them")
+        ->required();
+    cmd->add_flag("--quiet", args.quiet, "no progress bar");
+    return cmd;
+}
+
+int run_prepare(PrepareArgs args) {
+    QK_CHECK(args.tokenizer != "char",
+             "prepare: --tokenizer char depends on the text; use 'byte' or a tokenizer file");
+    const nn::Tokenizer tok = nn::Tokenizer::from_flag(args.tokenizer, "");
+    Progress progress("tokenizing", args.quiet);
+    args.options.progress = [&](int64_t done, int64_t total) { progress(done, total, "MB"); };
+    const auto t0 = std::chrono::steady_clock::now();
+    const nn::PrepareSummary s = nn::prepare_token_shards(tok, args.inputs, args.options);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t bytes = s.train_bytes + s.val_bytes, tokens = s.train_tokens + s.val_tokens;
+    fmt::print("{} documents, {} bytes -> {} tokens ({:.3f} bytes per token), uint{} in {:.1f} s\n",
+               s.documents, bytes, tokens, static_cast<double>(bytes) / static_cast<double>(tokens),
+               8 * s.token_bytes, seconds);
+    fmt::print("train: {} tokens, val: {} tokens\n", s.train_tokens, s.val_tokens);
+    for (const std::string& f : s.files) fmt::print("  {}\n", f);
+    return 0;
+}
+
+}  // namespace qk::cli
