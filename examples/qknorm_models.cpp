@@ -74,13 +74,16 @@ int run_inspect(const InspectArgs& args) {
         ids = loaded.tokenizer.encode(text);
         model = std::move(loaded.model);
     } else {
-        // Until tokenizer.json is read, a Hugging Face model reads the text as bytes.
+        // The model's own tokenizer when its directory has one, else the text as bytes.
         model = nn::load_hf_model(args.model_dir);
-        QK_CHECK(model->config().vocab_size >= 256,
-                 "inspect: {} has {} token ids, fewer than the 256 bytes the text is read as",
-                 args.model_dir, model->config().vocab_size);
-        ids.assign(text.begin(), text.end());
-        for (int32_t& id : ids) id = static_cast<unsigned char>(id);
+        const bool own = fs::exists(fs::path(args.model_dir) / "tokenizer.json") ||
+                         fs::exists(fs::path(args.model_dir) / "tokenizer.model");
+        const nn::Tokenizer tok =
+            own ? nn::Tokenizer::from_file(args.model_dir) : nn::Tokenizer::byte_level();
+        QK_CHECK(model->config().vocab_size >= tok.vocab_size(),
+                 "inspect: {} has {} token ids, fewer than the {} of its tokenizer", args.model_dir,
+                 model->config().vocab_size, tok.vocab_size());
+        ids = tok.encode(text);
     }
     if (static_cast<int64_t>(ids.size()) > args.max_tokens) ids.resize(args.max_tokens);
     const int64_t window =

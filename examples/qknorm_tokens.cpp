@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "nn/data.h"
+#include "nn/trainer.h"
 
 namespace qk::cli {
 
@@ -85,7 +86,8 @@ CLI::App* add_tokenizer_command(CLI::App& app, TokenizerArgs& args) {
                      "stop when the best pair occurs fewer times than this")
         ->check(CLI::Range(int64_t{0}, INT64_MAX))
         ->capture_default_str();
-    args.train->add_option("files", args.inputs, "the text files to learn from")->required();
+    args.train->add_option("files", args.inputs,
+                           "the text files to learn from (default: bundled Tiny Shakespeare)");
     args.train->add_flag("--quiet", args.quiet, "no progress bar");
 
     args.encode = cmd->add_subcommand("encode", "print the ids of a text, one line");
@@ -105,8 +107,9 @@ CLI::App* add_tokenizer_command(CLI::App& app, TokenizerArgs& args) {
 
 int run_tokenizer(const TokenizerArgs& args) {
     if (args.train->parsed()) {
-        std::vector<std::string> texts;
-        for (const std::string& f : args.inputs)
+        std::vector<std::string> texts, files = args.inputs;
+        if (files.empty()) files.push_back(nn::default_data_path());
+        for (const std::string& f : files)
             texts.push_back(read_regular_file(f, "tokenizer train", nn::kMaxTextFileBytes));
         nn::BpeTrainOptions options = args.options;
         Progress reading("reading", args.quiet), merging("merges", args.quiet);
@@ -155,8 +158,8 @@ CLI::App* add_prepare_command(CLI::App& app, PrepareArgs& args) {
                     "the field holding each JSONL line's document")
         ->capture_default_str();
     cmd->add_option("inputs", args.inputs,
-                    "text files, JSONL files (.jsonl) or directories of them")
-        ->required();
+                    "text files, JSONL files (.jsonl) or directories of them (default: bundled "
+                    "Tiny Shakespeare)");
     cmd->add_flag("--quiet", args.quiet, "no progress bar");
     return cmd;
 }
@@ -165,6 +168,7 @@ int run_prepare(PrepareArgs args) {
     QK_CHECK(args.tokenizer != "char",
              "prepare: --tokenizer char depends on the text; use 'byte' or a tokenizer file");
     const nn::Tokenizer tok = nn::Tokenizer::from_flag(args.tokenizer, "");
+    if (args.inputs.empty()) args.inputs.push_back(nn::default_data_path());
     Progress progress("tokenizing", args.quiet);
     args.options.progress = [&](int64_t done, int64_t total) { progress(done, total, "MB"); };
     const auto t0 = std::chrono::steady_clock::now();

@@ -118,7 +118,9 @@ def main():
             words = with_flags(words, ["--quiet"])
         elif sub == "sweep":
             words = with_flags(words, SHORT_SWEEP + ["--out", "sweep"])
-        result = subprocess.run(words, cwd=work, capture_output=True, text=True, timeout=600)
+        # errors="replace": an undertrained byte-level BPE model can sample invalid UTF-8.
+        result = subprocess.run(words, cwd=work, capture_output=True, text=True, timeout=600,
+                                errors="replace")
         shown = " ".join(shlex.quote(w) for w in words)
         if result.returncode != 0:
             failed += 1
