@@ -9,6 +9,7 @@
 #include "core/safetensors.h"
 #include "nn/bpe.h"
 #include "nn/sentencepiece.h"
+#include "nn/trainer.h"
 
 namespace qk::nn {
 
@@ -153,9 +154,12 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
         for (const char* name : {"tokenizer.json", "tokenizer.model"})
             if (fs::exists(fs::path(path) / name))
                 return from_file((fs::path(path) / name).string());
+        // A run directory: the tokenizer of its latest checkpoint.
+        if (const std::string checkpoint = latest_model_checkpoint(path); !checkpoint.empty())
+            return from_file(checkpoint);
         throw Error(
-            fmt::format("tokenizer: directory '{}' holds no tokenizer.json or "
-                        "tokenizer.model",
+            fmt::format("tokenizer: directory '{}' holds no tokenizer.json, "
+                        "tokenizer.model or checkpoint",
                         path));
     }
     if (fs::path(path).extension() == ".safetensors")

@@ -42,7 +42,8 @@ class Tokenizer {
     static Tokenizer char_level(const std::string& text);
     static Tokenizer byte_level();
     // A tokenizer.json (byte-level BPE), a tokenizer.model (SentencePiece), a directory holding
-    // one of them (a Hugging Face model), or a qknorm checkpoint (.safetensors, its tokenizer).
+    // one of them (a Hugging Face model), a qknorm checkpoint (.safetensors, its tokenizer), or a
+    // run directory (its latest checkpoint's).
     // Anything else, or a file of an unsupported kind, is a qk::Error naming the file and why.
     static Tokenizer from_file(const std::string& path);
     // What --tokenizer takes: "char" (built from `text`), "byte", or a path for from_file.

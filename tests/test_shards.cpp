@@ -225,6 +225,7 @@ TEST_CASE("a model trains from shards, reporting bits per byte") {
     CHECK(loaded.tokenizer.encode("Speak, speak.") ==
           Tokenizer::from_file(dir / "tok.json").encode("Speak, speak."));
     CHECK(Tokenizer::from_file(latest_model_checkpoint(cfg.run_dir)).vocab_size() == 300);
+    CHECK(Tokenizer::from_file(cfg.run_dir).vocab_size() == 300);
 
     cfg.tokenizer = "char";
     CHECK(throws_with([&] { load_training_data(cfg); }, {"directory of token files"}));

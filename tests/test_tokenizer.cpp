@@ -279,7 +279,8 @@ TEST_CASE("hostile tokenizer files give a clean error naming the file") {
             c.fragment != "bad regex" && c.fragment != "not a SentencePiece model")
             CHECK(throws_with([&] { Tokenizer::from_file(c.file); }, {c.file}));
     }
-    CHECK(throws_with([&] { Tokenizer::from_file(dir.path.string()); }, {"no tokenizer.json"}));
+    CHECK(throws_with([&] { Tokenizer::from_file(dir.path.string()); },
+                      {"no tokenizer.json, tokenizer.model or checkpoint"}));
     const Tokenizer tok = Tokenizer::from_file(fixture("gpt2_style.json"));
     CHECK(throws_with([&] { tok.decode({5, 1000}); }, {"id 1000"}));
     CHECK(throws_with([&] { tok.decode({-3}); }, {"id -3"}));
