@@ -26,6 +26,7 @@ class RegularFile {
     RegularFile& operator=(const RegularFile&) = delete;
 
     uint64_t size() const { return size_; }
+    int descriptor() const { return fd_; }  // e.g. to mmap it
     // Exactly n bytes from offset, or throws (a file that shrank since it was opened).
     std::string read(uint64_t offset, uint64_t n) const;
 

@@ -131,6 +131,18 @@ void check_header_extent(std::string_view json, const std::string& origin) {
              origin, extent.elements, kMaxHeaderElements);
 }
 
+std::map<std::string, std::string> metadata_of(const nlohmann::json& entry,
+                                               const std::string& origin) {
+    QK_CHECK(entry.is_object(), "safetensors {}: __metadata__ must be an object", origin);
+    std::map<std::string, std::string> metadata;
+    for (const auto& [k, v] : entry.items()) {
+        QK_CHECK(v.is_string(), "safetensors {}: __metadata__ value of '{}' must be a string",
+                 origin, k);
+        metadata[k] = v.get<std::string>();
+    }
+    return metadata;
+}
+
 }  // namespace
 
 const Tensor& SafetensorsFile::get(const std::string& name) const {
@@ -237,12 +249,7 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
     std::vector<std::tuple<uint64_t, uint64_t, size_t>> ranges;
     for (const auto& [name, entry] : header.items()) {
         if (name == "__metadata__") {
-            QK_CHECK(entry.is_object(), "safetensors {}: __metadata__ must be an object", origin);
-            for (const auto& [k, v] : entry.items()) {
-                QK_CHECK(v.is_string(),
-                         "safetensors {}: __metadata__ value of '{}' must be a string", origin, k);
-                file.metadata[k] = v.get<std::string>();
-            }
+            file.metadata = metadata_of(entry, origin);
             continue;
         }
         QK_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
@@ -292,6 +299,22 @@ SafetensorsFile load_safetensors(const std::string& path) {
     // fails at once, however large the file.
     if (file.size() >= 8) check_header_length(get_u64_le(file.read(0, 8)), file.size(), path);
     return parse_safetensors(file.read(0, file.size()), path);
+}
+
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+    const RegularFile file(path, "safetensors");
+    QK_CHECK(file.size() >= 8,
+             "safetensors {}: file is {} bytes, too short for the 8-byte header "
+             "length",
+             path, file.size());
+    const uint64_t header_len = get_u64_le(file.read(0, 8));
+    check_header_length(header_len, file.size(), path);
+    const std::string text = file.read(8, header_len);
+    check_header_extent(text, path);
+    const auto header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    QK_CHECK(header.is_object(), "safetensors {}: header must be a JSON object", path);
+    return header.contains("__metadata__") ? metadata_of(header["__metadata__"], path)
+                                           : std::map<std::string, std::string>{};
 }
 
 }  // namespace qk

@@ -37,6 +37,8 @@ void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 SafetensorsFile load_safetensors(const std::string& path);
+// The __metadata__ of a file, reading its header only (the same checks on it as load_safetensors).
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 // The same checks on the bytes of a file; origin names them in errors (tests, fuzzing).
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& origin);
 

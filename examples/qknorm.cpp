@@ -122,9 +122,8 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
         if (!cfg.init_from.empty() && cmd->get_option("--tokenizer")->count() == 0) {
             // The model's own tokenizer when its directory has one; else the ids an imported
             // embedding's rows can take.
-            const bool own = fs::exists(fs::path(cfg.init_from) / "tokenizer.json") ||
-                             fs::exists(fs::path(cfg.init_from) / "tokenizer.model");
-            cfg.tokenizer = own ? cfg.init_from : "byte";
+            const std::string own = tokenizer_file_in(cfg.init_from);
+            cfg.tokenizer = own.empty() ? "byte" : own;
         }
         import_model_config(cfg);  // the architecture, for the line below (a bad file: exit 1)
         as_usage([&] { cfg.validate(); });

@@ -1,7 +1,5 @@
 #include "examples/qknorm_models.h"
 
-#include <filesystem>
-
 #include "core/file_io.h"
 #include "core/safetensors.h"
 #include "nn/checkpoint.h"
@@ -10,8 +8,6 @@
 #include "nn/trainer.h"
 
 namespace qk::cli {
-
-namespace fs = std::filesystem;
 
 CLI::App* add_export_command(CLI::App& app, ExportArgs& args) {
     CLI::App* cmd = app.add_subcommand(
@@ -76,10 +72,9 @@ int run_inspect(const InspectArgs& args) {
     } else {
         // The model's own tokenizer when its directory has one, else the text as bytes.
         model = nn::load_hf_model(args.model_dir);
-        const bool own = fs::exists(fs::path(args.model_dir) / "tokenizer.json") ||
-                         fs::exists(fs::path(args.model_dir) / "tokenizer.model");
+        const std::string own = nn::tokenizer_file_in(args.model_dir);
         const nn::Tokenizer tok =
-            own ? nn::Tokenizer::from_file(args.model_dir) : nn::Tokenizer::byte_level();
+            own.empty() ? nn::Tokenizer::byte_level() : nn::Tokenizer::from_file(own);
         QK_CHECK(model->config().vocab_size >= tok.vocab_size(),
                  "inspect: {} has {} token ids, fewer than the {} of its tokenizer", args.model_dir,
                  model->config().vocab_size, tok.vocab_size());

@@ -172,7 +172,7 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
     }
     {
         std::lock_guard<std::mutex> lock(cache_mutex_);
-        if (const auto it = cache_.find(std::string(piece)); it != cache_.end()) {
+        if (const auto it = cache_.find(piece); it != cache_.end()) {
             out.insert(out.end(), it->second.begin(), it->second.end());
             return;
         }

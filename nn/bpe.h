@@ -92,7 +92,13 @@ class BpeTokenizer final : public TokenizerModel {
 
     static constexpr size_t kCacheLimit = 1 << 16;  // pieces; cleared when full
     mutable std::mutex cache_mutex_;
-    mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+    // Looked up by string_view (a transparent hash): no string is built per piece on a hit.
+    struct PieceHash {
+        using is_transparent = void;
+        size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+    };
+    mutable std::unordered_map<std::string, std::vector<int32_t>, PieceHash, std::equal_to<>>
+        cache_;
 };
 
 }  // namespace qk::nn::bpe

@@ -97,14 +97,11 @@ Tokenizer train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions
     std::array<int32_t, 256> byte_id{};
     std::vector<int> bytes(256);
     for (int b = 0; b < 256; ++b) bytes[static_cast<size_t>(b)] = b;
-    auto code_point = [](int b) {
-        const std::string& s = bpe::byte_stand_ins()[static_cast<size_t>(b)];
-        return s.size() == 1 ? static_cast<unsigned char>(s[0])
-                             : ((static_cast<unsigned char>(s[0]) & 0x1fu) << 6) |
-                                   (static_cast<unsigned char>(s[1]) & 0x3fu);
-    };
-    std::sort(bytes.begin(), bytes.end(),
-              [&](int a, int b) { return code_point(a) < code_point(b); });
+    // UTF-8 strings compare (as std::string does, byte by byte unsigned) in code point order.
+    const auto& stand_ins = bpe::byte_stand_ins();
+    std::sort(bytes.begin(), bytes.end(), [&](int a, int b) {
+        return stand_ins[static_cast<size_t>(a)] < stand_ins[static_cast<size_t>(b)];
+    });
     for (int b : bytes) {
         byte_id[static_cast<size_t>(b)] = static_cast<int32_t>(tokens.size());
         tokens.emplace_back(1, static_cast<char>(b));

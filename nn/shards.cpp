@@ -1,9 +1,6 @@
 #include "nn/shards.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -48,26 +45,20 @@ namespace {
 class MappedTokens {
   public:
     MappedTokens(const std::string& path, int64_t vocab_size) : path_(path), vocab_(vocab_size) {
-        struct stat st {};
-        QK_CHECK(::stat(path.c_str(), &st) == 0, "data: cannot open '{}': {}", path,
-                 std::strerror(errno));
-        QK_CHECK(S_ISREG(st.st_mode), "data: '{}' is {}, not a regular file", path,
-                 file_kind(st.st_mode));
-        const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-        QK_CHECK(fd >= 0, "data: cannot open '{}': {}", path, std::strerror(errno));
-        QK_CHECK(::fstat(fd, &st) == 0 && S_ISREG(st.st_mode), "data: '{}' changed while opened",
-                 path);
-        bytes_ = static_cast<uint64_t>(st.st_size);
+        const RegularFile file(path, "data");  // a regular file, checked as any user's file is
+        bytes_ = file.size();
         if (bytes_ > 0) {
-            void* p = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-            ::close(fd);
+            void* p = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, file.descriptor(), 0);
             QK_CHECK(p != MAP_FAILED, "data: cannot map '{}': {}", path, std::strerror(errno));
             base_ = static_cast<const unsigned char*>(p);
             ::madvise(p, bytes_, MADV_RANDOM);  // windows land anywhere: no read-ahead
-        } else {
-            ::close(fd);
         }
-        read_layout();
+        try {
+            read_layout();
+        } catch (...) {  // the destructor does not run for a constructor that throws
+            if (base_) ::munmap(const_cast<unsigned char*>(base_), bytes_);
+            throw;
+        }
     }
     ~MappedTokens() {
         if (base_) ::munmap(const_cast<unsigned char*>(base_), bytes_);

@@ -110,25 +110,15 @@ Tokenizer bpe_from_json(const std::string& text, const std::string& source) {
     return Tokenizer(std::make_shared<bpe::BpeTokenizer>(bpe::parse_tokenizer_json(text, source)));
 }
 
-// The "tokenizer" entry of a safetensors file's __metadata__, reading the header only.
+// The "tokenizer" entry of a qknorm checkpoint's metadata, reading its header only.
 std::string checkpoint_tokenizer(const std::string& path) {
-    RegularFile file(path, "tokenizer");
-    QK_CHECK(file.size() >= 8, "tokenizer {}: too short for a safetensors file", path);
-    const std::string length_bytes = file.read(0, 8);
-    uint64_t length = 0;
-    for (int i = 7; i >= 0; --i)
-        length = (length << 8) | static_cast<unsigned char>(length_bytes[i]);
-    QK_CHECK(length <= file.size() - 8 && length <= (uint64_t{100} << 20),
-             "tokenizer {}: header length {} does not fit the file", path, length);
-    const auto header = nlohmann::json::parse(file.read(8, length), nullptr, false);
-    QK_CHECK(header.is_object() && header.contains("__metadata__") &&
-                 header["__metadata__"].is_object() &&
-                 header["__metadata__"].contains("tokenizer") &&
-                 header["__metadata__"]["tokenizer"].is_string(),
+    const auto metadata = read_safetensors_metadata(path);
+    const auto it = metadata.find("tokenizer");
+    QK_CHECK(it != metadata.end(),
              "tokenizer {}: a safetensors file without a tokenizer in its __metadata__ (not a "
              "qknorm checkpoint)",
              path);
-    return header["__metadata__"]["tokenizer"].get<std::string>();
+    return it->second;
 }
 
 }  // namespace
@@ -151,9 +141,7 @@ Tokenizer Tokenizer::byte_level() {
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
     if (fs::is_directory(path)) {
-        for (const char* name : {"tokenizer.json", "tokenizer.model"})
-            if (fs::exists(fs::path(path) / name))
-                return from_file((fs::path(path) / name).string());
+        if (const std::string file = tokenizer_file_in(path); !file.empty()) return from_file(file);
         // A run directory: the tokenizer of its latest checkpoint.
         if (const std::string checkpoint = latest_model_checkpoint(path); !checkpoint.empty())
             return from_file(checkpoint);
@@ -175,6 +163,12 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
         fmt::format("tokenizer: '{}' is neither a tokenizer.json (JSON) nor a "
                     "SentencePiece tokenizer.model",
                     path));
+}
+
+std::string tokenizer_file_in(const std::string& dir) {
+    for (const char* name : {"tokenizer.json", "tokenizer.model"})
+        if (fs::exists(fs::path(dir) / name)) return (fs::path(dir) / name).string();
+    return "";
 }
 
 Tokenizer Tokenizer::from_flag(const std::string& flag, const std::string& text) {

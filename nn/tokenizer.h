@@ -74,6 +74,10 @@ class Tokenizer {
     std::shared_ptr<const TokenizerModel> model_;
 };
 
+// A Hugging Face model directory's tokenizer file: its tokenizer.json, else its tokenizer.model,
+// else "" (the directory has neither).
+std::string tokenizer_file_in(const std::string& dir);
+
 // Byte-level BPE training, as Hugging Face's BpeTrainer with a ByteLevel pre-tokenizer does it
 // (the same merges, in the same order): the corpus is cut into words by GPT-2's pre-tokenizer
 // regex, and each step merges the most frequent adjacent pair of symbols (counted over every

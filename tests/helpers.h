@@ -92,6 +92,13 @@ inline std::string read_file(const std::string& path) {
     return {std::istreambuf_iterator<char>(in), {}};
 }
 
+// Writes bytes to dir/name; returns the path.
+inline std::string write_file(const TempDir& dir, const std::string& name,
+                              const std::string& bytes) {
+    std::ofstream(dir / name, std::ios::binary) << bytes;
+    return dir / name;
+}
+
 // About 6 KB of text with some structure to learn, written into dir; returns its path.
 inline std::string write_corpus(const TempDir& dir) {
     const char* lines[] = {"First Citizen:\nBefore we proceed any further, hear me speak.\n\n",

@@ -35,11 +35,6 @@ std::vector<int32_t> read_all(const TokenSequence& s) {
     return out;
 }
 
-std::string write_bytes(const TempDir& dir, const std::string& name, const std::string& bytes) {
-    std::ofstream(dir / name, std::ios::binary) << bytes;
-    return dir / name;
-}
-
 std::string header(int32_t magic, int32_t version, int32_t count) {
     std::string h(1024, '\0');
     const int32_t v[3] = {magic, version, count};
@@ -94,19 +89,19 @@ TEST_CASE("hostile token files give a clean error naming the file") {
         std::string path, fragment;
     };
     const std::vector<Case> cases = {
-        {write_bytes(dir, "magic_train.bin", header(12345, 1, 2) + two_tokens), "magic"},
-        {write_bytes(dir, "version_train.bin", header(20240520, 7, 2) + two_tokens), "version 7"},
-        {write_bytes(dir, "past_end_train.bin", header(20240520, 1, 1000) + two_tokens),
+        {write_file(dir, "magic_train.bin", header(12345, 1, 2) + two_tokens), "magic"},
+        {write_file(dir, "version_train.bin", header(20240520, 7, 2) + two_tokens), "version 7"},
+        {write_file(dir, "past_end_train.bin", header(20240520, 1, 1000) + two_tokens),
          "runs past the end"},
-        {write_bytes(dir, "short_train.bin", header(20240520, 1, 1) + two_tokens),
+        {write_file(dir, "short_train.bin", header(20240520, 1, 1) + two_tokens),
          "says it holds 1 tokens"},
-        {write_bytes(dir, "negative_train.bin", header(20240520, 1, -5) + two_tokens), "-5"},
-        {write_bytes(dir, "truncated_train.bin", header(20240520, 1, 2).substr(0, 500)),
+        {write_file(dir, "negative_train.bin", header(20240520, 1, -5) + two_tokens), "-5"},
+        {write_file(dir, "truncated_train.bin", header(20240520, 1, 2).substr(0, 500)),
          "shorter than llm.c's 1024-byte header"},
-        {write_bytes(dir, "empty_train.bin", header(20240520, 1, 0)), "holds no tokens"},
-        {write_bytes(dir, "train.bin", "abc"), "not a whole number of uint16"},
-        {write_bytes(dir, "zero_train.bin", ""), "magic"},
-        {write_bytes(dir, "id_train.bin", header(20240520, 1, 2) + two_tokens), "outside"},
+        {write_file(dir, "empty_train.bin", header(20240520, 1, 0)), "holds no tokens"},
+        {write_file(dir, "train.bin", "abc"), "not a whole number of uint16"},
+        {write_file(dir, "zero_train.bin", ""), "magic"},
+        {write_file(dir, "id_train.bin", header(20240520, 1, 2) + two_tokens), "outside"},
     };
     for (const Case& c : cases) {
         INFO(c.path);
@@ -173,7 +168,7 @@ TEST_CASE("prepare: shards of a corpus, split as --data FILE splits it") {
         for (int i = 0; i < 20; ++i)
             jsonl += nlohmann::json{{"text", fmt::format("story {} <|endoftext|> é\n", i)}}.dump() +
                      "\n";
-        write_bytes(dir, "docs.jsonl", jsonl + "\n");
+        write_file(dir, "docs.jsonl", jsonl + "\n");
         prep.out_dir = dir / "jsonl";
         const PrepareSummary js = prepare_token_shards(tok, {dir / "docs.jsonl"}, prep);
         CHECK(js.documents == 20);
@@ -190,11 +185,11 @@ TEST_CASE("prepare: shards of a corpus, split as --data FILE splits it") {
     SUBCASE("refusals") {
         CHECK(throws_with([&] { prepare_token_shards(tok, {dir / "corpus.txt"}, prep); },
                           {"already holds"}));
-        write_bytes(dir, "empty.txt", "");
+        write_file(dir, "empty.txt", "");
         prep.out_dir = dir / "other";
         CHECK(throws_with([&] { prepare_token_shards(tok, {dir / "empty.txt"}, prep); },
                           {"0 bytes"}));
-        write_bytes(dir, "bad.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
+        write_file(dir, "bad.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
         CHECK(throws_with([&] { prepare_token_shards(tok, {dir / "bad.jsonl"}, prep); },
                           {"bad.jsonl line 2", "\"text\""}));
         CHECK(throws_with([&] { prepare_token_shards(tok, {dir / "missing.txt"}, prep); },

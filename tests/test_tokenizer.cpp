@@ -65,11 +65,6 @@ std::string random_bytes(Generator& gen, size_t n) {
     return s;
 }
 
-std::string write(const TempDir& dir, const std::string& name, const std::string& text) {
-    std::ofstream(dir / name, std::ios::binary) << text;
-    return dir / name;
-}
-
 }  // namespace
 
 TEST_CASE("byte-level BPE ids equal Hugging Face tokenizers' on every fixture") {
@@ -214,7 +209,7 @@ TEST_CASE("hostile tokenizer files give a clean error naming the file") {
     auto variant = [&](const std::string& name, auto edit) {
         json j = good;
         edit(j);
-        return write(dir, name, j.dump());
+        return write_file(dir, name, j.dump());
     };
     struct Case {
         std::string file, fragment;
@@ -265,12 +260,12 @@ TEST_CASE("hostile tokenizer files give a clean error naming the file") {
         {variant("unicode_vocab.json", [](json& j) { j["model"]["vocab"]["你"] = 999999; }),
          "not byte stand-ins"},
         {variant("no_model.json", [](json& j) { j.erase("model"); }), "no \"model\""},
-        {write(dir, "array.json", "[1, 2]"), "must be a JSON object"},
-        {write(dir, "truncated.json", good.dump().substr(0, 5000)), "not JSON"},
-        {write(dir, "deep.json", std::string(100000, '[')), "nested"},
-        {write(dir, "empty.json", ""), "is empty"},
-        {write(dir, "garbage.model", "\x01\x02garbage"), "not a SentencePiece model"},
-        {write(dir, "x.txt", "hello"), "neither a tokenizer.json"},
+        {write_file(dir, "array.json", "[1, 2]"), "must be a JSON object"},
+        {write_file(dir, "truncated.json", good.dump().substr(0, 5000)), "not JSON"},
+        {write_file(dir, "deep.json", std::string(100000, '[')), "nested"},
+        {write_file(dir, "empty.json", ""), "is empty"},
+        {write_file(dir, "garbage.model", "\x01\x02garbage"), "not a SentencePiece model"},
+        {write_file(dir, "x.txt", "hello"), "neither a tokenizer.json"},
     };
     for (const Case& c : refused) {
         INFO(c.file);
