@@ -24,21 +24,12 @@ using json = nlohmann::json;
 
 namespace {
 
-// The step of a checkpoint file named exactly "step-NNNNNN.<kind>.safetensors", or none.
-std::optional<int64_t> step_of(const std::string& name, const char* kind) {
-    int64_t step = 0;
-    const std::string pattern = fmt::format("step-%ld.{}.safetensors", kind);
-    if (std::sscanf(name.c_str(), pattern.c_str(), &step) == 1 &&
-        name == fmt::format("step-{:06d}.{}.safetensors", step, kind))
-        return step;
-    return std::nullopt;
-}
-
 // The files a run writes into its directory, by name.
 bool is_run_file(const std::string& name) {
     static const std::set<std::string> fixed{"config.json", "metrics.jsonl", "plot.svg",
                                              "result.json"};
-    return fixed.count(name) || step_of(name, "model") || step_of(name, "state");
+    return fixed.count(name) || checkpoint_step_of(name, "model") ||
+           checkpoint_step_of(name, "state");
 }
 
 // A temporary file this program wrote (temporary_path: one of the run's files + ".tmp." + the
@@ -63,7 +54,7 @@ void remove_leftovers(const std::string& run_dir) {
     std::vector<fs::path> leftovers;
     for (const auto& entry : fs::directory_iterator(run_dir)) {
         const std::string name = entry.path().filename().string();
-        const std::optional<int64_t> state_step = step_of(name, "state");
+        const std::optional<int64_t> state_step = checkpoint_step_of(name, "state");
         if (is_leftover_temporary(entry))
             leftovers.push_back(entry.path());
         else if (state_step && entry.is_regular_file() && !entry.is_symlink() &&
@@ -74,23 +65,6 @@ void remove_leftovers(const std::string& run_dir) {
 }
 
 }  // namespace
-
-std::string checkpoint_prefix(const std::string& run_dir, int64_t step) {
-    return fmt::format("{}/step-{:06d}", run_dir, step);
-}
-
-// Steps that have both files; the model file is written last, so it marks a complete checkpoint.
-std::vector<int64_t> checkpoint_steps(const std::string& run_dir) {
-    std::vector<int64_t> steps;
-    if (!fs::exists(run_dir)) return steps;
-    for (const auto& entry : fs::directory_iterator(run_dir)) {
-        const std::optional<int64_t> step = step_of(entry.path().filename().string(), "model");
-        if (step && fs::exists(checkpoint_prefix(run_dir, *step) + ".state.safetensors"))
-            steps.push_back(*step);
-    }
-    std::sort(steps.begin(), steps.end());
-    return steps;
-}
 
 // Collective (with --zero 1 the moments are gathered first); rank 0 writes.
 void write_checkpoint(const TrainConfig& cfg, const GPT& model, const RunOptimizer& optimizer,
@@ -165,11 +139,6 @@ void check_checkpoint_config(const std::string& path,
                  "resume: {} was written by a model with {} = {}, but the run's config.json says "
                  "{} = {}; config.json was edited, or belongs to another run",
                  path, key, written.at(key), key, value);
-}
-
-std::string latest_model_checkpoint(const std::string& run_dir) {
-    std::vector<int64_t> steps = checkpoint_steps(run_dir);
-    return steps.empty() ? "" : checkpoint_prefix(run_dir, steps.back()) + ".model.safetensors";
 }
 
 std::string kept_checkpoint_note(const std::string& run_dir) {

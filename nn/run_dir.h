@@ -10,17 +10,11 @@
 #include <vector>
 
 #include "nn/checkpoint.h"
+#include "nn/checkpoint_files.h"
 #include "nn/run_optimizer.h"
 #include "nn/train_config.h"
 
 namespace qk::nn {
-
-// "run_dir/step-000042": a checkpoint's two files add ".model.safetensors" and
-// ".state.safetensors".
-std::string checkpoint_prefix(const std::string& run_dir, int64_t step);
-// Steps that have both files, in order; the model file is written last, so it marks a complete
-// checkpoint.
-std::vector<int64_t> checkpoint_steps(const std::string& run_dir);
 
 // Writes the checkpoint of state.step and keeps the newest cfg.keep_checkpoints. Collective (with
 // --zero 1 the moments are gathered first); rank 0 writes.

@@ -8,8 +8,8 @@
 #include "core/file_io.h"
 #include "core/safetensors.h"
 #include "nn/bpe.h"
+#include "nn/checkpoint_files.h"
 #include "nn/sentencepiece.h"
-#include "nn/trainer.h"
 
 namespace qk::nn {
 

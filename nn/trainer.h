@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "nn/checkpoint_files.h"
 #include "nn/train_config.h"
 
 namespace qk::nn {
@@ -37,8 +38,6 @@ TrainResult train(const TrainConfig& config, bool resume = false, const TrainHoo
 // plot.svg in cfg.run_dir, drawn from its metrics.jsonl under a title from cfg (nn/run_plot.cpp).
 void write_run_plot(const TrainConfig& cfg);
 
-// The newest complete checkpoint of a run ("" if none): the model file path.
-std::string latest_model_checkpoint(const std::string& run_dir);
 // "4m05s" or "1h02m": the ETAs of the progress bar and of `qknorm sweep`.
 std::string format_duration(double seconds);
 // The bundled Tiny Shakespeare, found next to the sources or installed data.
