@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/factory.h"
+#include "core/float16.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
 #include "core/shape.h"

@@ -12,7 +12,6 @@
 #include <tuple>
 
 #include "core/file_io.h"
-#include "core/float16.h"
 
 namespace qk {
 
@@ -35,43 +34,26 @@ const char* dtype_code(DType d) {
             return "I32";
         case DType::bf16:
             return "BF16";
+        case DType::f16:
+            return "F16";
     }
     return "?";
 }
 
-// F16 (Hugging Face checkpoints stored in float16) is not a DType of the engine: its values
-// are widened to float32 as the file is read, which is exact (core/float16.h).
-struct StoredType {
-    DType dtype;  // of the tensor made
-    bool float16 = false;
-    uint64_t element_size() const { return float16 ? 2 : dtype_size(dtype); }
-};
-
-StoredType parse_dtype(const std::string& code, const std::string& name,
-                       const std::string& origin) {
-    if (code == "F32") return {kF32};
-    if (code == "F64") return {kF64};
-    if (code == "I32") return {kI32};
-    if (code == "BF16") return {kBF16};
-    if (code == "F16") return {kF32, true};
+DType parse_dtype(const std::string& code, const std::string& name, const std::string& origin) {
+    if (code == "F32") return kF32;
+    if (code == "F64") return kF64;
+    if (code == "I32") return kI32;
+    if (code == "BF16") return kBF16;
+    if (code == "F16") return kF16;
     throw Error(fmt::format(
         "safetensors {}: tensor '{}' has dtype '{}'; supported: F32, F64, I32, BF16, F16", origin,
         name, code));
 }
 
-// The tensor of `count` stored elements at `data`, float16 ones widened.
-Tensor tensor_from_bytes(const char* data, uint64_t nbytes, const Shape& shape, StoredType type) {
-    Tensor t = Tensor::empty(shape, type.dtype);
-    if (!type.float16) {
-        if (nbytes) std::memcpy(t.raw_data(), data, nbytes);
-        return t;
-    }
-    float* out = t.data<float>();
-    for (uint64_t i = 0; i < nbytes / 2; ++i) {
-        uint16_t h;
-        std::memcpy(&h, data + 2 * i, 2);  // little-endian, as the host
-        out[i] = float16_to_float(h);
-    }
+Tensor tensor_from_bytes(const char* data, uint64_t nbytes, const Shape& shape, DType dtype) {
+    Tensor t = Tensor::empty(shape, dtype);
+    if (nbytes) std::memcpy(t.raw_data(), data, nbytes);  // little-endian, as the host
     return t;
 }
 
@@ -255,10 +237,10 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
         QK_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
                      entry.contains("data_offsets") && entry["dtype"].is_string(),
                  "safetensors {}: tensor '{}' needs dtype, shape and data_offsets", origin, name);
-        const StoredType stored = parse_dtype(entry["dtype"].get<std::string>(), name, origin);
+        const DType stored = parse_dtype(entry["dtype"].get<std::string>(), name, origin);
         Shape shape;
         const uint64_t nbytes =
-            checked_nbytes(entry["shape"], stored.element_size(), name, origin, shape);
+            checked_nbytes(entry["shape"], dtype_size(stored), name, origin, shape);
         const auto& offsets = entry["data_offsets"];
         QK_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                      offsets[1].is_number_unsigned(),
@@ -272,8 +254,7 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
         QK_CHECK(end - begin == nbytes,
                  "safetensors {}: tensor '{}': range holds {} bytes, but {} {} "
                  "needs {}",
-                 origin, name, end - begin, stored.float16 ? "float16" : dtype_name(stored.dtype),
-                 shape, nbytes);
+                 origin, name, end - begin, dtype_name(stored), shape, nbytes);
         Tensor t = tensor_from_bytes(bytes.data() + data_begin + begin, nbytes, shape, stored);
         ranges.emplace_back(begin, end, file.tensors.size());
         file.tensors.emplace_back(name, t);

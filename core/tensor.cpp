@@ -49,6 +49,7 @@ template float* Tensor::data<float>() const;
 template double* Tensor::data<double>() const;
 template int32_t* Tensor::data<int32_t>() const;
 template bf16* Tensor::data<bf16>() const;
+template f16* Tensor::data<f16>() const;
 
 void* Tensor::raw_data() const {
     return static_cast<char*>(impl().storage->data()) + impl().offset * dtype_size(dtype());
@@ -105,6 +106,7 @@ template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
 template std::vector<bf16> Tensor::to_vector<bf16>() const;
+template std::vector<f16> Tensor::to_vector<f16>() const;
 
 Tensor& Tensor::requires_grad_(bool on) {
     QK_CHECK(is_leaf(), "requires_grad_: only leaf tensors can be marked; this one was made by {}",
@@ -159,9 +161,9 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
                 D* dp = d + off[0];
                 const S* sp = s + off[1];
                 if (ds == 1 && ss == 1)
-                    for (int64_t i = 0; i < n; ++i) dp[i] = static_cast<D>(sp[i]);
+                    for (int64_t i = 0; i < n; ++i) dp[i] = convert_value<D>(sp[i]);
                 else
-                    for (int64_t i = 0; i < n; ++i) dp[i * ds] = static_cast<D>(sp[i * ss]);
+                    for (int64_t i = 0; i < n; ++i) dp[i * ds] = convert_value<D>(sp[i * ss]);
             };
             // On threads only when no two elements of dst share memory (no stride-0 dim).
             bool overlapping = false;

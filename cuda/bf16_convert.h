@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "core/bfloat16.h"
+#include "core/dtype.h"
 #include "cuda/emu/cuda_compat.h"
 
 #if defined(__CUDACC__)
@@ -27,13 +28,14 @@ __device__ __forceinline__ bf16 float_to_bf16(float x) {
     return bf16::from_bits(__bfloat16_as_ushort(__float2bfloat16_rn(x)));
 }
 
-// The copy kernels' element conversion: static_cast, except float -> bf16 on the instruction.
+// The copy kernels' element conversion: the cpu's (convert_value, core/dtype.h), except
+// float -> bf16 on the instruction.
 template <class D, class S>
 __device__ __forceinline__ D convert_element(S x) {
     if constexpr (std::is_same_v<D, bf16> && std::is_same_v<S, float>)
         return float_to_bf16(x);
     else
-        return static_cast<D>(x);
+        return convert_value<D>(x);
 }
 
 }  // namespace qk::cuda

@@ -49,5 +49,6 @@ template void cat_copy<float>(float*, int64_t, const float*, int64_t, int64_t, i
 template void cat_copy<double>(double*, int64_t, const double*, int64_t, int64_t, int64_t);
 template void cat_copy<int32_t>(int32_t*, int64_t, const int32_t*, int64_t, int64_t, int64_t);
 template void cat_copy<bf16>(bf16*, int64_t, const bf16*, int64_t, int64_t, int64_t);
+template void cat_copy<f16>(f16*, int64_t, const f16*, int64_t, int64_t, int64_t);
 
 }  // namespace qk::cuda
