@@ -18,6 +18,7 @@
 #include "nn/inspect.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
+#include "nn/loss_scale.h"
 #include "nn/module.h"
 #include "nn/muon.h"
 #include "nn/optim.h"

@@ -31,6 +31,9 @@ enum class Device { cpu, cuda };
 // `bf16` and `fp16`, mixed precision: float32 inputs rounded to bfloat16 or float16, their
 // products summed in float32, the result float32 (the --precision flag of qknorm train).
 enum class Precision { full, bf16, fp16 };
+constexpr std::string_view precision_name(Precision p) {
+    return p == Precision::bf16 ? "bf16" : p == Precision::fp16 ? "fp16" : "full";
+}
 
 constexpr std::size_t dtype_size(DType d) {
     return d == DType::f64 ? 8 : d == DType::bf16 || d == DType::f16 ? 2 : 4;

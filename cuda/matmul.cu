@@ -64,22 +64,30 @@ void set_tf32_math(bool on) {
     QK_CUDA_CHECK(cublasSetMathMode(blas(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 
-// The mixed-precision twin: bf16 operands, float32 result, products summed in float32 on the
-// tensor cores (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F). Same layout trick as above.
-void gemm_bf16(float* y, int64_t ldy, const bf16* a, bool a_trans, int64_t lda, const bf16* b,
-               bool b_trans, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta) {
+// The mixed-precision twins: bf16 or f16 operands, float32 result, products summed in float32 on
+// the tensor cores (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F). Same layout trick as above.
+template <class Half>
+void gemm_mixed(float* y, int64_t ldy, const Half* a, bool a_trans, int64_t lda, const Half* b,
+                bool b_trans, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta) {
     if (M == 0 || N == 0) return;
+    constexpr bool is_bf16 = std::is_same_v<Half, bf16>;
     QK_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && ldy <= INT_MAX && lda <= INT_MAX &&
                  ldb <= INT_MAX,
-             "linear: ({}, {}) x ({}, {}) in bf16 exceeds cuBLAS's int range", M, K, K, N);
+             "linear: ({}, {}) x ({}, {}) in {} exceeds cuBLAS's int range", M, K, K, N,
+             is_bf16 ? "bf16" : "fp16");
     const float alpha = 1;
+    const cudaDataType_t type = is_bf16 ? CUDA_R_16BF : CUDA_R_16F;
     const cublasOperation_t op_b = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_a = a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
     QK_CUDA_CHECK(cublasGemmStridedBatchedEx(
         blas(), op_b, op_a, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
-        b, CUDA_R_16BF, static_cast<int>(ldb), 0, a, CUDA_R_16BF, static_cast<int>(lda), 0, &beta,
-        y, CUDA_R_32F, static_cast<int>(ldy), 0, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        b, type, static_cast<int>(ldb), 0, a, type, static_cast<int>(lda), 0, &beta, y, CUDA_R_32F,
+        static_cast<int>(ldy), 0, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
+template void gemm_mixed<bf16>(float*, int64_t, const bf16*, bool, int64_t, const bf16*, bool,
+                               int64_t, int64_t, int64_t, int64_t, float);
+template void gemm_mixed<f16>(float*, int64_t, const f16*, bool, int64_t, const f16*, bool, int64_t,
+                              int64_t, int64_t, int64_t, float);
 
 namespace {
 

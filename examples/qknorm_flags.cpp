@@ -102,9 +102,10 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool at
               "matmul (the reference). Same math; attention dropout always runs naive")
         ->check(CLI::IsMember({"fused", "naive"}));
     add_value(cmd, "--precision", flags.precision,
-              "GEMM arithmetic: fp32, or bf16 mixed precision (bf16 inputs, float32 sums; "
-              "weights, optimizer state and checkpoints stay float32)")
-        ->check(CLI::IsMember({"fp32", "bf16"}));
+              "GEMM arithmetic: fp32, or bf16 / fp16 mixed precision (bf16 or float16 inputs, "
+              "float32 sums; weights, optimizer state and checkpoints stay float32; fp16 trains "
+              "with dynamic loss scaling)")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
     add_value(cmd, "--pos-emb", flags.pos_emb,
               "positions: learned (a wpe table added to the embeddings) or rope (q and k rotated "
               "per head, no wpe)")
@@ -207,6 +208,11 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
               "stop as diverged when the loss exceeds this multiple of the run's lowest loss (or "
               "is NaN/Inf); 0 = on NaN/Inf only");
     add_value(cmd, "--grad-clip", cfg.grad_clip, "global gradient-norm clip; 0 = off");
+    add_value(cmd, "--loss-scale", cfg.loss_scale,
+              "--precision fp16: the initial loss scale (halved, and the step skipped, when a "
+              "gradient overflows)");
+    add_value(cmd, "--loss-scale-interval", cfg.loss_scale_interval,
+              "--precision fp16: double the loss scale after this many clean steps in a row");
     add_value(cmd, "--eval-every", cfg.eval_every,
               "validate every N steps and at the end (0: about 20 times a run, steps / 20)");
     add_value(cmd, "--eval-batches", cfg.eval_batches,
@@ -305,9 +311,9 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& args) {
               "samples per prompt, decoded together; sample i draws with --seed + i")
         ->check(CLI::Range(int64_t{1}, int64_t{1024}));
     cmd->add_option("--precision", args.precision,
-                    "fp32 or bf16 (bf16-stored weights: half the bytes per token); default: as "
-                    "trained")
-        ->check(CLI::IsMember({"fp32", "bf16"}));
+                    "fp32, bf16 (bf16-stored weights: half the bytes per token) or fp16; "
+                    "default: as trained")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
     SampleOptions& o = args.options;
     add_value(cmd, "--tokens", o.max_new_tokens,
               fmt::format("tokens to generate, at most {}", kMaxSampleTokens));

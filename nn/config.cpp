@@ -40,8 +40,8 @@ constexpr std::array<std::pair<const char*, MLPKind>, 3> kMLPKinds{
     {{"gelu", MLPKind::gelu}, {"swiglu", MLPKind::swiglu}, {"geglu", MLPKind::geglu}}};
 constexpr std::array<std::pair<const char*, NormPlacement>, 3> kNormPlacements{
     {{"pre", NormPlacement::pre}, {"post", NormPlacement::post}, {"both", NormPlacement::both}}};
-constexpr std::array<std::pair<const char*, Precision>, 2> kPrecisions{
-    {{"fp32", Precision::full}, {"bf16", Precision::bf16}}};
+constexpr std::array<std::pair<const char*, Precision>, 3> kPrecisions{
+    {{"fp32", Precision::full}, {"bf16", Precision::bf16}, {"fp16", Precision::fp16}}};
 
 template <typename Enum, size_t N>
 std::string enum_name(Enum v, const std::array<std::pair<const char*, Enum>, N>& names) {

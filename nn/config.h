@@ -100,7 +100,7 @@ GPTConfig with_runtime_of(GPTConfig architecture, const GPTConfig& runtime);
 std::string first_difference(const GPTConfig& a, const GPTConfig& b);
 
 std::string to_string(QKNorm v);
-std::string to_string(Precision v);  // "fp32" (full) or "bf16", as the --precision flag says
+std::string to_string(Precision v);  // "fp32" (full), "bf16" or "fp16", as --precision says
 Precision parse_precision(const std::string& s);
 std::string to_string(NormScope v);
 std::string to_string(NormKind v);

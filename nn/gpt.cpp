@@ -86,7 +86,8 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
     : config_(config), dropout_gen_(seed ^ 0x5eed) {
     config.validate();
     QK_CHECK(config.precision == Precision::full || dtype == kF32,
-             "GPT: bf16 precision (--precision bf16) trains float32 weights, got dtype {}", dtype);
+             "GPT: {} precision (--precision {}) trains float32 weights, got dtype {}",
+             to_string(config.precision), to_string(config.precision), dtype);
     Generator gen(seed);
     auto transformer = register_module("transformer", std::make_shared<Holder>());
     wte = transformer->add(
@@ -130,8 +131,8 @@ Tensor GPT::head(const Tensor& x_in) const {
     const Tensor x = ln_f->forward(x_in);
     Tensor logits = lm_head                     ? lm_head->forward(x)
                     : tied_head_bf16_.defined() ? linear(x, tied_head_bf16_, {}, Precision::bf16)
-                    : config_.precision == Precision::bf16
-                        ? linear(x, wte->weight, {}, Precision::bf16)
+                    : config_.precision != Precision::full
+                        ? linear(x, wte->weight, {}, config_.precision)
                         : matmul(x, wte->weight.t());
     return config_.logit_softcap > 0 ? softcap(logits, config_.logit_softcap) : logits;
 }

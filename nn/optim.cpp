@@ -269,7 +269,8 @@ struct CpuGrads {
 
 }  // namespace
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, bool throw_on_nonfinite) {
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, bool throw_on_nonfinite,
+                      double loss_scale) {
     NoGradGuard no_grad;
     CpuGrads<float> f32;
     CpuGrads<double> f64;
@@ -290,14 +291,14 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, bool t
         const Tensor g64 = g.to(kF64);
         total += sum(g64 * g64).item();
     }
-    const double norm = std::sqrt(total);
+    const double norm = std::sqrt(total) / loss_scale;
     if (!std::isfinite(norm)) {
         QK_CHECK(!throw_on_nonfinite,
                  "clip_grad_norm: the gradient norm is {} (a NaN or Inf gradient)", norm);
         return norm;
     }
-    if (max_norm > 0 && norm > max_norm) {
-        const double scale = max_norm / (norm + 1e-6);
+    const double clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    if (const double scale = clip / loss_scale; scale != 1.0) {
         cpu::scale_all<float>(f32.data, f32.sizes, float(scale));
         cpu::scale_all<double>(f64.data, f64.sizes, scale);
         for (const Tensor& g : others) copy_into(g, g * scale);

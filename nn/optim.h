@@ -60,9 +60,11 @@ double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, dou
 
 // Scales all gradients so that their global L2 norm is at most max_norm (if max_norm > 0).
 // Returns the norm before clipping. A NaN or Inf norm throws, unless throw_on_nonfinite is false:
-// then it is returned and nothing is scaled (the trainer reports the divergence itself).
+// then it is returned and nothing is scaled (the trainer reports the divergence itself, or skips
+// the step under loss scaling). Gradients of loss_scale × the loss (fp16's dynamic loss scaling)
+// are divided by it in the same pass: the norm returned is the unscaled one.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
-                      bool throw_on_nonfinite = true);
+                      bool throw_on_nonfinite = true, double loss_scale = 1.0);
 
 }  // namespace qk::nn
 

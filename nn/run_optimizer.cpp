@@ -99,9 +99,9 @@ void RunOptimizer::finish_gradients() {
     if (sharded_) sharded_->reduce_gradients();
 }
 
-double RunOptimizer::clip(double max_norm) {
-    if (sharded_) return sharded_->clip_grad_norm(max_norm);
-    return clip_grad_norm(params_, max_norm, /*throw_on_nonfinite=*/false);
+double RunOptimizer::clip(double max_norm, double loss_scale) {
+    if (sharded_) return sharded_->clip_grad_norm(max_norm, loss_scale);
+    return clip_grad_norm(params_, max_norm, /*throw_on_nonfinite=*/false, loss_scale);
 }
 
 void RunOptimizer::step(double lr) {

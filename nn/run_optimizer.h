@@ -51,7 +51,9 @@ class RunOptimizer {
                  const RunOptimizerOptions& options);
     void set_sync(bool on);  // whether this backward is the step's last (it starts the average)
     void finish_gradients();
-    double clip(double max_norm);  // the global norm before clipping (as clip_grad_norm)
+    // The global norm before clipping (as clip_grad_norm), of gradients that were computed for
+    // loss_scale × the loss and come out divided by it.
+    double clip(double max_norm, double loss_scale = 1.0);
     void step(double lr);
     void zero_grad();
     // True when every weight and every optimizer buffer, on every rank, is finite (collective).

@@ -184,6 +184,9 @@ void TrainConfig::validate() const {
             "a finite number >= 0 (0 = no clipping)");
     require(diverge_factor == 0 || (std::isfinite(diverge_factor) && diverge_factor > 1),
             "diverge-factor", diverge_factor, "0 (off) or a finite number > 1");
+    require(std::isfinite(loss_scale) && loss_scale > 0 && loss_scale <= 0x1p64, "loss-scale",
+            loss_scale, "a finite number in (0, 2^64]");
+    require_count(loss_scale_interval, "loss-scale-interval", 1, kMaxSteps);
     require_count(eval_every, "eval-every", 0, kMaxSteps);  // 0: auto
     require_count(eval_batches, "eval-batches", 1, 1 << 20);
     require_count(stats_every, "stats-every", 0, kMaxSteps);  // 0: auto
@@ -229,6 +232,8 @@ std::string TrainConfig::to_json() const {
     j["qk_clip"] = qk_clip;
     j["grad_clip"] = grad_clip;
     j["diverge_factor"] = diverge_factor;
+    j["loss_scale"] = loss_scale;
+    j["loss_scale_interval"] = loss_scale_interval;
     j["eval_every"] = eval_every;
     j["eval_batches"] = eval_batches;
     j["stats_every"] = stats_every;
@@ -281,6 +286,9 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
         c.qk_clip = j.value("qk_clip", c.qk_clip);  // and QK-Clip
         j.at("grad_clip").get_to(c.grad_clip);
         c.diverge_factor = j.value("diverge_factor", c.diverge_factor);  // added later
+        c.loss_scale = j.value("loss_scale", c.loss_scale);              // with fp16
+        if (j.contains("loss_scale_interval"))
+            get_integer(j, "loss_scale_interval", c.loss_scale_interval);
         get_integer(j, "eval_every", c.eval_every);
         get_integer(j, "eval_batches", c.eval_batches);
         get_integer(j, "stats_every", c.stats_every);

@@ -42,6 +42,10 @@ struct TrainConfig {
     // A training loss above diverge_factor × the lowest loss of the run so far stops it as
     // diverged, as a NaN or Inf does; 0 = stop on non-finite losses only.
     double diverge_factor = 3.0;
+    // --precision fp16: dynamic loss scaling (nn/loss_scale.h), from this scale, doubled after
+    // this many clean steps in a row.
+    double loss_scale = 65536.0;
+    int64_t loss_scale_interval = 2000;
     // Validation every N steps and at the end; 0 = auto, eval_interval(): about 20 points a run.
     int64_t eval_every = 0, eval_batches = 20;
     // The stability signals every N steps (they cost an extra pass); 0 = auto, stats_interval().

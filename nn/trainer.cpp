@@ -21,6 +21,7 @@
 #include "nn/checkpoint.h"
 #include "nn/data_parallel.h"
 #include "nn/fine_tune.h"
+#include "nn/loss_scale.h"
 #include "nn/metrics_file.h"
 #include "nn/plot.h"
 #include "nn/qk_clip.h"
@@ -28,6 +29,7 @@
 #include "nn/run_dir.h"
 #include "nn/run_optimizer.h"
 #include "nn/sample.h"
+#include "nn/train_step.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 
@@ -104,20 +106,6 @@ void print_progress(int64_t step, int64_t total, double loss, double val_loss, d
     std::fflush(stderr);
 }
 
-// The stability signals of the whole global batch: the max over ranks of max |s|, the mean over
-// ranks of the means (each rank saw as many rows).
-void reduce_stats(std::vector<AttentionStats>& stats) {
-    if (dist::world_size() == 1) return;
-    const double inverse_ranks = 1.0 / dist::world_size();
-    for (AttentionStats& s : stats) {
-        s.max_logit = dist::all_reduce_max(s.max_logit);
-        s.entropy = dist::all_reduce_sum(s.entropy) * inverse_ranks;
-        s.q_norm = dist::all_reduce_sum(s.q_norm) * inverse_ranks;
-        s.k_norm = dist::all_reduce_sum(s.k_norm) * inverse_ranks;
-        for (double& head : s.head_max_logit) head = dist::all_reduce_max(head);
-    }
-}
-
 // What every rank must agree on before the first step: the saved config and the knobs that
 // change the collectives each rank makes.
 std::string replica_settings(const TrainConfig& cfg, const TrainingData& input) {
@@ -131,25 +119,6 @@ std::string replica_settings(const TrainConfig& cfg, const TrainingData& input) 
     j["zero"] = cfg.zero;
     j["ranks"] = dist::world_size();
     return j.dump();
-}
-
-// Rank r's rows of micro-batch k of the global batch (B, T): micro-batches of b = B / (N·K)
-// rows, micro-batch k of rank r at rows [(k·N + r)·b, (k·N + r + 1)·b). Over all ranks and
-// micro-batches they are the global batch, each row once.
-Tensor micro_rows(const Tensor& batch, int64_t k, int64_t micro_size) {
-    const int64_t index = k * dist::world_size() + dist::rank();
-    return batch.narrow(0, index * micro_size, micro_size).contiguous();
-}
-
-// A micro-batch's stats joined to those of the earlier ones (none yet: so_far is empty): the
-// per-head max |s| (what QK-Clip reads) over all of them; the other signals are the latest's.
-void merge_stats(std::vector<AttentionStats>& so_far, std::vector<AttentionStats> micro) {
-    if (!so_far.empty())
-        for (size_t layer = 0; layer < micro.size(); ++layer)
-            for (size_t h = 0; h < micro[layer].head_max_logit.size(); ++h)
-                micro[layer].head_max_logit[h] =
-                    std::max(micro[layer].head_max_logit[h], so_far[layer].head_max_logit[h]);
-    so_far = std::move(micro);
 }
 
 // The optimizer a config asks for: AdamW, or Muon for the blocks' matrices and AdamW for the
@@ -172,60 +141,18 @@ RunOptimizerOptions run_optimizer_options(const TrainConfig& cfg) {
     return options;
 }
 
-// One step's gradients, in .grad of every parameter.
-struct StepGradients {
-    double loss = NAN;  // the cross-entropy of the global batch: the mean over all its sequences
-    bool backward_done = false;
-};
-
-// Draws the global batch and runs this rank's K micro-batches of it, each backward scaled by 1/K
-// so that the gradients add up to the gradient of the rank's mean loss. With several ranks, the
-// last micro-batch's backward also starts averaging them over the ranks, and finish_gradients()
-// completes it: every rank then holds the gradient of the global batch's mean loss (or, with
-// --zero 1, its shard of it).
-StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const TrainConfig& cfg,
-                                   Generator& data_gen, RunOptimizer& optimizer,
-                                   std::vector<AttentionStats>* stats) {
-    const bool many = dist::world_size() > 1;
-    const int64_t K = cfg.grad_accum, micro_size = cfg.batch_size / (dist::world_size() * K);
-    Tensor ids, targets;  // the global batch, of which this rank reads its rows (micro_rows)
-    data.batch(true, cfg.batch_size, data_gen, ids, targets, [&](int64_t row) {
-        return (row / micro_size) % dist::world_size() == dist::rank();
-    });
-    double loss_sum = 0;
-    bool finite = true;
-    for (int64_t k = 0; k < K; ++k) {
-        const bool last = k + 1 == K;
-        const Tensor micro_ids = micro_rows(ids, k, micro_size).to(model.device());
-        const Tensor micro_targets = micro_rows(targets, k, micro_size).to(model.device());
-        // The signals come from the last micro-batch; QK-Clip's per-head max from every one.
-        const bool measure = stats && (last || cfg.qk_clip > 0);
-        GPTOutput out = model.forward(micro_ids, micro_targets, measure);
-        loss_sum += out.cross_entropy.item();
-        finite = finite && std::isfinite(out.loss.item());
-        if (measure) merge_stats(*stats, std::move(out.stats));
-        // A non-finite loss ends the run after this step. Alone, its backward is skipped; with
-        // other ranks it runs anyway, so that every rank makes the same collectives.
-        if (!finite && !many) continue;
-        optimizer.set_sync(last);
-        (K == 1 ? out.loss : out.loss * (1.0 / static_cast<double>(K))).backward();
-    }
-    if (finite || many) optimizer.finish_gradients();
-    if (stats) reduce_stats(*stats);
-    const double micro_batches = static_cast<double>(K * dist::world_size());
-    return {dist::all_reduce_sum(loss_sum) / micro_batches, finite || many};
-}
-
-json stats_to_json(const std::vector<AttentionStats>& stats) {
-    json layers = json::array();
-    for (const auto& s : stats)
-        layers.push_back({{"max_logit", s.max_logit},
-                          {"entropy", s.entropy},
-                          {"q_norm", s.q_norm},
-                          {"k_norm", s.k_norm},
-                          {"qk_scale", s.qk_scale},
-                          {"head_max_logit", s.head_max_logit}});
-    return layers;
+// What a checkpoint saves besides the weights and the optimizer: the step, the generators, the
+// config, and the loss scaler's state.
+TrainingState training_state(const TrainConfig& cfg, int64_t done, GPT& model,
+                             const Generator& data_gen, const LossScaler* scaler) {
+    TrainingState state{done,
+                        data_gen.seed(),
+                        data_gen.counter(),
+                        model.dropout_generator().seed(),
+                        model.dropout_generator().counter(),
+                        {{"train_config", cfg.to_json()}}};
+    if (scaler) state.extra["loss_scaler"] = scaler->state_json();
+    return state;
 }
 
 // At a checkpoint step `done`, after its update: the training state to save goes to `pending`,
@@ -236,6 +163,7 @@ json stats_to_json(const std::vector<AttentionStats>& stats) {
 std::string checkpoint_after_update(const TrainConfig& cfg, int64_t done, double last_val,
                                     double min_loss, GPT& model, const RunOptimizer& optimizer,
                                     const Tokenizer& tokenizer, const Generator& data_gen,
+                                    const LossScaler* scaler,
                                     std::optional<TrainingState>& pending) {
     // The loss was finite before this step's update, but the update itself can overflow (a huge
     // lr · weight decay): check what would be saved.
@@ -244,12 +172,7 @@ std::string checkpoint_after_update(const TrainConfig& cfg, int64_t done, double
             "training diverged at step {}: the update made a weight or an optimizer moment NaN or "
             "Inf; {}",
             done, kept_checkpoint_note(cfg.run_dir));
-    pending = TrainingState{done,
-                            data_gen.seed(),
-                            data_gen.counter(),
-                            model.dropout_generator().seed(),
-                            model.dropout_generator().counter(),
-                            {{"train_config", cfg.to_json()}}};
+    pending = training_state(cfg, done, model, data_gen, scaler);
     if (done != cfg.steps) return "";
     if (const std::string why = divergence(last_val, 0.0, min_loss, cfg.diverge_factor);
         !why.empty())
@@ -271,19 +194,14 @@ bool stop_asked(const StopSignals& signals) {
 // says, and the message that tells how to go on.
 std::string checkpoint_on_stop(const TrainConfig& cfg, int64_t done, GPT& model,
                                const RunOptimizer& optimizer, const Tokenizer& tokenizer,
-                               const Generator& data_gen) {
+                               const Generator& data_gen, const LossScaler* scaler) {
     if (!optimizer.all_finite())
         return fmt::format(
             "stopped at step {}: the last update made a weight NaN or Inf, so no checkpoint of "
             "it was written",
             done);
     write_checkpoint(cfg, model, optimizer, tokenizer,
-                     TrainingState{done,
-                                   data_gen.seed(),
-                                   data_gen.counter(),
-                                   model.dropout_generator().seed(),
-                                   model.dropout_generator().counter(),
-                                   {{"train_config", cfg.to_json()}}});
+                     training_state(cfg, done, model, data_gen, scaler));
     return fmt::format(
         "stopped at step {} of {}: checkpoint {} written; continue with: qknorm train --resume {}",
         done, cfg.steps, checkpoint_prefix(cfg.run_dir, done) + ".model.safetensors", cfg.run_dir);
@@ -312,7 +230,7 @@ RunStart start_run(const TrainConfig& cfg, GPT& model, const TextDataset& data) 
 // need no copy of the run directory, and the checkpoint does not depend on how many ranks wrote
 // or read it.
 RunStart resume_run(const TrainConfig& cfg, GPT& model, RunOptimizer& optimizer,
-                    Generator& data_gen) {
+                    Generator& data_gen, LossScaler* scaler) {
     json resumed;
     MetricsSoFar so_far;
     OptimizerState whole = optimizer.state();  // the whole state, also with --zero 1
@@ -334,6 +252,9 @@ RunStart resume_run(const TrainConfig& cfg, GPT& model, RunOptimizer& optimizer,
         resumed = {{"step", state.step},
                    {"data", {state.data_seed, state.data_counter}},
                    {"dropout", {state.dropout_seed, state.dropout_counter}}};
+        // A run that switches to fp16 on resume starts its scaler afresh.
+        if (scaler && state.extra.count("loss_scaler"))
+            resumed["loss_scaler"] = state.extra.at("loss_scaler");
     }
     resumed = json::parse(broadcast_string(resumed.dump()));
     broadcast_tensors(model.parameters());
@@ -344,6 +265,8 @@ RunStart resume_run(const TrainConfig& cfg, GPT& model, RunOptimizer& optimizer,
     data_gen.set_state(resumed["data"][0].get<uint64_t>(), resumed["data"][1].get<uint64_t>());
     model.dropout_generator().set_state(resumed["dropout"][0].get<uint64_t>(),
                                         resumed["dropout"][1].get<uint64_t>());
+    if (resumed.contains("loss_scaler"))
+        scaler->load_state_json(resumed["loss_scaler"].get<std::string>(), cfg.run_dir);
     Tensor losses =
         from_vector({so_far.last_loss, so_far.last_val_loss, so_far.min_loss}, {3}, DType::f64);
     dist::broadcast(losses);  // the divergence check's reference, the same on every rank
@@ -394,6 +317,7 @@ struct TrainingRun {
     // A checkpoint is written only once the next step's loss, measured on its weights, passes
     // the divergence check: a run that blows up never leaves its blown-up weights as "last good".
     std::optional<TrainingState> pending;
+    std::optional<LossScaler> scaler;  // --precision fp16 only
     std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
 
     double tokens_per_step() const {
@@ -447,8 +371,12 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
                    static_cast<double>(run.optimizer->state_bytes()) / (1 << 20), ranks,
                    cfg.zero ? " (ZeRO-1: AdamW's moments sharded)" : "");
     run.data_gen = Generator(cfg.seed + 1);
-    const RunStart begun = resume ? resume_run(cfg, *run.model, *run.optimizer, run.data_gen)
-                                  : start_run(cfg, *run.model, *run.input.dataset);
+    if (cfg.model.precision == Precision::fp16)
+        run.scaler.emplace(LossScaleOptions{cfg.loss_scale, cfg.loss_scale_interval});
+    LossScaler* scaler = run.scaler ? &*run.scaler : nullptr;
+    const RunStart begun = resume
+                               ? resume_run(cfg, *run.model, *run.optimizer, run.data_gen, scaler)
+                               : start_run(cfg, *run.model, *run.input.dataset);
     run.start_step = begun.step;
     run.result.steps_done = begun.step;  // a resumed run that was already complete says so
     run.result.final_loss = begun.so_far.last_loss;
@@ -456,6 +384,27 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
     run.min_loss = begun.so_far.min_loss;
     if (run.root) run.metrics.open(cfg.run_dir + "/metrics.jsonl", std::ios::app);
     return run;
+}
+
+// An fp16 step whose gradients overflowed: no update (the scaler has halved the scale), and a line
+// of metrics.jsonl that says so. The loss was finite on the current weights, so a pending
+// checkpoint of them is good.
+bool skip_step(TrainingRun& run, int64_t step, double loss, double lr, double loss_scale) {
+    if (run.pending)
+        write_checkpoint(run.cfg, *run.model, *run.optimizer, run.input.tokenizer, *run.pending);
+    run.pending.reset();
+    run.optimizer->zero_grad();
+    if (run.root)
+        run.metrics << json{{"step", step + 1}, {"loss", loss},
+                            {"lr", lr},         {"loss_scale", loss_scale},
+                            {"skipped", true},  {"skipped_steps", run.scaler->skipped_steps()}}
+                           .dump()
+                    << "\n"
+                    << std::flush;
+    run.min_loss = std::min(run.min_loss, loss);
+    run.result.final_loss = loss;
+    run.result.steps_done = step + 1;
+    return true;
 }
 
 // One optimisation step: the gradients of the global batch, clipping, the divergence check, the
@@ -468,11 +417,16 @@ bool train_step(TrainingRun& run, int64_t step) {
     const bool with_stats = step % cfg.stats_interval() == 0 || step + 1 == cfg.steps;
     std::vector<AttentionStats> stats;  // every step with QK-Clip: it reads S_h from them
     const bool measure = with_stats || cfg.qk_clip > 0;
+    const double loss_scale = run.scaler ? run.scaler->scale() : 1.0;
     const StepGradients grads =
         accumulate_gradients(*run.model, *run.input.dataset, cfg, run.data_gen, *run.optimizer,
-                             measure ? &stats : nullptr);
+                             measure ? &stats : nullptr, loss_scale);
     const double loss = grads.loss;
-    const double grad_norm = grads.backward_done ? run.optimizer->clip(cfg.grad_clip) : NAN;
+    const double grad_norm =
+        grads.backward_done ? run.optimizer->clip(cfg.grad_clip, loss_scale) : NAN;
+    // fp16: gradients that overflowed under a finite loss skip the step and halve the scale.
+    if (run.scaler && std::isfinite(loss) && !run.scaler->update(!std::isfinite(grad_norm)))
+        return skip_step(run, step, loss, lr, loss_scale);
     if (const std::string why = divergence(loss, grad_norm, run.min_loss, cfg.diverge_factor);
         !why.empty()) {
         run.result.diverged = true;
@@ -513,6 +467,10 @@ bool train_step(TrainingRun& run, int64_t step) {
     }
     if (with_stats) line["layers"] = stats_to_json(stats);
     if (cfg.qk_clip > 0) line["heads_clipped"] = heads_clipped;
+    if (run.scaler) {
+        line["loss_scale"] = loss_scale;
+        line["skipped_steps"] = run.scaler->skipped_steps();
+    }
     if (run.root) run.metrics << line.dump() << "\n" << std::flush;
     run.result.final_loss = loss;
     run.result.steps_done = step + 1;
@@ -523,9 +481,9 @@ bool train_step(TrainingRun& run, int64_t step) {
 // the last step, is written. Returns false when the update or the final validation diverged.
 bool checkpoint_if_due(TrainingRun& run, int64_t done) {
     if (done % run.cfg.checkpoint_every != 0 && done != run.cfg.steps) return true;
-    run.result.message =
-        checkpoint_after_update(run.cfg, done, run.last_val, run.min_loss, *run.model,
-                                *run.optimizer, run.input.tokenizer, run.data_gen, run.pending);
+    run.result.message = checkpoint_after_update(
+        run.cfg, done, run.last_val, run.min_loss, *run.model, *run.optimizer, run.input.tokenizer,
+        run.data_gen, run.scaler ? &*run.scaler : nullptr, run.pending);
     run.result.diverged = !run.result.message.empty();
     return !run.result.diverged;
 }
@@ -543,8 +501,9 @@ void report_progress(const TrainingRun& run, int64_t done) {
 TrainResult stop_with_checkpoint(TrainingRun& run, int64_t done, const StopSignals& signals) {
     if (run.cfg.progress && run.root && progress_on_terminal()) fmt::print(stderr, "\n");
     run.result.stop_signal = signals.signal_number() ? signals.signal_number() : SIGTERM;
-    run.result.message = checkpoint_on_stop(run.cfg, done, *run.model, *run.optimizer,
-                                            run.input.tokenizer, run.data_gen);
+    run.result.message =
+        checkpoint_on_stop(run.cfg, done, *run.model, *run.optimizer, run.input.tokenizer,
+                           run.data_gen, run.scaler ? &*run.scaler : nullptr);
     run.result.final_val_loss = run.last_val;
     if (run.root) write_run_plot(run.cfg);
     return run.result;

@@ -100,12 +100,14 @@ void ShardedAdamW::reduce_gradients() {
     copy_into(grad_shard_, grad_shard_ * (1.0 / static_cast<double>(dist::world_size())));
 }
 
-double ShardedAdamW::clip_grad_norm(double max_norm) {
+double ShardedAdamW::clip_grad_norm(double max_norm, double loss_scale) {
     NoGradGuard no_grad;
     const Tensor g64 = grad_shard_.to(kF64);
-    const double norm = std::sqrt(dist::all_reduce_sum(sum(g64 * g64).item()));
-    if (std::isfinite(norm) && max_norm > 0 && norm > max_norm)
-        copy_into(grad_shard_, grad_shard_ * (max_norm / (norm + 1e-6)));  // clip_grad_norm's rule
+    const double norm = std::sqrt(dist::all_reduce_sum(sum(g64 * g64).item())) / loss_scale;
+    if (!std::isfinite(norm)) return norm;
+    const double clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    if (clip / loss_scale != 1.0)  // clip_grad_norm's rule
+        copy_into(grad_shard_, grad_shard_ * (clip / loss_scale));
     return norm;
 }
 

@@ -35,7 +35,7 @@ class ShardedAdamW {
     void reduce_gradients();
     // The global norm of the averaged gradient; with max_norm > 0 and a larger norm, the shard is
     // scaled to max_norm (as clip_grad_norm does). A non-finite norm is returned, nothing scaled.
-    double clip_grad_norm(double max_norm);
+    double clip_grad_norm(double max_norm, double loss_scale = 1.0);
     // AdamW on this rank's shard, then every rank gathers the updated parameters.
     void step(double lr);
     void zero_grad();

@@ -119,16 +119,18 @@ void check_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
              op, q.shape(), k.shape(), q.size(2) - k.size(2));
     check_options(op, o, q);
     QK_CHECK(o.precision == Precision::full || q.dtype() == kF32,
-             "{}: bf16 precision needs float32 q, k, v, got {} {}", op, q.dtype(), q.shape());
+             "{}: {} precision needs float32 q, k, v, got {} {}", op, precision_name(o.precision),
+             q.dtype(), q.shape());
 }
 
-// Mixed precision: the values a bf16 GEMM would read, as float32. The backward passes dq, dk, dv
-// through unrounded (the straight-through rule; two casts would round the gradient to bf16 on
-// its way back), as linear's bf16 path keeps dx in float32.
-Tensor round_to_bf16(const Tensor& t) {
-    Tensor rounded = autograd::saved(t).to(kBF16).to(kF32);
-    return autograd::record("round_to_bf16", rounded, {t},
-                            [](const Tensor& dy) { return std::vector<Tensor>{dy}; });
+// Mixed precision: the values a bf16 or fp16 GEMM would read, as float32. The backward passes dq,
+// dk, dv through unrounded (the straight-through rule; two casts would round the gradient on its
+// way back), as linear's mixed path keeps dx in float32.
+Tensor round_to_half(const Tensor& t, Precision precision) {
+    const DType half = precision == Precision::bf16 ? kBF16 : kF16;
+    Tensor rounded = autograd::saved(t).to(half).to(kF32);
+    return autograd::record(precision == Precision::bf16 ? "round_to_bf16" : "round_to_fp16",
+                            rounded, {t}, [](const Tensor& dy) { return std::vector<Tensor>{dy}; });
 }
 
 AttentionOptions full_precision(AttentionOptions o) {
@@ -166,9 +168,9 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                  const AttentionOptions& o, AttentionSignals* signals) {
     constexpr const char* op = "attention";
     check_args(op, q_in, k_in, v_in, o);
-    if (o.precision == Precision::bf16)
-        return attention(round_to_bf16(q_in), round_to_bf16(k_in), round_to_bf16(v_in),
-                         full_precision(o), signals);
+    if (o.precision != Precision::full)
+        return attention(round_to_half(q_in, o.precision), round_to_half(k_in, o.precision),
+                         round_to_half(v_in, o.precision), full_precision(o), signals);
     QK_CHECK(o.dropout == 0,
              "attention: the fused kernel does not drop attention probabilities (dropout {}); "
              "use attention_unfused (the model's --attention naive)",
@@ -301,9 +303,9 @@ Tensor window_mask(const AttentionShape& sh, DType dtype, Device device) {
 Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionOptions& o, AttentionSignals* signals) {
     check_args("attention_unfused", q, k, v, o);
-    if (o.precision == Precision::bf16)
-        return attention_unfused(round_to_bf16(q), round_to_bf16(k), round_to_bf16(v),
-                                 full_precision(o), signals);
+    if (o.precision != Precision::full)
+        return attention_unfused(round_to_half(q, o.precision), round_to_half(k, o.precision),
+                                 round_to_half(v, o.precision), full_precision(o), signals);
     // The scale goes on q (B·H·Tq·D multiplies) rather than on s (B·H·Tq·Tk): same math.
     Tensor q_scaled;
     if (o.scale_tensor.defined())

@@ -26,8 +26,9 @@ struct AttentionOptions {
     // Dropout on the attention probabilities, unfused path only (the fused kernel refuses p > 0).
     double dropout = 0;
     Generator* dropout_generator = nullptr;  // default_generator() when null
-    // bf16: q, k and v (float32) are rounded to bfloat16, as the inputs of bf16 GEMMs are, and
-    // the logits and the output are their float32 sums; the signals measure those logits.
+    // bf16 / fp16: q, k and v (float32) are rounded to bfloat16 / float16, as the inputs of mixed
+    // GEMMs are, and the logits and the output are their float32 sums (as a fused kernel keeps
+    // them, in registers); the signals measure those logits.
     Precision precision = Precision::full;
 };
 

@@ -69,6 +69,10 @@ void gemm_one_thread(float* y, int64_t ldy, const bf16* a, GemmLayout la, const 
                      GemmLayout lb, int64_t M, int64_t N, int64_t K, float beta) {
     gemm_bf16_one_thread(y, ldy, a, la, b, lb, M, N, K, beta);
 }
+void gemm_one_thread(float* y, int64_t ldy, const f16* a, GemmLayout la, const f16* b,
+                     GemmLayout lb, int64_t M, int64_t N, int64_t K, float beta) {
+    gemm_f16_one_thread(y, ldy, a, la, b, lb, M, N, K, beta);
+}
 
 // Below this many multiply-adds (~40 µs) a GEMM stays on one thread: split in slabs, each
 // thread's smaller product runs further from OpenBLAS's peak, which costs more than it saves.
@@ -187,6 +191,7 @@ void batched_gemm(Out* y, const In* a, const Shape& a_batch_strides, GemmLayout 
 QK_GEMM_INSTANTIATE(float, float)
 QK_GEMM_INSTANTIATE(double, double)
 QK_GEMM_INSTANTIATE(bf16, float)
+QK_GEMM_INSTANTIATE(f16, float)
 #undef QK_GEMM_INSTANTIATE
 
 }  // namespace cpu

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/bfloat16.h"
+#include "core/float16.h"
 #include "core/shape.h"
 
 namespace qk::cpu {
@@ -23,7 +24,8 @@ struct GemmLayout {
 //     y = op(a) · op(b) + beta · y,   or  y = bias + op(a) · op(b)  with a bias (N)
 // y: (M, N) row-major with leading dim ldy; op(a): (M, K); op(b): (K, N).
 // In is the operands' element type, Out y's: float·float -> float and double·double -> double
-// run on OpenBLAS; bf16·bf16 -> float is the mixed-precision GEMM (float32 accumulation).
+// run on OpenBLAS; bf16·bf16 -> float and f16·f16 -> float are the mixed-precision GEMMs (float32
+// accumulation).
 template <class In, class Out>
 struct GemmJob {
     Out* y;
@@ -62,6 +64,9 @@ void batched_gemm(Out* y, const In* a, const Shape& a_batch_strides, GemmLayout 
 // On the calling thread, by the engine bf16_gemm_engine() names.
 void gemm_bf16_one_thread(float* y, int64_t ldy, const bf16* a, GemmLayout la, const bf16* b,
                           GemmLayout lb, int64_t M, int64_t N, int64_t K, float beta);
+// The float16 twin: the operands widened to float32 (exact) and cblas_sgemm (ops/gemm_bf16.cpp).
+void gemm_f16_one_thread(float* y, int64_t ldy, const f16* a, GemmLayout la, const f16* b,
+                         GemmLayout lb, int64_t M, int64_t N, int64_t K, float beta);
 // One row with w stored (N, K), on a CPU with avx512_bf16 only (ops/gemv_bf16.cpp):
 //     y[j] = Σ_k x[k] · w[j, k] + beta · y[j]
 void gemv_bf16_avx512(float* y, const bf16* x, const bf16* w, int64_t ldw, int64_t N, int64_t K,

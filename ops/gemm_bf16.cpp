@@ -67,14 +67,16 @@ Stored stored_shape(int64_t op_rows, int64_t op_cols, GemmLayout l) {
 
 // ---- fallback: widen to float32, then sgemm ------------------------------------------------
 
-// dst: (rows, cols) contiguous float; src: (rows, cols) bf16 with leading dim ld.
-void widen(std::vector<float>& dst, const bf16* src, Stored s, int64_t ld) {
+// dst: (rows, cols) contiguous float; src: (rows, cols) bf16 or f16 with leading dim ld.
+template <class Half>
+void widen(std::vector<float>& dst, const Half* src, Stored s, int64_t ld) {
     dst.resize(static_cast<size_t>(s.rows * s.cols));
     for (int64_t r = 0; r < s.rows; ++r)
         for (int64_t c = 0; c < s.cols; ++c) dst[r * s.cols + c] = src[r * ld + c].to_float();
 }
 
-void gemm_widened(float* y, int64_t ldy, const bf16* a, GemmLayout la, const bf16* b, GemmLayout lb,
+template <class Half>
+void gemm_widened(float* y, int64_t ldy, const Half* a, GemmLayout la, const Half* b, GemmLayout lb,
                   int64_t M, int64_t N, int64_t K, float beta) {
     thread_local std::vector<float> a_wide, b_wide;
     const Stored sa = stored_shape(M, K, la), sb = stored_shape(K, N, lb);
@@ -257,6 +259,15 @@ void gemm_bf16_one_thread(float* y, int64_t ldy, const bf16* a, GemmLayout la, c
         return;
     }
 #endif
+    gemm_widened(y, ldy, a, la, b, lb, M, N, K, beta);
+}
+
+// float16 has no engine of its own here: its values (11 significant bits) and their products
+// (22) are exact in float32, so the widened sgemm gives what a float16 tensor-core GEMM with
+// float32 accumulation gives, at float32 speed.
+void gemm_f16_one_thread(float* y, int64_t ldy, const f16* a, GemmLayout la, const f16* b,
+                         GemmLayout lb, int64_t M, int64_t N, int64_t K, float beta) {
+    if (M == 0 || N == 0) return;
     gemm_widened(y, ldy, a, la, b, lb, M, N, K, beta);
 }
 

@@ -227,8 +227,7 @@ void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias
     QK_CHECK(is_compute_dtype(x.dtype()) && (x.dtype() == weight.dtype() || bf16_weight),
              "linear: needs float32 or float64 x and weight of one dtype (or a bfloat16 weight "
              "at bf16 precision), got x {} {} and weight {} {} at precision {}",
-             x.dtype(), x.shape(), weight.dtype(), weight.shape(),
-             precision == Precision::bf16 ? "bf16" : "full");
+             x.dtype(), x.shape(), weight.dtype(), weight.shape(), precision_name(precision));
     QK_CHECK(x.device() == weight.device(), "linear: x is on {}, weight on {}", x.device(),
              weight.device());
     QK_CHECK(weight.size(0) <= INT_MAX && weight.size(1) <= INT_MAX,
@@ -246,6 +245,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
               Precision precision) {
     check_linear_args(x_in, weight_in, bias_in, precision);
     if (precision == Precision::bf16) return linear_bf16(x_in, weight_in, bias_in);
+    if (precision == Precision::fp16) return linear_fp16(x_in, weight_in, bias_in);
     const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
     const int64_t K = weight.size(1), N = weight.size(0);
     const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));  // rows of x

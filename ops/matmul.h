@@ -51,10 +51,11 @@ void gemm(T* y, int64_t ldy, int64_t stride_y, const T* a, bool a_trans, int64_t
           int64_t N, int64_t K, int64_t batch, T beta);
 // Sets cuBLAS's math mode for float32 GEMMs: TF32 tensor ops or the default.
 void set_tf32_math(bool on);
-// The bf16 twin (one matrix): y float32, a and b bfloat16, float32 accumulation.
-//     y = op(a) · op(b) + beta · y
-void gemm_bf16(float* y, int64_t ldy, const bf16* a, bool a_trans, int64_t lda, const bf16* b,
-               bool b_trans, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta);
+// The mixed-precision twin (one matrix): y float32, a and b bfloat16 or float16 (Half), float32
+// accumulation.    y = op(a) · op(b) + beta · y
+template <class Half>
+void gemm_mixed(float* y, int64_t ldy, const Half* a, bool a_trans, int64_t lda, const Half* b,
+                bool b_trans, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta);
 // y: (batch, M, N), a: (batch, M, K), b: (batch, K, N), contiguous.    y = a · b  (tiled kernel)
 template <class T>
 void matmul_tiled(T* y, const T* a, const T* b, int64_t batch, int64_t M, int64_t N, int64_t K);

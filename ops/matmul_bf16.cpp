@@ -1,9 +1,11 @@
-// linear with Precision::bf16: the forward GEMM and the two backward GEMMs (dx, dW) on bfloat16
-// operands with float32 accumulation, the bias, the result and every gradient in float32:
+// linear with Precision::bf16 or fp16: the forward GEMM and the two backward GEMMs (dx, dW) on
+// bfloat16 or float16 operands with float32 accumulation, the bias, the result and every gradient
+// in float32:
 //     y = b + x̃ · W̃ᵀ        dx = dỸ · W̃        dW = dỸᵀ · x̃        db = Σ_r dY
-// with ˜ a value rounded to bf16 (the math, and why the rounding counts as the identity in the
-// backward, are in ops/matmul.cpp). The bf16 GEMM itself is ops/gemm_bf16.cpp on the cpu and
-// cuda::gemm_bf16 (cuBLAS) on the device.
+// with ˜ a value rounded to the half type (the math, and why the rounding counts as the identity in
+// the backward, are in ops/matmul.cpp). The GEMMs are ops/gemm_bf16.cpp on the cpu and
+// cuda::gemm_mixed (cuBLAS) on the device. float16 overflows where bfloat16 does not: x, W or dY
+// beyond 65,504 becomes Inf here, which is what a loss scaler watches for (nn/loss_scale.h).
 #include <algorithm>
 #include <climits>
 
@@ -19,10 +21,13 @@ namespace qk::matmul_impl {
 
 namespace {
 
-// A float32 (rows, cols) tensor as a contiguous bf16 one (the rounding; a view's elements are
-// gathered on the way); a bf16 one as it is. t is detached, or dy under the backward's NoGradGuard:
-// nothing records.
-Tensor to_bf16(const Tensor& t) { return t.to(kBF16); }
+// A float32 (rows, cols) tensor as a contiguous Half one (the rounding; a view's elements are
+// gathered on the way); a Half one as it is. t is detached, or dy under the backward's
+// NoGradGuard: nothing records.
+template <class Half>
+Tensor to_half(const Tensor& t) {
+    return t.to(dtype_of<Half>());
+}
 
 // t = 0 on its device (t contiguous).
 void fill_zeros(const Tensor& t) {
@@ -35,14 +40,15 @@ void fill_zeros(const Tensor& t) {
 #endif
 }
 
-cpu::GemmJob<bf16, float> bf16_job(const Tensor& y, const Tensor& a, bool a_trans, const Tensor& b,
+template <class Half>
+cpu::GemmJob<Half, float> half_job(const Tensor& y, const Tensor& a, bool a_trans, const Tensor& b,
                                    bool b_trans, const Tensor& bias = {}) {
     const int64_t M = y.size(0), N = y.size(1), K = a_trans ? a.size(0) : a.size(1);
     return {y.data<float>(),
             N,
-            a.data<bf16>(),
+            a.data<Half>(),
             {a_trans, a.size(1)},
-            b.data<bf16>(),
+            b.data<Half>(),
             {b_trans, b.size(1)},
             M,
             N,
@@ -51,18 +57,20 @@ cpu::GemmJob<bf16, float> bf16_job(const Tensor& y, const Tensor& a, bool a_tran
             bias.defined() ? bias.data<float>() : nullptr};
 }
 
-// One bf16 GEMM on the tensors' device (the job's pointers are device pointers for cuda). cuBLAS
-// has no bias argument: on cuda the caller writes the bias into y first and sets beta = 1.
-void bf16_gemm(cpu::GemmJob<bf16, float> job, Device device) {
+// One mixed-precision GEMM on the tensors' device (the job's pointers are device pointers for
+// cuda). cuBLAS has no bias argument: on cuda the caller writes the bias into y first and sets
+// beta = 1.
+template <class Half>
+void half_gemm(cpu::GemmJob<Half, float> job, Device device) {
     switch (device) {
         case Device::cpu:
             cpu::gemm(job);
             break;
         case Device::cuda:
 #ifdef QK_WITH_CUDA
-            QK_CHECK(!job.bias, "linear: internal: a bias pointer reached the cuda bf16 GEMM");
-            cuda::gemm_bf16(job.y, job.ldy, job.a, job.la.trans, job.la.ld, job.b, job.lb.trans,
-                            job.lb.ld, job.M, job.N, job.K, job.beta);
+            QK_CHECK(!job.bias, "linear: internal: a bias pointer reached the cuda mixed GEMM");
+            cuda::gemm_mixed(job.y, job.ldy, job.a, job.la.trans, job.la.ld, job.b, job.lb.trans,
+                             job.lb.ld, job.M, job.N, job.K, job.beta);
 #else
             throw_built_without_cuda("linear");
 #endif
@@ -70,18 +78,19 @@ void bf16_gemm(cpu::GemmJob<bf16, float> job, Device device) {
     }
 }
 
-}  // namespace
-
-Tensor linear_bf16(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+template <class Half>
+Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
     const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
-    QK_CHECK(x.dtype() == kF32, "linear: bf16 precision needs float32 x and weight, got {} {}",
-             x.dtype(), x.shape());
+    constexpr DType kHalf = dtype_of<Half>();
+    const char* precision = kHalf == kBF16 ? "bf16" : "fp16";
+    QK_CHECK(x.dtype() == kF32, "linear: {} precision needs float32 x and weight, got {} {}",
+             precision, x.dtype(), x.shape());
     // A weight stored as bf16 (inference, nn::GPT::store_weights_bf16) has no float32 master copy
     // for a gradient to update.
-    QK_CHECK(weight.dtype() != kBF16 || !(weight_in.requires_grad() && autograd::grad_enabled()),
-             "linear: a bfloat16-stored weight {} is for inference and takes no gradient (run "
+    QK_CHECK(weight.dtype() != kHalf || !(weight_in.requires_grad() && autograd::grad_enabled()),
+             "linear: a {}-stored weight {} is for inference and takes no gradient (run "
              "the model under NoGradGuard)",
-             weight.shape());
+             kHalf, weight.shape());
     const int64_t K = weight.size(1), N = weight.size(0);
     const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
     QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape());
@@ -89,7 +98,7 @@ Tensor linear_bf16(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
     Shape out_shape = x.shape();
     out_shape.back() = N;
     Tensor y = Tensor::empty(out_shape, kF32, device);
-    const Tensor x_rounded = to_bf16(rows_of(x)), w_rounded = to_bf16(weight);
+    const Tensor x_rounded = to_half<Half>(rows_of(x)), w_rounded = to_half<Half>(weight);
     const Tensor b = autograd::contiguous_input(bias_in);
     if (R * N > 0) {
         const Tensor y_rows = y.view({R, N});
@@ -100,11 +109,11 @@ Tensor linear_bf16(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
                 fill_zeros(y_rows);
         } else if (device == Device::cuda && b.defined()) {  // y = b in every row, then += x̃ · W̃ᵀ
             copy_into(y_rows, b.expand({R, N}));
-            auto job = bf16_job(y_rows, x_rounded, false, w_rounded, true);
+            auto job = half_job<Half>(y_rows, x_rounded, false, w_rounded, true);
             job.beta = 1.0f;
-            bf16_gemm(job, device);
+            half_gemm<Half>(job, device);
         } else {  // y = b + x̃ · W̃ᵀ (the cpu writes the bias inside the GEMM's slabs)
-            bf16_gemm(bf16_job(y_rows, x_rounded, false, w_rounded, true, b), device);
+            half_gemm<Half>(half_job<Half>(y_rows, x_rounded, false, w_rounded, true, b), device);
         }
     }
     const bool need_x = x_in.requires_grad(), need_w = weight_in.requires_grad();
@@ -113,16 +122,18 @@ Tensor linear_bf16(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
                      x_saved = need_w ? autograd::saved(x_rounded) : Tensor(),
                      w_saved = need_x ? autograd::saved(w_rounded) : Tensor()](const Tensor& dy) {
         const Tensor dy_rows = rows_of(dy);  // (R, N)
-        const Tensor dy_rounded = need_x || need_w ? to_bf16(dy_rows) : Tensor();
+        const Tensor dy_rounded = need_x || need_w ? to_half<Half>(dy_rows) : Tensor();
         Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
         Tensor dw = need_w ? Tensor::empty({N, K}, kF32, device) : Tensor();
         if (R * N * K > 0) {
             if (need_x && need_w && device == Device::cpu)
-                cpu::gemm_pair(bf16_job(dx, dy_rounded, false, w_saved, false),  // dỸ · W̃
-                               bf16_job(dw, dy_rounded, true, x_saved, false));  // dỸᵀ · x̃
+                cpu::gemm_pair(half_job<Half>(dx, dy_rounded, false, w_saved, false),  // dỸ · W̃
+                               half_job<Half>(dw, dy_rounded, true, x_saved, false));  // dỸᵀ · x̃
             else {
-                if (need_x) bf16_gemm(bf16_job(dx, dy_rounded, false, w_saved, false), device);
-                if (need_w) bf16_gemm(bf16_job(dw, dy_rounded, true, x_saved, false), device);
+                if (need_x)
+                    half_gemm<Half>(half_job<Half>(dx, dy_rounded, false, w_saved, false), device);
+                if (need_w)
+                    half_gemm<Half>(half_job<Half>(dw, dy_rounded, true, x_saved, false), device);
             }
         } else {  // an empty sum
             if (need_x) dx = zeros({R, K}, kF32, device);
@@ -132,6 +143,15 @@ Tensor linear_bf16(const Tensor& x_in, const Tensor& weight_in, const Tensor& bi
         return std::vector<Tensor>{need_x ? dx.reshape(x_shape) : dx, dw, db};
     };
     return autograd::record("linear", y, {x_in, weight_in, bias_in}, std::move(backward));
+}
+
+}  // namespace
+
+Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+    return linear_mixed<bf16>(x, weight, bias);
+}
+Tensor linear_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+    return linear_mixed<f16>(x, weight, bias);
 }
 
 }  // namespace qk::matmul_impl

@@ -43,5 +43,7 @@ Tensor rows_of(const Tensor& t);
 
 // linear(x, weight, bias, Precision::bf16), its arguments already checked by linear.
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// linear(x, weight, bias, Precision::fp16): the same on float16 operands.
+Tensor linear_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 }  // namespace qk::matmul_impl

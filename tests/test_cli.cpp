@@ -91,7 +91,10 @@ TEST_CASE("every numeric flag is checked where it enters, naming the flag, value
         {{"--qk-norm", "l2", "--qk-scale-init", "-3"}, {"--qk-scale-init", "-3"}},
         {{"--sample-tokens", "1000000000"}, {"--sample-tokens", "1000000000"}},
         {{"--tf32", "true"}, {"--tf32", "--device cuda", "--device cpu"}},
-        {{"--precision", "fp16"}, {"--precision", "fp16", "fp32", "bf16"}},
+        {{"--precision", "fp4"}, {"--precision", "fp4", "fp32", "bf16", "fp16"}},
+        {{"--precision", "fp16", "--loss-scale", "0"}, {"--loss-scale", "0", "(0, 2^64]"}},
+        {{"--precision", "fp16", "--loss-scale", "inf"}, {"--loss-scale", "inf"}},
+        {{"--loss-scale-interval", "0"}, {"--loss-scale-interval", "0"}},
         {{"--pos-emb", "alibi"}, {"--pos-emb", "alibi", "learned", "rope"}},
         {{"--pos-emb", "rope", "--rope-theta", "0"}, {"rope_theta", "--rope-theta", "0"}},
         {{"--pos-emb", "learned", "--qk-norm-order", "after_rope"}, {"after_rope", "rope"}},
@@ -291,7 +294,10 @@ TEST_CASE("sample: several prompts and samples decode together; bf16-stored weig
     CHECK(bf16.exit_code == 0);
     CHECK(bf16.output.size() == 4 + 7 + 1);
     check_refused(sample({"--num-samples", "0"}), 2, {"--num-samples"});
-    check_refused(sample({"--precision", "fp16"}), 2, {"--precision", "fp16"});
+    const Outcome fp16 = sample({"--prompt", "All:", "--precision", "fp16"});
+    CHECK(fp16.exit_code == 0);
+    CHECK(fp16.output.size() == 4 + 7 + 1);
+    check_refused(sample({"--precision", "fp8"}), 2, {"--precision", "fp8"});
 }
 
 TEST_CASE("--pos-emb rope: no wpe in the checkpoint, the switch in its metadata, and it samples") {

@@ -141,8 +141,8 @@ TEST_CASE("precision in the config: string form, old checkpoints, bad values, fl
     CHECK(GPTConfig::from_strings(fields).precision == Precision::bf16);
     fields.erase("precision");  // written before mixed precision: float32
     CHECK(GPTConfig::from_strings(fields).precision == Precision::full);
-    fields["precision"] = "fp16";
+    fields["precision"] = "fp4";
     CHECK(test::throws_with([&] { (void)GPTConfig::from_strings(fields); },
-                            {"precision", "fp16", "fp32, bf16"}));
+                            {"precision", "fp4", "fp32, bf16, fp16"}));
     CHECK(test::throws_with([&] { GPT model(c, 1, kF64); }, {"bf16", "float64"}));
 }

@@ -83,7 +83,8 @@ TEST_CASE("variant strings: presets, overrides and errors") {
     CHECK(variant_model("softcap:cap=30").attn_softcap == 30.0);
     CHECK(variant_model("baseline:precision=bf16").precision == Precision::bf16);
     CHECK(variant_model("baseline").precision == Precision::full);
-    CHECK(throws_with([] { variant_model("baseline:precision=fp16"); }, {"precision", "fp16"}));
+    CHECK(variant_model("baseline:precision=fp16").precision == Precision::fp16);
+    CHECK(throws_with([] { variant_model("baseline:precision=fp4"); }, {"precision", "fp4"}));
     CHECK(parse_variant("lp:p=3").spec == "lp:p=3");
     // The training keys: optimizer, positions, norm order, QK-Clip, gradient clipping.
     const TrainConfig muon = variant_config("baseline:opt=muon:clip=100:gclip=0:pos=rope");

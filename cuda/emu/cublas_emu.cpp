@@ -14,6 +14,7 @@
 
 #include "core/bfloat16.h"
 #include "core/error.h"
+#include "core/float16.h"
 #include "cuda/emu/emu_internal.h"
 
 struct cublasContext {
@@ -50,9 +51,10 @@ void gemm(const double* a, const double* b, double* c, CBLAS_TRANSPOSE ta, CBLAS
     cblas_dgemm(CblasColMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// A (rows, cols) column-major bf16 matrix with leading dim ld, widened (exactly) to a
-// contiguous float one: how the shim multiplies bf16 (products exact in float, sums in float).
-std::vector<float> widen(const qk::bf16* p, int rows, int cols, int ld) {
+// A (rows, cols) column-major bf16 or f16 matrix with leading dim ld, widened (exactly) to a
+// contiguous float one: how the shim multiplies them (products exact in float, sums in float).
+template <class Half>
+std::vector<float> widen(const Half* p, int rows, int cols, int ld) {
     std::vector<float> out(static_cast<size_t>(rows) * cols);
     for (int c = 0; c < cols; ++c)
         for (int r = 0; r < rows; ++r)
@@ -61,8 +63,10 @@ std::vector<float> widen(const qk::bf16* p, int rows, int cols, int ld) {
     return out;
 }
 
-void gemm(const qk::bf16* a, const qk::bf16* b, float* c, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
-          int m, int n, int k, float alpha, int lda, int ldb, float beta, int ldc) {
+template <class Half,
+          class = std::enable_if_t<std::is_same_v<Half, qk::bf16> || std::is_same_v<Half, qk::f16>>>
+void gemm(const Half* a, const Half* b, float* c, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m,
+          int n, int k, float alpha, int lda, int ldb, float beta, int ldc) {
     const int rows_a = ta == CblasNoTrans ? m : k, cols_a = ta == CblasNoTrans ? k : m;
     const int rows_b = tb == CblasNoTrans ? k : n, cols_b = tb == CblasNoTrans ? n : k;
     const std::vector<float> wide_a = widen(a, rows_a, cols_a, lda);
@@ -319,17 +323,21 @@ cublasStatus_t cublasGemmStridedBatchedEx(
     const void* alpha, const void* A, cudaDataType Atype, int lda, long long strideA, const void* B,
     cudaDataType Btype, int ldb, long long strideB, const void* beta, void* C, cudaDataType Ctype,
     int ldc, long long strideC, int batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t) {
-    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_32F ||
-        computeType != CUBLAS_COMPUTE_32F) {
+    const bool half_inputs = Atype == Btype && (Atype == CUDA_R_16BF || Atype == CUDA_R_16F);
+    if (!half_inputs || Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F) {
         qk::emu::detail::record_message(fmt::format(
-            "cublasGemmStridedBatchedEx: the emulation takes A, B CUDA_R_16BF, C CUDA_R_32F and "
-            "CUBLAS_COMPUTE_32F; got types {}, {}, {} and compute {}",
+            "cublasGemmStridedBatchedEx: the emulation takes A, B both CUDA_R_16BF or both "
+            "CUDA_R_16F, C CUDA_R_32F and CUBLAS_COMPUTE_32F; got types {}, {}, {} and compute {}",
             int(Atype), int(Btype), int(Ctype), int(computeType)));
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
-    return qk::emu::gemm_batched("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k,
-                                 static_cast<const float*>(alpha), static_cast<const qk::bf16*>(A),
-                                 lda, strideA, static_cast<const qk::bf16*>(B), ldb, strideB,
-                                 static_cast<const float*>(beta), static_cast<float*>(C), ldc,
-                                 strideC, batchCount);
+    auto run = [&](auto half_tag) {
+        using Half = decltype(half_tag);
+        return qk::emu::gemm_batched("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k,
+                                     static_cast<const float*>(alpha), static_cast<const Half*>(A),
+                                     lda, strideA, static_cast<const Half*>(B), ldb, strideB,
+                                     static_cast<const float*>(beta), static_cast<float*>(C), ldc,
+                                     strideC, batchCount);
+    };
+    return Atype == CUDA_R_16BF ? run(qk::bf16{}) : run(qk::f16{});
 }
