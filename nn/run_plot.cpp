@@ -1,6 +1,6 @@
-// The plot of a run: losses, learning rate and gradient norm, and the stability signals per layer
-// (max attention logit, attention entropy, mean ‖q‖ and ‖k‖), read back from metrics.jsonl, under
-// a title that says what the run is.
+// The plot of a run: losses, learning rate and gradient norm (and fp16's loss scale), and the
+// stability signals per layer (max attention logit, attention entropy, mean ‖q‖ and ‖k‖), read
+// back from metrics.jsonl, under a title that says what the run is.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +30,8 @@ void write_run_plot(const TrainConfig& cfg) {
     // Validation comes every eval_every steps: its points are marked, its line only joins them.
     plot::Series train{"train", {}, {}}, val{"val", {}, {}, true}, grad{"grad norm", {}, {}};
     plot::Series lr{"lr", {}, {}};
+    // --precision fp16: the loss scale, and the steps skipped for overflowing gradients.
+    plot::Series scale{"loss scale", {}, {}}, skipped{"skipped step", {}, {}, true};
     std::vector<plot::Series> max_logit, entropy, q_norm, k_norm;
     for (const MetricsRecord& record : read_metrics(run_dir).records) {
         const json& j = record.record;
@@ -48,6 +50,14 @@ void write_run_plot(const TrainConfig& cfg) {
         if (j.contains("grad_norm")) {
             grad.x.push_back(step);
             grad.y.push_back(number(j, "grad_norm"));
+        }
+        if (j.contains("loss_scale")) {
+            scale.x.push_back(step);
+            scale.y.push_back(number(j, "loss_scale"));
+            if (j.value("skipped", false)) {
+                skipped.x.push_back(step);
+                skipped.y.push_back(number(j, "loss_scale"));
+            }
         }
         if (!j.contains("layers") || !j["layers"].is_array()) continue;
         const auto& layers = j["layers"];
@@ -84,6 +94,14 @@ void write_run_plot(const TrainConfig& cfg) {
         {"Mean ‖q‖ before normalisation", "step", "‖q‖", false, false, q_norm},
         {"Mean ‖k‖ before normalisation", "step", "‖k‖", false, false, k_norm},
     };
+    if (!scale.x.empty())
+        panels.insert(panels.begin() + 3,
+                      {fmt::format("Loss scale (fp16), {} step(s) skipped", skipped.x.size()),
+                       "step",
+                       "scale",
+                       false,
+                       true,
+                       {scale, skipped}});
     std::string dir = run_dir;  // "runs/x/" names the run x too
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
     const std::string name = std::filesystem::path(dir).filename().string();

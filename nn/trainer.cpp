@@ -386,27 +386,6 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
     return run;
 }
 
-// An fp16 step whose gradients overflowed: no update (the scaler has halved the scale), and a line
-// of metrics.jsonl that says so. The loss was finite on the current weights, so a pending
-// checkpoint of them is good.
-bool skip_step(TrainingRun& run, int64_t step, double loss, double lr, double loss_scale) {
-    if (run.pending)
-        write_checkpoint(run.cfg, *run.model, *run.optimizer, run.input.tokenizer, *run.pending);
-    run.pending.reset();
-    run.optimizer->zero_grad();
-    if (run.root)
-        run.metrics << json{{"step", step + 1}, {"loss", loss},
-                            {"lr", lr},         {"loss_scale", loss_scale},
-                            {"skipped", true},  {"skipped_steps", run.scaler->skipped_steps()}}
-                           .dump()
-                    << "\n"
-                    << std::flush;
-    run.min_loss = std::min(run.min_loss, loss);
-    run.result.final_loss = loss;
-    run.result.steps_done = step + 1;
-    return true;
-}
-
 // One optimisation step: the gradients of the global batch, clipping, the divergence check, the
 // update (and QK-Clip), and the step's line of metrics.jsonl, with the validation loss when due.
 // Returns false when the step diverged (the run's result says why; the weights are unchanged).
@@ -424,10 +403,11 @@ bool train_step(TrainingRun& run, int64_t step) {
     const double loss = grads.loss;
     const double grad_norm =
         grads.backward_done ? run.optimizer->clip(cfg.grad_clip, loss_scale) : NAN;
-    // fp16: gradients that overflowed under a finite loss skip the step and halve the scale.
-    if (run.scaler && std::isfinite(loss) && !run.scaler->update(!std::isfinite(grad_norm)))
-        return skip_step(run, step, loss, lr, loss_scale);
-    if (const std::string why = divergence(loss, grad_norm, run.min_loss, cfg.diverge_factor);
+    // fp16: gradients that overflowed under a finite loss skip the update and halve the scale.
+    const bool skipped =
+        run.scaler && std::isfinite(loss) && !run.scaler->update(!std::isfinite(grad_norm));
+    if (const std::string why =
+            skipped ? "" : divergence(loss, grad_norm, run.min_loss, cfg.diverge_factor);
         !why.empty()) {
         run.result.diverged = true;
         run.result.message = fmt::format("training diverged at step {}: {}; {}", step + 1, why,
@@ -448,9 +428,10 @@ bool train_step(TrainingRun& run, int64_t step) {
     if (run.pending)
         write_checkpoint(cfg, *run.model, *run.optimizer, run.input.tokenizer, *run.pending);
     run.pending.reset();
-    run.optimizer->step(lr);
+    if (!skipped) run.optimizer->step(lr);
     run.optimizer->zero_grad();
-    const int64_t heads_clipped = cfg.qk_clip > 0 ? qk_clip(*run.model, stats, cfg.qk_clip) : 0;
+    const int64_t heads_clipped =
+        cfg.qk_clip > 0 && !skipped ? qk_clip(*run.model, stats, cfg.qk_clip) : 0;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     run.step_seconds_total += seconds;
@@ -458,7 +439,7 @@ bool train_step(TrainingRun& run, int64_t step) {
     json line{{"step", step + 1},
               {"loss", loss},
               {"lr", lr},
-              {"grad_norm", grad_norm},
+              {"grad_norm", std::isfinite(grad_norm) ? json(grad_norm) : json()},
               {"tokens_per_s", run.tokens_per_step() / seconds}};
     if ((step + 1) % cfg.eval_interval() == 0 || step + 1 == cfg.steps) {
         run.last_val = evaluate(*run.model, *run.input.dataset, cfg);
@@ -470,6 +451,7 @@ bool train_step(TrainingRun& run, int64_t step) {
     if (run.scaler) {
         line["loss_scale"] = loss_scale;
         line["skipped_steps"] = run.scaler->skipped_steps();
+        if (skipped) line["skipped"] = true;
     }
     if (run.root) run.metrics << line.dump() << "\n" << std::flush;
     run.result.final_loss = loss;

@@ -97,6 +97,31 @@ TEST_CASE("linear in bf16 on cuda (cublasGemmStridedBatchedEx) matches the cpu's
         {randn_seeded({3, 11, K}, 24, kF32), randn_seeded({N, K}, 25, kF32)}, options);
 }
 
+TEST_CASE("linear in fp16 on cuda (cublasGemmStridedBatchedEx, CUDA_R_16F) matches the cpu's") {
+    // The device casts to float16 (the copy kernel, core/float16.h's rounding) and cuBLAS sums
+    // exact products in float32, as the cpu's widened sgemm does; an overflow is Inf on both.
+    qk::test::ParityOptions options;
+    options.atol_f32 = 2e-5, options.rtol_f32 = 2e-4;
+    check_cuda_parity(
+        "fp16 linear with bias",
+        [](const Inputs& in) { return linear(in[0], in[1], in[2], Precision::fp16); },
+        {randn_seeded({2, 17, K}, 26, kF32), randn_seeded({N, K}, 27, kF32),
+         randn_seeded({N}, 28, kF32)},
+        options);
+    if (!cuda_runnable()) return;
+    const Tensor big = full({1, K}, 7e4, kF32);  // beyond 65,504
+    const Tensor w = ones({N, K}, kF32);
+    CHECK(std::isinf(linear(big.to(Device::cuda), w.to(Device::cuda), {}, Precision::fp16)
+                         .to(Device::cpu)
+                         .at({0, 0})));
+    const Tensor x = randn_seeded({5, K}, 29, kF32) * 3000.0;
+    const auto on_cpu = x.to(kF16).to_vector<f16>(),
+               on_device = x.to(Device::cuda).to(kF16).to(Device::cpu).to_vector<f16>();
+    bool same = on_cpu.size() == on_device.size();
+    for (size_t i = 0; same && i < on_cpu.size(); ++i) same = on_cpu[i].bits == on_device[i].bits;
+    CHECK(same);  // the device's cast rounds like the cpu's, bit for bit
+}
+
 TEST_CASE("TF32 on cuda: float32 GEMMs read 10-bit inputs; switched off, float32 parity again") {
     if (!cuda_runnable()) return;
     struct Off {
