@@ -207,13 +207,21 @@ bool fused_attention() {
     return !(path && std::string(path) == "naive");
 }
 
-// QK_BENCH_PRECISION=fp32 (the default), bf16 (mixed precision: bf16 GEMMs), or both: each
-// config and variant at both precisions, one after the other in the same run, and their ratio.
+// QK_BENCH_PRECISION=fp32 (the default), bf16 or fp16 (mixed precision), a comma-separated list
+// of them ("fp32,fp16"), both (fp32,bf16) or all: each config and variant at each precision, one
+// after the other in the same run, and the step-time ratios against fp32.
 std::vector<Precision> precisions() {
     const char* p = std::getenv("QK_BENCH_PRECISION");
-    const std::string which = p ? p : "fp32";
-    if (which == "both") return {Precision::full, Precision::bf16};
-    return {which == "bf16" ? Precision::bf16 : Precision::full};
+    std::string which = p ? p : "fp32";
+    if (which == "both") which = "fp32,bf16";
+    if (which == "all") which = "fp32,bf16,fp16";
+    std::vector<Precision> out;
+    for (size_t start = 0; start <= which.size();) {
+        const size_t comma = std::min(which.find(',', start), which.size());
+        out.push_back(nn::parse_precision(which.substr(start, comma - start)));
+        start = comma + 1;
+    }
+    return out;
 }
 
 double mb(std::size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
@@ -328,7 +336,7 @@ int main(int argc, char** argv) {
                               {"B (L6 C384 H6 T256 B8)", 6, 384, 6, 256, 8}};
     fmt::print(
         "# GPT training step, float32 weights, V = {}, {} thread(s) (QK_NUM_THREADS), {} "
-        "attention (QK_BENCH_ATTENTION), precision QK_BENCH_PRECISION=fp32|bf16|both\n",
+        "attention (QK_BENCH_ATTENTION), precision QK_BENCH_PRECISION=fp32|bf16|fp16|both|all\n",
         kVocab, num_threads(), fused_attention() ? "fused" : "naive");
     fmt::print(
         "raw sgemm: x·Wᵀ, dY·W, xᵀ·dY of a Linear C -> 4C on B·T tokens ((B·T, C)·(C, 4C) "
@@ -363,11 +371,12 @@ int main(int argc, char** argv) {
             floor_per_s, num_threads());
     }
     print_table(rows);
-    for (size_t i = 0; i + 1 < rows.size(); ++i)
-        if (rows[i].precision == "fp32" && rows[i + 1].precision == "bf16" &&
-            rows[i].config == rows[i + 1].config && rows[i].variant == rows[i + 1].variant)
-            fmt::print("{} {}: step time fp32 / bf16 = {:.2f}x\n", rows[i].config, rows[i].variant,
-                       rows[i].ms / rows[i + 1].ms);
+    for (const Result& fp32 : rows)
+        for (const Result& r : rows)
+            if (fp32.precision == "fp32" && r.precision != "fp32" && r.config == fp32.config &&
+                r.variant == fp32.variant)
+                fmt::print("{} {}: step time fp32 / {} = {:.2f}x\n", r.config, r.variant,
+                           r.precision, fp32.ms / r.ms);
     fmt::print(
         "\nfraction: model GFLOP/s / raw sgemm GFLOP/s, both wall clock (best of alternated "
         "calls); by CPU time: the same with process CPU time (one thread: the time the step "

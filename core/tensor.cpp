@@ -1,7 +1,9 @@
 #include "core/tensor.h"
 
 #include <cstring>
+#include <type_traits>
 
+#include "core/half_convert.h"
 #include "core/strided.h"
 #ifdef QK_WITH_CUDA
 #include "cuda/runtime.h"
@@ -160,6 +162,10 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
             auto copy_run = [&](const auto& off, int64_t n) {
                 D* dp = d + off[0];
                 const S* sp = s + off[1];
+                if constexpr (std::is_same_v<D, f16> && std::is_same_v<S, float>)
+                    if (ds == 1 && ss == 1) return cpu::floats_to_f16(dp, sp, n);
+                if constexpr (std::is_same_v<D, float> && std::is_same_v<S, f16>)
+                    if (ds == 1 && ss == 1) return cpu::f16_to_floats(dp, sp, n);
                 if (ds == 1 && ss == 1)
                     for (int64_t i = 0; i < n; ++i) dp[i] = convert_value<D>(sp[i]);
                 else

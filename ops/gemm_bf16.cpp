@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/half_convert.h"
 #include "ops/gemm.h"
 
 #ifdef QK_WITH_ONEDNN
@@ -71,8 +72,12 @@ Stored stored_shape(int64_t op_rows, int64_t op_cols, GemmLayout l) {
 template <class Half>
 void widen(std::vector<float>& dst, const Half* src, Stored s, int64_t ld) {
     dst.resize(static_cast<size_t>(s.rows * s.cols));
-    for (int64_t r = 0; r < s.rows; ++r)
-        for (int64_t c = 0; c < s.cols; ++c) dst[r * s.cols + c] = src[r * ld + c].to_float();
+    for (int64_t r = 0; r < s.rows; ++r) {
+        if constexpr (std::is_same_v<Half, f16>)
+            f16_to_floats(dst.data() + r * s.cols, src + r * ld, s.cols);
+        else
+            for (int64_t c = 0; c < s.cols; ++c) dst[r * s.cols + c] = src[r * ld + c].to_float();
+    }
 }
 
 template <class Half>

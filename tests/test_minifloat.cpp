@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/half_convert.h"
 #include "core/minifloat.h"
 #include "core/safetensors.h"
 #include "helpers.h"
@@ -18,6 +19,7 @@ using namespace qk;
 namespace {
 
 float float_of(uint32_t u) { return std::bit_cast<float>(u); }
+uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
 
 struct Spec {
     MiniFormat format;
@@ -235,6 +237,38 @@ TEST_CASE("float16 tensors: casts from every dtype, factories, element access, p
     CHECK(to_string(full({2}, 0.5, kF16)).find("dtype=float16") != std::string::npos);
     CHECK(dtype_size(kF16) == 2);
     CHECK(test::throws_with([&] { (void)exp(ones({2}, kF16)); }, {"float16", "to(kF32)"}));
+}
+
+TEST_CASE("the vectorised casts (F16C where the CPU has it) round like the scalar rule") {
+    MESSAGE(std::string(cpu::has_f16c() ? "F16C: vcvtps2ph / vcvtph2ps" : "no F16C: scalar"));
+    const Spec& s = kSpecs[0];
+    std::vector<float> xs;
+    const auto values = positive_finite(s);
+    for (size_t i = 0; i + 1 < values.size(); ++i) {
+        const float lo = static_cast<float>(values[i].first);
+        const float mid = static_cast<float>((values[i].first + values[i + 1].first) / 2);
+        for (float x : {lo, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e30f)})
+            xs.insert(xs.end(), {x, -x});
+    }
+    xs.insert(xs.end(), {65519.0f, 65520.0f, 1e30f, INFINITY, -INFINITY, 0x1p-126f, -0.0f});
+    const int64_t n = static_cast<int64_t>(xs.size());
+    const auto rounded = from_vector(std::vector<double>(xs.begin(), xs.end()), {n}, kF64)
+                             .to(kF32)
+                             .to(kF16)
+                             .to_vector<f16>();
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += rounded[i].bits != f16(xs[i]).bits;
+    CHECK(wrong == 0);
+    // Back to float: every one of the 65,536 codes, through the tensor cast.
+    Tensor codes = Tensor::empty({65536}, kF16);
+    for (int c = 0; c < 65536; ++c) codes.data<f16>()[c] = f16::from_bits(static_cast<uint16_t>(c));
+    const auto widened = codes.to(kF32).to_vector<float>();
+    wrong = 0;
+    for (int c = 0; c < 65536; ++c) {
+        const float want = float16_to_float(static_cast<uint16_t>(c));
+        wrong += std::isnan(want) ? !std::isnan(widened[c]) : bits_of(widened[c]) != bits_of(want);
+    }
+    CHECK(wrong == 0);
 }
 
 TEST_CASE("F16 safetensors: read and written as float16, every bit kept") {
