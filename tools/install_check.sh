@@ -79,8 +79,9 @@ check "install: no header depends on QK_WITH_*/QK_CUDA_*" \
     "$([ -z "$branching" ] && echo 1 || echo 0)" "$branching"
 
 # The library: a versioned SONAME, and code for any x86-64: AVX only where dispatched at run
-# time, which libqk leaves to oneDNN and OpenBLAS except in functions named *_avx512* (compiled
-# with a target attribute and called only on a CPU that has the instructions, ops/gemv_bf16.cpp).
+# time, which libqk leaves to oneDNN and OpenBLAS except in functions named *_avx512* or *_f16c*
+# (compiled with a target attribute and called only on a CPU that has the instructions:
+# ops/gemv_bf16.cpp, core/half_convert.cpp).
 soname=$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 check "lib: versioned SONAME" "$([[ "$soname" =~ ^libqk\.so\.[0-9]+$ ]] && echo 1 || echo 0)" \
     "SONAME '${soname:-none}'"
@@ -88,9 +89,9 @@ check "lib: versioned SONAME" "$([[ "$soname" =~ ^libqk\.so\.[0-9]+$ ]] && echo 
 # of the others, and name their functions.
 avx=$(objdump -d --no-show-raw-insn "$(readlink -f "$lib")" | awk '
     /^[0-9a-f]+ <.*>:$/ { fn = $2; next }
-    /%[yz]mm[0-9]/ && fn !~ /_avx512/ { n++; if (!(fn in seen)) { seen[fn] = 1; names = names " " fn } }
+    /%[yz]mm[0-9]/ && fn !~ /_(avx512|f16c)/ { n++; if (!(fn in seen)) { seen[fn] = 1; names = names " " fn } }
     END { printf "%d%s", n, names }')
-check "lib: no AVX/AVX-512 instructions outside *_avx512* (portable x86-64)" \
+check "lib: no AVX/AVX-512 instructions outside *_avx512* and *_f16c* (portable x86-64)" \
     "$([ "${avx%% *}" = 0 ] && echo 1 || echo 0)" "instructions using ymm/zmm registers: $avx"
 
 # The pkg-config file.
