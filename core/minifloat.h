@@ -136,8 +136,8 @@ QK_HOST_DEVICE inline float round_to_format(float x, MiniFormat format, Overflow
 }
 
 // The largest finite value of the format: 65,504, 448 or 57,344.
-QK_HOST_DEVICE constexpr double max_finite(MiniFormat format) {
-    return format == MiniFormat::float16 ? 65504.0 : format == MiniFormat::e4m3 ? 448.0 : 57344.0;
+QK_HOST_DEVICE inline double max_finite(MiniFormat format) {
+    return minifloat::decode(minifloat::layout(format).max_finite, format);
 }
 
 }  // namespace qk

@@ -297,8 +297,7 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, bool t
                  "clip_grad_norm: the gradient norm is {} (a NaN or Inf gradient)", norm);
         return norm;
     }
-    const double clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
-    if (const double scale = clip / loss_scale; scale != 1.0) {
+    if (const double scale = clip_multiplier(norm, max_norm, loss_scale); scale != 1.0) {
         cpu::scale_all<float>(f32.data, f32.sizes, float(scale));
         cpu::scale_all<double>(f64.data, f64.sizes, scale);
         for (const Tensor& g : others) copy_into(g, g * scale);

@@ -65,6 +65,13 @@ double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, dou
 // are divided by it in the same pass: the norm returned is the unscaled one.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
                       bool throw_on_nonfinite = true, double loss_scale = 1.0);
+// What clipping multiplies the gradients by, given their true (unscaled, finite) norm: the clip
+// to max_norm (when max_norm > 0 and the norm exceeds it) and 1 / loss_scale. Shared by
+// clip_grad_norm and ZeRO-1's sharded clip.
+inline double clip_multiplier(double norm, double max_norm, double loss_scale) {
+    const double clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    return clip / loss_scale;
+}
 
 }  // namespace qk::nn
 

@@ -54,7 +54,7 @@ void write_run_plot(const TrainConfig& cfg) {
         if (j.contains("loss_scale")) {
             scale.x.push_back(step);
             scale.y.push_back(number(j, "loss_scale"));
-            if (j.value("skipped", false)) {
+            if (j.contains("skipped") && j["skipped"] == true) {  // any other value: not skipped
                 skipped.x.push_back(step);
                 skipped.y.push_back(number(j, "loss_scale"));
             }

@@ -318,6 +318,7 @@ struct TrainingRun {
     // the divergence check: a run that blows up never leaves its blown-up weights as "last good".
     std::optional<TrainingState> pending;
     std::optional<LossScaler> scaler;  // --precision fp16 only
+    LossScaler* scaler_or_null() { return scaler ? &*scaler : nullptr; }
     std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
 
     double tokens_per_step() const {
@@ -373,10 +374,9 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
     run.data_gen = Generator(cfg.seed + 1);
     if (cfg.model.precision == Precision::fp16)
         run.scaler.emplace(LossScaleOptions{cfg.loss_scale, cfg.loss_scale_interval});
-    LossScaler* scaler = run.scaler ? &*run.scaler : nullptr;
-    const RunStart begun = resume
-                               ? resume_run(cfg, *run.model, *run.optimizer, run.data_gen, scaler)
-                               : start_run(cfg, *run.model, *run.input.dataset);
+    const RunStart begun =
+        resume ? resume_run(cfg, *run.model, *run.optimizer, run.data_gen, run.scaler_or_null())
+               : start_run(cfg, *run.model, *run.input.dataset);
     run.start_step = begun.step;
     run.result.steps_done = begun.step;  // a resumed run that was already complete says so
     run.result.final_loss = begun.so_far.last_loss;
@@ -463,9 +463,9 @@ bool train_step(TrainingRun& run, int64_t step) {
 // the last step, is written. Returns false when the update or the final validation diverged.
 bool checkpoint_if_due(TrainingRun& run, int64_t done) {
     if (done % run.cfg.checkpoint_every != 0 && done != run.cfg.steps) return true;
-    run.result.message = checkpoint_after_update(
-        run.cfg, done, run.last_val, run.min_loss, *run.model, *run.optimizer, run.input.tokenizer,
-        run.data_gen, run.scaler ? &*run.scaler : nullptr, run.pending);
+    run.result.message = checkpoint_after_update(run.cfg, done, run.last_val, run.min_loss,
+                                                 *run.model, *run.optimizer, run.input.tokenizer,
+                                                 run.data_gen, run.scaler_or_null(), run.pending);
     run.result.diverged = !run.result.message.empty();
     return !run.result.diverged;
 }
@@ -485,7 +485,7 @@ TrainResult stop_with_checkpoint(TrainingRun& run, int64_t done, const StopSigna
     run.result.stop_signal = signals.signal_number() ? signals.signal_number() : SIGTERM;
     run.result.message =
         checkpoint_on_stop(run.cfg, done, *run.model, *run.optimizer, run.input.tokenizer,
-                           run.data_gen, run.scaler ? &*run.scaler : nullptr);
+                           run.data_gen, run.scaler_or_null());
     run.result.final_val_loss = run.last_val;
     if (run.root) write_run_plot(run.cfg);
     return run.result;

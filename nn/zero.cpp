@@ -105,9 +105,8 @@ double ShardedAdamW::clip_grad_norm(double max_norm, double loss_scale) {
     const Tensor g64 = grad_shard_.to(kF64);
     const double norm = std::sqrt(dist::all_reduce_sum(sum(g64 * g64).item())) / loss_scale;
     if (!std::isfinite(norm)) return norm;
-    const double clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
-    if (clip / loss_scale != 1.0)  // clip_grad_norm's rule
-        copy_into(grad_shard_, grad_shard_ * (clip / loss_scale));
+    if (const double scale = clip_multiplier(norm, max_norm, loss_scale); scale != 1.0)
+        copy_into(grad_shard_, grad_shard_ * scale);
     return norm;
 }
 

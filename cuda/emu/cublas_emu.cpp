@@ -63,8 +63,7 @@ std::vector<float> widen(const Half* p, int rows, int cols, int ld) {
     return out;
 }
 
-template <class Half,
-          class = std::enable_if_t<std::is_same_v<Half, qk::bf16> || std::is_same_v<Half, qk::f16>>>
+template <class Half>  // bf16 or f16; float and double take the exact overloads above
 void gemm(const Half* a, const Half* b, float* c, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m,
           int n, int k, float alpha, int lda, int ldb, float beta, int ldc) {
     const int rows_a = ta == CblasNoTrans ? m : k, cols_a = ta == CblasNoTrans ? k : m;
