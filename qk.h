@@ -28,6 +28,7 @@
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
+#include "ops/fp8.h"
 #include "ops/join.h"
 #include "ops/loss.h"
 #include "ops/matmul.h"

@@ -29,10 +29,14 @@ enum class Device { cpu, cuda };
 
 // How the GEMMs of an op (linear, attention) multiply: `full`, in their inputs' own dtype;
 // `bf16` and `fp16`, mixed precision: float32 inputs rounded to bfloat16 or float16, their
-// products summed in float32, the result float32 (the --precision flag of qknorm train).
-enum class Precision { full, bf16, fp16 };
+// products summed in float32, the result float32 (the --precision flag of qknorm train); `fp8`,
+// simulated FP8 on the Linear layers (ops/fp8.h, with per-layer scaling state), bf16 elsewhere.
+enum class Precision { full, bf16, fp16, fp8 };
 constexpr std::string_view precision_name(Precision p) {
-    return p == Precision::bf16 ? "bf16" : p == Precision::fp16 ? "fp16" : "full";
+    return p == Precision::bf16   ? "bf16"
+           : p == Precision::fp16 ? "fp16"
+           : p == Precision::fp8  ? "fp8"
+                                  : "full";
 }
 
 constexpr std::size_t dtype_size(DType d) {

@@ -140,4 +140,50 @@ QK_HOST_DEVICE inline double max_finite(MiniFormat format) {
     return minifloat::decode(minifloat::layout(format).max_finite, format);
 }
 
+// round_to_format again, for a float, by float arithmetic that vectorises: the same values
+// (tests/test_minifloat.cpp holds it to round_to_format on every tie and its neighbours), ~20x
+// faster in a loop. For |x| in the binade [2^e, 2^(e+1)), the format keeps multiples of
+// q = 2^(e − M) (below the normal range, of the fixed 2^(e_min − M)); the float sum |x| + 2^(e + 23
+// − M) has exactly that ulp, so the FPU's own round-to-nearest-even rounds it to a multiple of q,
+// and subtracting the magic number back is exact. Above the largest finite value the result
+// saturates, or becomes Inf (IEEE formats, to_inf). Float subnormals round to 0, as there.
+class FastRounder {
+  public:
+    QK_HOST_DEVICE FastRounder(MiniFormat format, Overflow overflow) {
+        const minifloat::Layout l = minifloat::layout(format);
+        mantissa_bits_ = l.mantissa_bits;
+        min_exponent_ = 1 - l.bias;
+        // Past the largest binade every value overflows: capping e there keeps 2^(e + 23 − M) a
+        // finite float for any x, Inf and NaN included.
+        cap_exponent_ = static_cast<int>(l.max_finite >> l.mantissa_bits) - l.bias + 1;
+        largest_ = static_cast<float>(max_finite(format));
+        const uint32_t inf_bits = 0x7f800000u;
+        float inf;
+        std::memcpy(&inf, &inf_bits, sizeof inf);
+        too_big_ = l.has_inf && overflow == Overflow::to_inf ? inf : largest_;
+    }
+    QK_HOST_DEVICE float operator()(float x) const {
+        uint32_t bits;
+        std::memcpy(&bits, &x, sizeof bits);
+        const uint32_t sign = bits & 0x80000000u, magnitude_bits = bits & 0x7fffffffu;
+        int e = static_cast<int>(magnitude_bits >> 23) - 127;
+        e = e < min_exponent_ ? min_exponent_ : e > cap_exponent_ ? cap_exponent_ : e;
+        const uint32_t magic_bits = static_cast<uint32_t>(e - mantissa_bits_ + 23 + 127) << 23;
+        float magnitude, magic;
+        std::memcpy(&magnitude, &magnitude_bits, sizeof magnitude);
+        std::memcpy(&magic, &magic_bits, sizeof magic);
+        float r = (magnitude + magic) - magic;
+        r = r > largest_ ? too_big_ : r;  // a NaN stays NaN
+        uint32_t r_bits;
+        std::memcpy(&r_bits, &r, sizeof r_bits);
+        r_bits |= sign;
+        std::memcpy(&r, &r_bits, sizeof r);
+        return r;
+    }
+
+  private:
+    int mantissa_bits_, min_exponent_, cap_exponent_;
+    float largest_, too_big_;
+};
+
 }  // namespace qk

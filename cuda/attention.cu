@@ -27,6 +27,7 @@
 // short; D is at most 128 (float) or 64 (double), so that each block fits in 48 KB.
 #include <cstdint>
 
+#include "core/minifloat.h"
 #include "cuda/runtime.h"
 #include "cuda/warp_reduce.h"
 #include "ops/attention.h"
@@ -53,6 +54,12 @@ __device__ __forceinline__ T capped(T s, T cap) {
     return cap > T(0) ? cap * dev_tanh(s / cap) : s;
 }
 
+// z̃: z rounded to E4M3 (saturating at ±448) with FP8 logits, else z (as on the cpu).
+template <class T>
+__device__ __forceinline__ T logit_used(T z, bool fp8) {
+    return fp8 ? T(FastRounder(MiniFormat::e4m3, Overflow::saturate)(float(z))) : z;
+}
+
 // dst: (kTileRows, D) shared = rows [first, first + n) of src: (·, D) global; zeros past n.
 template <class T>
 __device__ void load_tile(T* dst, const T* src, int64_t n, int tile_rows, int64_t D) {
@@ -72,11 +79,12 @@ __device__ __forceinline__ T dot(const T* a, const T* b, int64_t D) {
 // One online-softmax step of row r (this warp's), lane = key c of the tile: the row's running
 // (m, l, w, max |s|) are the same in every lane. p_row: the raw dots in, exp(z − m_new) out.
 template <class T>
-__device__ void online_softmax_row(T* p_row, T* alpha_out, bool visible, T g, T cap, T& m, T& l,
-                                   T& w, T& max_abs) {
+__device__ void online_softmax_row(T* p_row, T* alpha_out, bool visible, T g, T cap, bool fp8, T& m,
+                                   T& l, T& w, T& max_abs, T& saturated) {
     const int lane = threadIdx.x % kWarp;
     const T s = g * p_row[lane];
-    const T z = capped(s, cap);
+    const T z = logit_used(capped(s, cap), fp8);
+    if (fp8) saturated += warp_sum(visible && (z < 0 ? -z : z) >= T(448) ? T(1) : T(0));
     const T tile_max = warp_max(visible ? z : T(-INFINITY));
     const T tile_abs = warp_max(visible ? (s < 0 ? -s : s) : T(0));
     const T m_new = tile_max > m ? tile_max : m;
@@ -92,9 +100,10 @@ __device__ void online_softmax_row(T* p_row, T* alpha_out, bool visible, T g, T 
 }
 
 template <class T>
-__global__ void attention_forward_kernel(T* out, double* lse, T* max_abs_s, T* entropy, const T* q,
-                                         const T* k, const T* v, const T* scale,
-                                         int64_t scale_stride, T cap, AttentionShape sh) {
+__global__ void attention_forward_kernel(T* out, double* lse, T* max_abs_s, T* entropy,
+                                         T* saturated, const T* q, const T* k, const T* v,
+                                         const T* scale, int64_t scale_stride, T cap,
+                                         AttentionShape sh) {
     QK_DYNAMIC_SHARED(double, smem);  // double: aligned for either T
     const int64_t D = sh.D, bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kRows;
     T* q_s = reinterpret_cast<T*>(smem);  // (kRows, D)
@@ -107,8 +116,10 @@ __global__ void attention_forward_kernel(T* out, double* lse, T* max_abs_s, T* e
     const T g = scale[(bh % sh.heads) * scale_stride];
     const int64_t kv_first = sh.kv_head(bh) * sh.Tk;  // this head's first key row in k and v
     load_tile(q_s, q + (bh * sh.Tq + i0) * D, rows, kRows, D);
-    T m[kRows / kWarps], l[kRows / kWarps], w[kRows / kWarps], max_abs[kRows / kWarps];
-    for (int rr = 0; rr < kRows / kWarps; ++rr) m[rr] = -INFINITY, l[rr] = w[rr] = max_abs[rr] = 0;
+    T m[kRows / kWarps], l[kRows / kWarps], w[kRows / kWarps], max_abs[kRows / kWarps],
+        sat[kRows / kWarps];
+    for (int rr = 0; rr < kRows / kWarps; ++rr)
+        m[rr] = -INFINITY, l[rr] = w[rr] = max_abs[rr] = sat[rr] = 0;
     T o[kRowOutputsPerThread] = {};
     const int64_t last_key = sh.end_key(i0 + rows - 1);
     for (int64_t j0 = sh.first_key(i0) / kCols * kCols; j0 < last_key; j0 += kCols) {
@@ -124,8 +135,8 @@ __global__ void attention_forward_kernel(T* out, double* lse, T* max_abs_s, T* e
         for (int rr = 0; rr < kRows / kWarps; ++rr) {  // step 2: online softmax, a warp per row
             const int r = warp + rr * kWarps;
             const bool visible = r < rows && lane < cols && sees(i0 + r, j0 + lane, sh);
-            online_softmax_row(p_s + r * kCols, alpha_s + r, visible, g, cap, m[rr], l[rr], w[rr],
-                               max_abs[rr]);
+            online_softmax_row(p_s + r * kCols, alpha_s + r, visible, g, cap, sh.fp8_logits, m[rr],
+                               l[rr], w[rr], max_abs[rr], sat[rr]);
         }
         load_tile(kv_s, v + (kv_first + j0) * D, cols, kCols, D);  // kv_s is free since step 1
         __syncthreads();
@@ -152,6 +163,7 @@ __global__ void attention_forward_kernel(T* out, double* lse, T* max_abs_s, T* e
             entropy[row] = l[rr] > T(0) ? T(row_lse - double(w[rr]) / double(l[rr]))
                                         : (nan_row ? l[rr] : T(0));
         }
+        if (saturated) saturated[row] = sat[rr];
     }
     __syncthreads();
     for (int u = 0; u < kRowOutputsPerThread; ++u) {
@@ -181,12 +193,13 @@ __global__ void attention_delta_kernel(T* delta, const T* dout, const T* out, in
 // lse comes split in two T, lse_hi + lse_lo, as on the cpu.
 template <class T>
 __device__ void pair_grad(T& p, T& ds, bool visible, const T* q_row, const T* dout_row,
-                          const T* k_row, const T* v_row, int64_t D, T g, T cap, T lse_hi, T lse_lo,
-                          T row_delta) {
+                          const T* k_row, const T* v_row, int64_t D, T g, T cap, bool fp8, T lse_hi,
+                          T lse_lo, T row_delta) {
     p = ds = 0;
     if (!visible || lse_hi == T(-INFINITY)) return;
     const T z = capped(g * dot(q_row, k_row, D), cap);
-    p = dev_exp((z - lse_hi) - lse_lo);
+    // p from z̃ as in the forward; the cap factor below from z (the rounding is straight-through).
+    p = dev_exp((logit_used(z, fp8) - lse_hi) - lse_lo);
     p = p < T(1) ? p : T(1);  // a p above 1 is rounding: see ops/attention.cpp
     const T dp = dot(dout_row, v_row, D);
     ds = p * (dp - row_delta);
@@ -239,7 +252,7 @@ __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, c
                 const int64_t key = kvh * sh.Tk + j0 + (c < cols ? c : 0);
                 T p, ds;
                 pair_grad(p, ds, visible, q_s + r * D, do_s + r * D, k + key * D, v + key * D, D, g,
-                          cap, lse_hi_s[r], lse_lo_s[r], delta_s[r]);
+                          cap, sh.fp8_logits, lse_hi_s[r], lse_lo_s[r], delta_s[r]);
                 p_s[idx] = p;
                 ds_s[idx] = g * ds;
             }
@@ -303,7 +316,7 @@ __global__ void attention_dq_kernel(T* dq_unscaled, const T* dout, const T* q, c
             const int64_t key = kv_first + j0 + (c < cols ? c : 0);
             T p, ds;
             pair_grad(p, ds, visible, q_s + r * D, do_s + r * D, k_s + c * D, v + key * D, D, g,
-                      cap, lse_hi[u], lse_lo[u], row_delta[u]);
+                      cap, sh.fp8_logits, lse_hi[u], lse_lo[u], row_delta[u]);
             ds_s[idx] = ds;
         }
         __syncthreads();
@@ -338,15 +351,15 @@ __global__ void attention_scale_kernel(T* dq, T* dscale, const T* q, const T* sc
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, const T* q, const T* k,
-                       const T* v, const T* scale, int64_t scale_stride, T cap,
+void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, T* saturated, const T* q,
+                       const T* k, const T* v, const T* scale, int64_t scale_stride, T cap,
                        const AttentionShape& sh) {
     if (sh.batch_heads == 0 || sh.Tq == 0) return;
     const dim3 grid(static_cast<unsigned>((sh.Tq + kRows - 1) / kRows),
                     static_cast<unsigned>(sh.batch_heads));
     const size_t smem = sizeof(T) * ((kRows + kCols) * sh.D + kRows * kCols + 2 * kRows);
     QK_LAUNCH((attention_forward_kernel<T>), grid, kThreads, smem, stream(), out, lse, max_abs_s,
-              entropy, q, k, v, scale, scale_stride, cap, sh);
+              entropy, saturated, q, k, v, scale, scale_stride, cap, sh);
     QK_CUDA_CHECK_LAUNCH("attention_forward_kernel");
 }
 
@@ -382,10 +395,10 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
     QK_CUDA_CHECK_LAUNCH("attention_scale_kernel");
 }
 
-template void attention_forward<float>(float*, double*, float*, float*, const float*, const float*,
-                                       const float*, const float*, int64_t, float,
+template void attention_forward<float>(float*, double*, float*, float*, float*, const float*,
+                                       const float*, const float*, const float*, int64_t, float,
                                        const AttentionShape&);
-template void attention_forward<double>(double*, double*, double*, double*, const double*,
+template void attention_forward<double>(double*, double*, double*, double*, double*, const double*,
                                         const double*, const double*, const double*, int64_t,
                                         double, const AttentionShape&);
 template void attention_backward<float>(float*, float*, float*, float*, float*, const float*,

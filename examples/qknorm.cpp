@@ -216,8 +216,8 @@ void check_alone(const CLI::App* cmd, const std::string& option, const std::stri
 
 // The model flags that --init-from keeps: they change how the model computes or trains, not
 // which weights it has (GPTConfig's with_runtime_of).
-const std::set<std::string> kRuntimeModelFlags{"--attention", "--precision", "--dropout",
-                                               "--z-loss", "--help"};
+const std::set<std::string> kRuntimeModelFlags{"--attention", "--precision", "--fp8-attention",
+                                               "--dropout",   "--z-loss",    "--help"};
 
 // The options of cmd that are not among `architecture`: what may sit next to --init-from.
 std::vector<std::string> not_architecture_flags(const CLI::App* cmd,

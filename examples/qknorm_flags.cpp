@@ -104,8 +104,13 @@ void add_model_flags(CLI::App* cmd, TrainConfig& cfg, ModelFlags& flags, bool at
     add_value(cmd, "--precision", flags.precision,
               "GEMM arithmetic: fp32, or bf16 / fp16 mixed precision (bf16 or float16 inputs, "
               "float32 sums; weights, optimizer state and checkpoints stay float32; fp16 trains "
-              "with dynamic loss scaling)")
-        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+              "with dynamic loss scaling), or fp8: simulated FP8 Linear layers (E4M3 forward, "
+              "E5M2 gradients, delayed per-tensor scaling), bf16 elsewhere")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8"}));
+    cmd->add_flag(
+        "--fp8-attention", m.fp8_attention,
+        "with --precision fp8: attention's q and k in E4M3 too (delayed scaling), and its "
+        "logits rounded to E4M3 at scale 1 before the softmax (|s| > 448 saturates)");
     add_value(cmd, "--pos-emb", flags.pos_emb,
               "positions: learned (a wpe table added to the embeddings) or rope (q and k rotated "
               "per head, no wpe)")

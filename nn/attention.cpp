@@ -125,6 +125,10 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen
     }
     c_proj = register_module("c_proj", std::make_shared<Linear>(q_width, C, config.bias, proj_std,
                                                                 gen, dtype, config.precision));
+    if (config.fp8_attention) {
+        fp8_q = std::make_shared<DelayedScaling>(MiniFormat::e4m3);
+        fp8_k = std::make_shared<DelayedScaling>(MiniFormat::e4m3);
+    }
 }
 
 // Applies this layer's q/k/v normalisation to t: (B, H, T, D) for scope head, (B, T, C) for full.
@@ -194,14 +198,22 @@ CausalSelfAttention::Projected CausalSelfAttention::to_heads(Projected p, int64_
         p.q = rotate(p.q, first);
         p.k = rotate(p.k, first);
     }
+    if (fp8_q) {  // --fp8-attention: q and k as they enter the dot product, in E4M3
+        p.q = fp8_round(p.q, *fp8_q);
+        p.k = fp8_round(p.k, *fp8_k);
+    }
     return p;
 }
 
 AttentionOptions CausalSelfAttention::options() const {
-    AttentionOptions options{.causal = true,
-                             .window = window_,
-                             .softcap = config_.attn_softcap,
-                             .precision = config_.precision};
+    // Under fp8 the Linear layers are FP8 and attention stays bf16 (as Transformer Engine and
+    // DeepSeek-V3 keep it), unless --fp8-attention rounds q, k (to_heads) and the logits too.
+    AttentionOptions options{
+        .causal = true,
+        .window = window_,
+        .softcap = config_.attn_softcap,
+        .precision = config_.precision == Precision::fp8 ? Precision::bf16 : config_.precision,
+        .fp8_logits = config_.fp8_attention};
     if (is_lp_family(config_.qk_norm))
         options.scale_tensor = qk_scale;  // (1) or (H); the op takes its gradient
     else
@@ -230,11 +242,14 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
         options.dropout_generator = dropout_gen ? dropout_gen : &default_generator();
     }
     AttentionSignals signals;
+    // FP8 logits are counted in every training forward (the signals come from the same pass).
+    const bool count_fp8 = config_.fp8_attention && autograd::grad_enabled();
+    AttentionSignals* wanted = stats || count_fp8 ? &signals : nullptr;
     // The fused kernel has no attention dropout: with dropout in training, the unfused path.
     Tensor y = config_.fused_attention && !drop
-                   ? attention(p.q, p.k, p.v, options, stats ? &signals : nullptr)
-                   : attention_unfused(p.q, p.k, p.v, options,
-                                       stats ? &signals : nullptr);  // (B,H,T,D)
+                   ? attention(p.q, p.k, p.v, options, wanted)
+                   : attention_unfused(p.q, p.k, p.v, options, wanted);  // (B,H,T,D)
+    if (count_fp8) add_saturated_logits(signals.saturated);
     if (stats) {
         NoGradGuard no_grad;
         reduce_signals(signals, *stats);
@@ -246,6 +261,14 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
 
 // The projections and c_proj batched over the sequences (one GEMM for all of them); RoPE, the
 // cache and attention per sequence, each from its own position.
+void CausalSelfAttention::add_saturated_logits(const Tensor& per_row) {
+    const auto counts = per_row.to_vector<double>();  // (B, H, T)
+    const size_t H = static_cast<size_t>(per_row.size(1)), T = static_cast<size_t>(per_row.size(2));
+    fp8_logits_saturated.resize(H, 0);
+    for (size_t r = 0; r < counts.size(); ++r)
+        fp8_logits_saturated[(r / T) % H] += static_cast<int64_t>(counts[r]);
+}
+
 Tensor CausalSelfAttention::forward_cached(const Tensor& x, KVCache& cache,
                                            const std::vector<int64_t>& sequences) {
     QK_CHECK(x.dim() == 3 && x.size(0) == static_cast<int64_t>(sequences.size()),

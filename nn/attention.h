@@ -40,6 +40,11 @@ class CausalSelfAttention : public Module {
     std::shared_ptr<Linear> c_attn, c_proj;  // c_attn: (q_width + 2 · kv_width, C), q then k, v
     std::shared_ptr<Norm> q_norm, k_norm, v_norm;  // layernorm/rmsnorm variants only
     Tensor qk_scale;                               // g, l2/lp variants only
+    // --fp8-attention: the delayed scaling of q and k (ops/fp8.h); null otherwise.
+    std::shared_ptr<DelayedScaling> fp8_q, fp8_k;
+    // --fp8-attention: per head, the logits that saturated at ±448 in training forwards since the
+    // trainer last took them (nn/fp8_telemetry.h).
+    std::vector<int64_t> fp8_logits_saturated;
 
     // The same for the next T positions of some sequences of `cache` (eval, without gradient):
     // row i of x (rows, T, C) continues sequence sequences[i]; k and v join the cache, the
@@ -55,8 +60,9 @@ class CausalSelfAttention : public Module {
     // Split into heads ((B, H or Hkv, T, D)), then the per-head norms and RoPE (in the config's
     // order) for positions first, first + 1, ...
     Projected to_heads(Projected p, int64_t first) const;
-    AttentionOptions options() const;  // the scale, soft-cap, window and precision
-    bool full_scope() const;           // QK-norm statistics over the whole width (OLMo 2)
+    AttentionOptions options() const;                  // the scale, soft-cap, window and precision
+    void add_saturated_logits(const Tensor& per_row);  // (B, H, T) counts into fp8_logits_saturated
+    bool full_scope() const;  // QK-norm statistics over the whole width (OLMo 2)
     Tensor normalize(const Tensor& t, const std::shared_ptr<Norm>& norm) const;  // per variant
     Tensor rotate(const Tensor& t, int64_t first) const;  // RoPE, t: (B, H, T, D)
 

@@ -99,7 +99,11 @@ LoadedModel load_model(const std::string& path, std::optional<Precision> precisi
              "{:.0f} parameter values, the file holds {:.0f}",
              path, config.n_layer, config.n_embd, config.vocab_size, config.block_size,
              to_string(config.pos_emb), needed, stored);
+    // A model trained in FP8 computes in bf16 unless asked otherwise: its FP8 scales are training
+    // state (the run's state file), not part of the model.
+    if (!precision && config.precision == Precision::fp8) precision = Precision::bf16;
     if (precision) config.precision = *precision;
+    if (config.precision != Precision::fp8) config.fp8_attention = false;
     out.model = std::make_unique<GPT>(config, 0);
     out.tokenizer = Tokenizer::deserialize(file.metadata.at("tokenizer"));
     // Fewer is a fine-tuned import: its embedding keeps the rows the tokenizer does not use.

@@ -35,7 +35,8 @@ struct LoadedModel {
 };
 // Builds the model from the config in the file and loads every tensor, checking names, shapes
 // and dtypes; a missing, extra or mismatched tensor is an error naming it. `precision`, when
-// given, replaces the one the model was trained with (how it computes, not what it is).
+// given, replaces the one the model was trained with (how it computes, not what it is); a model
+// trained in fp8 loads in bf16 unless fp8 is asked for (its FP8 scales are training state).
 LoadedModel load_model(const std::string& path, std::optional<Precision> precision = {});
 void load_weights_into(GPT& model, const std::string& path);
 // The same from a file already read (path names it in errors).

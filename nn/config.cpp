@@ -40,8 +40,10 @@ constexpr std::array<std::pair<const char*, MLPKind>, 3> kMLPKinds{
     {{"gelu", MLPKind::gelu}, {"swiglu", MLPKind::swiglu}, {"geglu", MLPKind::geglu}}};
 constexpr std::array<std::pair<const char*, NormPlacement>, 3> kNormPlacements{
     {{"pre", NormPlacement::pre}, {"post", NormPlacement::post}, {"both", NormPlacement::both}}};
-constexpr std::array<std::pair<const char*, Precision>, 3> kPrecisions{
-    {{"fp32", Precision::full}, {"bf16", Precision::bf16}, {"fp16", Precision::fp16}}};
+constexpr std::array<std::pair<const char*, Precision>, 4> kPrecisions{{{"fp32", Precision::full},
+                                                                        {"bf16", Precision::bf16},
+                                                                        {"fp16", Precision::fp16},
+                                                                        {"fp8", Precision::fp8}}};
 
 template <typename Enum, size_t N>
 std::string enum_name(Enum v, const std::array<std::pair<const char*, Enum>, N>& names) {
@@ -194,6 +196,10 @@ void GPTConfig::validate() const {
     QK_CHECK(mlp_hidden >= 0 && mlp_hidden <= int64_t{1} << 18,
              "config: {} must be 0 (4 · n_embd) or a width in [1, 2^18], got {}",
              with_flag("mlp_hidden"), mlp_hidden);
+    QK_CHECK(!fp8_attention || precision == Precision::fp8,
+             "config: fp8_attention (--fp8-attention) needs precision fp8 (--precision fp8), got "
+             "precision {}",
+             to_string(precision));
     QK_CHECK(!qkv_norm || qk_norm != QKNorm::none,
              "config: qkv_norm needs a qk_norm to apply to v (got qk_norm=none)");
     QK_CHECK(block_size >= 2 || (qk_norm != QKNorm::l2 && qk_norm != QKNorm::lp) ||
@@ -265,6 +271,7 @@ std::map<std::string, std::string> GPTConfig::to_strings() const {
             {"z_loss", fmt::format("{}", z_loss)},
             {"attention", fused_attention ? "fused" : "naive"},
             {"precision", to_string(precision)},
+            {"fp8_attention", fp8_attention ? "true" : "false"},
             {"pos_emb", to_string(pos_emb)},
             {"rope_theta", fmt::format("{}", rope_theta)},
             {"qk_norm_order", to_string(qk_norm_order)},
@@ -275,6 +282,7 @@ std::map<std::string, std::string> GPTConfig::to_strings() const {
 GPTConfig with_runtime_of(GPTConfig architecture, const GPTConfig& runtime) {
     architecture.fused_attention = runtime.fused_attention;
     architecture.precision = runtime.precision;
+    architecture.fp8_attention = runtime.fp8_attention;
     architecture.dropout = runtime.dropout;
     architecture.z_loss = runtime.z_loss;
     return architecture;
@@ -333,6 +341,7 @@ GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fiel
     // Before mixed precision all was float32; the weights are float32 either way, so a
     // checkpoint loads under either precision.
     if (has("precision")) c.precision = parse_precision(get("precision"));
+    if (has("fp8_attention")) c.fp8_attention = boolean("fp8_attention");
     // Before RoPE: learned positions.
     if (has("pos_emb")) c.pos_emb = parse_pos_emb(get("pos_emb"));
     if (has("rope_theta")) c.rope_theta = number("rope_theta");

@@ -76,8 +76,12 @@ struct GPTConfig {
     // (matmul, softmax, matmul). Attention dropout in training takes the naive path either way.
     bool fused_attention = true;
     // The arithmetic of the GEMMs (Linear layers, attention, the LM head): full (the weights'
-    // dtype) or bf16 mixed precision (ops/gemm_bf16.cpp); weights and optimizer stay float32.
+    // dtype), bf16 or fp16 mixed precision (ops/matmul_bf16.cpp), or simulated FP8 on the Linear
+    // layers with bf16 elsewhere (ops/fp8.h); weights and optimizer stay float32.
     Precision precision = Precision::full;
+    // With precision fp8: attention's q and k rounded to E4M3 too (per-tensor delayed scaling)
+    // and its logits to E4M3 at scale 1, before the softmax (|s| > 448 saturates).
+    bool fp8_attention = false;
 
     int64_t head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
     int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
@@ -100,7 +104,7 @@ GPTConfig with_runtime_of(GPTConfig architecture, const GPTConfig& runtime);
 std::string first_difference(const GPTConfig& a, const GPTConfig& b);
 
 std::string to_string(QKNorm v);
-std::string to_string(Precision v);  // "fp32" (full), "bf16" or "fp16", as --precision says
+std::string to_string(Precision v);  // "fp32" (full), "bf16", "fp16" or "fp8", as --precision says
 Precision parse_precision(const std::string& s);
 std::string to_string(NormScope v);
 std::string to_string(NormKind v);

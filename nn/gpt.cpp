@@ -32,6 +32,12 @@ std::shared_ptr<Norm> block_norm(const GPTConfig& config, DType dtype) {
                                   config.norm_unit_offset);
 }
 
+// The LM head stays bf16 under fp8 (as Transformer Engine recipes and DeepSeek-V3 keep it): the
+// logits feed the loss directly, and E4M3's 3 mantissa bits would quantise them coarsely.
+Precision head_precision(Precision model) {
+    return model == Precision::fp8 ? Precision::bf16 : model;
+}
+
 }  // namespace
 
 MLP::MLP(const GPTConfig& config, Generator& gen, DType dtype) : kind(config.mlp) {
@@ -102,7 +108,7 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
     if (!config.tie_embeddings)
         lm_head = register_module(
             "lm_head", std::make_shared<Linear>(config.n_embd, config.vocab_size, false, 0.02, gen,
-                                                dtype, config.precision));
+                                                dtype, head_precision(config.precision)));
 }
 
 Tensor Block::forward_cached(const Tensor& x_in, KVCache& cache,
@@ -132,7 +138,7 @@ Tensor GPT::head(const Tensor& x_in) const {
     Tensor logits = lm_head                     ? lm_head->forward(x)
                     : tied_head_bf16_.defined() ? linear(x, tied_head_bf16_, {}, Precision::bf16)
                     : config_.precision != Precision::full
-                        ? linear(x, wte->weight, {}, config_.precision)
+                        ? linear(x, wte->weight, {}, head_precision(config_.precision))
                         : matmul(x, wte->weight.t());
     return config_.logit_softcap > 0 ? softcap(logits, config_.logit_softcap) : logits;
 }
@@ -206,6 +212,28 @@ void GPT::store_weights_bf16() {
         if (p.dim() == 2 && !is_embedding_table(p)) store_parameter_as(p, kBF16);
     if (config_.tie_embeddings && !tied_head_bf16_.defined())
         tied_head_bf16_ = register_buffer(wte->weight.detach().to(kBF16));
+}
+
+std::vector<std::pair<std::string, DelayedScaling*>> GPT::fp8_scalings() const {
+    std::vector<std::pair<std::string, DelayedScaling*>> out;
+    auto add_linear = [&](const std::string& name, const std::shared_ptr<Linear>& l) {
+        if (!l || !l->fp8) return;
+        out.emplace_back(name + ".x", &l->fp8->x);
+        out.emplace_back(name + ".weight", &l->fp8->weight);
+        out.emplace_back(name + ".grad", &l->fp8->grad);
+    };
+    for (size_t i = 0; i < h.size(); ++i) {
+        const std::string block = fmt::format("transformer.h.{}", i);
+        const CausalSelfAttention& attn = *h[i]->attn;
+        add_linear(block + ".attn.c_attn", attn.c_attn);
+        if (attn.fp8_q) out.emplace_back(block + ".attn.q", attn.fp8_q.get());
+        if (attn.fp8_k) out.emplace_back(block + ".attn.k", attn.fp8_k.get());
+        add_linear(block + ".attn.c_proj", attn.c_proj);
+        add_linear(block + ".mlp.c_fc", h[i]->mlp->c_fc);
+        add_linear(block + ".mlp.c_gate", h[i]->mlp->c_gate);
+        add_linear(block + ".mlp.c_proj", h[i]->mlp->c_proj);
+    }
+    return out;
 }
 
 int64_t GPT::weight_bytes_per_token() const {

@@ -77,6 +77,12 @@ class GPT : public Module {
     // counted). What a decode step's memory-bandwidth bound is made of (bench/bench_generate).
     int64_t weight_bytes_per_token() const;
 
+    // The FP8 scaling states (precision fp8; ops/fp8.h) by name, in layer order: every block
+    // Linear's "<its name>.x", ".weight" and ".grad", and with fp8_attention each layer's
+    // "transformer.h.<i>.attn.q" and ".k". Empty at other precisions. What a checkpoint saves and
+    // the overflow telemetry reads.
+    std::vector<std::pair<std::string, DelayedScaling*>> fp8_scalings() const;
+
     const GPTConfig& config() const { return config_; }
     Generator& dropout_generator() { return dropout_gen_; }
 

@@ -3,6 +3,7 @@
 #include "core/factory.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
+#include "ops/fp8.h"
 #include "ops/matmul.h"
 #include "ops/norm.h"
 
@@ -11,12 +12,14 @@ namespace qk::nn {
 Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, double init_std,
                Generator& gen, DType dtype, Precision precision_in)
     : precision(precision_in) {
+    if (precision == Precision::fp8) fp8 = std::make_shared<Fp8LinearScaling>();
     weight =
         register_parameter("weight", normal({out_features, in_features}, 0, init_std, dtype, gen));
     if (with_bias) bias = register_parameter("bias", zeros({out_features}, dtype));
 }
 
 Tensor Linear::forward(const Tensor& x) const {
+    if (fp8) return linear_fp8(x, weight, bias, fp8);  // x, W in E4M3; dY in E5M2
     return linear(x, weight, bias, precision);  // one GEMM, the bias folded in; Wᵀ a GEMM flag
 }
 

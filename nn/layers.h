@@ -3,8 +3,11 @@
 // (out_features, in_features)).
 #pragma once
 
+#include <memory>
+
 #include "core/rng.h"
 #include "nn/module.h"
+#include "ops/fp8.h"
 
 namespace qk::nn {
 
@@ -17,6 +20,9 @@ class Linear : public Module {
 
     Tensor weight, bias;  // bias undefined when built without
     Precision precision;  // of the GEMMs (bf16: mixed precision, see ops/matmul.h)
+    // Precision::fp8: the delayed scaling of x, W and dY (ops/fp8.h), shared with the backward
+    // of every forward still in flight; null otherwise.
+    std::shared_ptr<Fp8LinearScaling> fp8;
 };
 
 class Embedding : public Module {

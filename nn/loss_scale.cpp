@@ -30,6 +30,10 @@ LossScaler::LossScaler(const LossScaleOptions& options) : options_(options), sca
 }
 
 bool LossScaler::update(bool overflow) {
+    if (!options_.adjust) {
+        skipped_ += overflow;
+        return !overflow;
+    }
     if (overflow) {
         // Never down to 0 (or a subnormal): the loss times the scale must stay a usable number.
         scale_ = std::max(scale_ * options_.backoff_factor,

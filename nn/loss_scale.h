@@ -22,6 +22,9 @@ struct LossScaleOptions {
     double init = 65536.0;  // 2^16
     int64_t growth_interval = 2000;
     double growth_factor = 2.0, backoff_factor = 0.5;
+    // false: the scale stays at init and only the skipping remains (FP8, where per-tensor scales
+    // adapt instead and an E5M2 gradient that overflowed to Inf still must not reach the update).
+    bool adjust = true;
 };
 
 class LossScaler {

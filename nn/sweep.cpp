@@ -56,8 +56,9 @@ Variant parse_variant(const std::string& spec) {
     QK_CHECK(std::find(presets.begin(), presets.end(), v.preset) != presets.end(),
              "sweep: unknown variant '{}' in '{}'; expected one of {}", v.preset, spec,
              fmt::join(presets, ", "));
-    static const std::set<std::string> keys{"p",         "g0",  "cap", "scope", "L",    "H",    "C",
-                                            "precision", "opt", "pos", "order", "clip", "gclip"};
+    static const std::set<std::string> keys{"p",     "g0",   "cap",       "scope",  "L",
+                                            "H",     "C",    "precision", "opt",    "pos",
+                                            "order", "clip", "gclip",     "fp8attn"};
     while (at != std::string::npos) {
         const size_t next = spec.find(':', at + 1);
         const std::string item = spec.substr(at + 1, next - at - 1);
@@ -115,9 +116,13 @@ void apply_variant(const Variant& variant, TrainConfig& cfg) {
         if (key == "L") m.n_layer = parse_whole_number(value, what);
         if (key == "H") m.n_head = parse_whole_number(value, what);
         if (key == "C") m.n_embd = parse_whole_number(value, what);
-        if (key == "precision") m.precision = parse_precision(value);  // fp32 | bf16
-        if (key == "opt") cfg.optimizer = value;                       // adamw | muon
-        if (key == "pos") m.pos_emb = parse_pos_emb(value);            // learned | rope
+        if (key == "precision") m.precision = parse_precision(value);  // fp32|bf16|fp16|fp8
+        if (key == "fp8attn") {
+            QK_CHECK(value == "0" || value == "1", "sweep: {} must be 0 or 1", what);
+            m.fp8_attention = value == "1";
+        }
+        if (key == "opt") cfg.optimizer = value;             // adamw | muon
+        if (key == "pos") m.pos_emb = parse_pos_emb(value);  // learned | rope
         if (key == "order") m.qk_norm_order = parse_qk_norm_order(value);
         if (key == "clip") cfg.qk_clip = parse_number(value, what);  // QK-Clip's tau
         if (key == "gclip") cfg.grad_clip = parse_number(value, what);

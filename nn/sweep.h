@@ -16,7 +16,8 @@ namespace qk::nn {
 // A variant is a preset name with optional overrides, written `name` or `name:key=value:...`:
 //   baseline, qk_layernorm, qk_rmsnorm, l2, lp, softcap, qk_norm_cap, qkv_norm
 //   keys: p (lp's p), g0 (qk_scale_init), cap (attention soft-cap c), scope (head|full),
-//         L, H, C (n_layer, n_head, n_embd), precision (fp32|bf16), opt (adamw|muon),
+//         L, H, C (n_layer, n_head, n_embd), precision (fp32|bf16|fp16|fp8), fp8attn (0|1:
+//         --fp8-attention), opt (adamw|muon),
 //         pos (learned|rope), order (before_rope|after_rope), clip (QK-Clip's tau),
 //         gclip (the gradient-norm clip; 0 = off)
 // e.g. `lp:p=3:g0=1`, `baseline:C=256`, `qk_rmsnorm:scope=full`, `baseline:opt=muon:clip=100`.

@@ -52,12 +52,15 @@ const std::set<std::string> kModelIntegers{"vocab_size", "block_size", "n_layer"
 const std::set<std::string> kModelNumbers{
     "dropout",    "lp_p",     "attn_softcap",    "logit_softcap",    "z_loss",
     "rope_theta", "norm_eps", "embedding_scale", "rope_local_theta", "query_pre_attn_scalar"};
-const std::set<std::string> kModelBooleans{"bias", "tie_embeddings", "qk_scale_per_head",
-                                           "qkv_norm", "norm_unit_offset"};
+const std::set<std::string> kModelBooleans{"bias",     "tie_embeddings",   "qk_scale_per_head",
+                                           "qkv_norm", "norm_unit_offset", "fp8_attention"};
 
 json model_to_json(const GPTConfig& m) {
     json j = json::object();
     for (const auto& [key, text] : m.to_strings()) {
+        // Written only when on: the config.json of runs from before the switch stays the same
+        // (a sweep compares it to resume a run).
+        if (key == "fp8_attention" && text == "false") continue;
         // The strings are std::to_string's digits and fmt's shortest round-trip form of a
         // double: read back to the same bits.
         if (kModelIntegers.count(key))
@@ -116,6 +119,7 @@ std::string describe_attention(const GPTConfig& m) {
                                      : fmt::format(" (g0={})", m.qk_scale_init);
     if (m.attn_softcap > 0) s += fmt::format(", soft-cap {}", m.attn_softcap);
     if (m.qkv_norm) s += ", qkv-norm";
+    if (m.fp8_attention) s += ", fp8 attention";
     if (m.pos_emb == PosEmb::rope)
         s += fmt::format(", rope (theta {}{})", m.rope_theta,
                          m.qk_norm_order == QKNormOrder::after_rope ? ", norm after" : "");

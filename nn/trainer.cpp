@@ -21,6 +21,7 @@
 #include "nn/checkpoint.h"
 #include "nn/data_parallel.h"
 #include "nn/fine_tune.h"
+#include "nn/fp8_telemetry.h"
 #include "nn/loss_scale.h"
 #include "nn/metrics_file.h"
 #include "nn/plot.h"
@@ -152,6 +153,7 @@ TrainingState training_state(const TrainConfig& cfg, int64_t done, GPT& model,
                         model.dropout_generator().counter(),
                         {{"train_config", cfg.to_json()}}};
     if (scaler) state.extra["loss_scaler"] = scaler->state_json();
+    if (cfg.model.precision == Precision::fp8) state.extra["fp8_scaling"] = fp8_state_json(model);
     return state;
 }
 
@@ -252,9 +254,11 @@ RunStart resume_run(const TrainConfig& cfg, GPT& model, RunOptimizer& optimizer,
         resumed = {{"step", state.step},
                    {"data", {state.data_seed, state.data_counter}},
                    {"dropout", {state.dropout_seed, state.dropout_counter}}};
-        // A run that switches to fp16 on resume starts its scaler afresh.
+        // A run that switches to fp16 or fp8 on resume starts its scaler and scales afresh.
         if (scaler && state.extra.count("loss_scaler"))
             resumed["loss_scaler"] = state.extra.at("loss_scaler");
+        if (cfg.model.precision == Precision::fp8 && state.extra.count("fp8_scaling"))
+            resumed["fp8_scaling"] = state.extra.at("fp8_scaling");
     }
     resumed = json::parse(broadcast_string(resumed.dump()));
     broadcast_tensors(model.parameters());
@@ -267,6 +271,8 @@ RunStart resume_run(const TrainConfig& cfg, GPT& model, RunOptimizer& optimizer,
                                         resumed["dropout"][1].get<uint64_t>());
     if (resumed.contains("loss_scaler"))
         scaler->load_state_json(resumed["loss_scaler"].get<std::string>(), cfg.run_dir);
+    if (resumed.contains("fp8_scaling"))
+        load_fp8_state(model, resumed["fp8_scaling"].get<std::string>(), cfg.run_dir);
     Tensor losses =
         from_vector({so_far.last_loss, so_far.last_val_loss, so_far.min_loss}, {3}, DType::f64);
     dist::broadcast(losses);  // the divergence check's reference, the same on every rank
@@ -317,7 +323,7 @@ struct TrainingRun {
     // A checkpoint is written only once the next step's loss, measured on its weights, passes
     // the divergence check: a run that blows up never leaves its blown-up weights as "last good".
     std::optional<TrainingState> pending;
-    std::optional<LossScaler> scaler;  // --precision fp16 only
+    std::optional<LossScaler> scaler;  // --precision fp16 and fp8 only
     LossScaler* scaler_or_null() { return scaler ? &*scaler : nullptr; }
     std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
 
@@ -374,6 +380,10 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
     run.data_gen = Generator(cfg.seed + 1);
     if (cfg.model.precision == Precision::fp16)
         run.scaler.emplace(LossScaleOptions{cfg.loss_scale, cfg.loss_scale_interval});
+    // fp8: no loss scale (the per-tensor scales adapt), but a gradient whose E5M2 cast overflowed
+    // to Inf skips its step all the same.
+    if (cfg.model.precision == Precision::fp8)
+        run.scaler.emplace(LossScaleOptions{.init = 1.0, .adjust = false});
     const RunStart begun =
         resume ? resume_run(cfg, *run.model, *run.optimizer, run.data_gen, run.scaler_or_null())
                : start_run(cfg, *run.model, *run.input.dataset);
@@ -403,7 +413,8 @@ bool train_step(TrainingRun& run, int64_t step) {
     const double loss = grads.loss;
     const double grad_norm =
         grads.backward_done ? run.optimizer->clip(cfg.grad_clip, loss_scale) : NAN;
-    // fp16: gradients that overflowed under a finite loss skip the update and halve the scale.
+    // fp16 (fp8): gradients that overflowed under a finite loss skip the update (and halve the
+    // scale).
     const bool skipped =
         run.scaler && std::isfinite(loss) && !run.scaler->update(!std::isfinite(grad_norm));
     if (const std::string why =
@@ -448,6 +459,8 @@ bool train_step(TrainingRun& run, int64_t step) {
     }
     if (with_stats) line["layers"] = stats_to_json(stats);
     if (cfg.qk_clip > 0) line["heads_clipped"] = heads_clipped;
+    if (cfg.model.precision == Precision::fp8)
+        line["fp8_saturated"] = take_fp8_saturation(*run.model);
     if (run.scaler) {
         line["loss_scale"] = loss_scale;
         line["skipped_steps"] = run.scaler->skipped_steps();

@@ -63,6 +63,7 @@
 #include "core/factory.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
+#include "ops/fp8.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
 #include "ops/softmax.h"
@@ -121,6 +122,20 @@ void check_args(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
     QK_CHECK(o.precision == Precision::full || q.dtype() == kF32,
              "{}: {} precision needs float32 q, k, v, got {} {}", op, precision_name(o.precision),
              q.dtype(), q.shape());
+    QK_CHECK(o.precision != Precision::fp8,
+             "{}: fp8 precision applies to Linear layers; attention takes bf16 or fp16, and "
+             "fp8_logits for FP8 logits",
+             op);
+    QK_CHECK(!o.fp8_logits || q.dtype() == kF32, "{}: fp8_logits needs float32 q, k, v, got {} {}",
+             op, q.dtype(), q.shape());
+}
+
+// FP8 logits, unfused: z rounded to E4M3 at scale 1 (saturating at ±448), straight-through.
+Tensor round_logits_to_e4m3(const Tensor& z) {
+    DelayedScaling unit(MiniFormat::e4m3);  // never recorded: its scale stays 1
+    const Tensor rounded = fp8_cast(z, unit, false).q;
+    return autograd::record("round_logits_to_e4m3", rounded, {z},
+                            [](const Tensor& dy) { return std::vector<Tensor>{dy}; });
 }
 
 // Mixed precision: the values a bf16 or fp16 GEMM would read, as float32. The backward passes dq,
@@ -146,7 +161,8 @@ AttentionShape shape_of(const Tensor& q, const Tensor& k, const AttentionOptions
             k.size(2),
             q.size(3),
             o.causal,
-            o.window};
+            o.window,
+            o.fp8_logits};
 }
 
 // The scale as a tensor of shape (1) or (H) on q's device: the user's, or the number's.
@@ -190,13 +206,16 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     if (signals) {
         signals->max_abs_logit = Tensor::empty(lse.shape(), q.dtype(), q.device());
         signals->entropy = Tensor::empty(lse.shape(), q.dtype(), q.device());
+        if (o.fp8_logits) signals->saturated = Tensor::empty(lse.shape(), q.dtype(), q.device());
     }
     dispatch_float(q.dtype(), [&](auto tag) {
         using T = decltype(tag);
         T* max_abs = signals ? signals->max_abs_logit.data<T>() : nullptr;
         T* entropy = signals ? signals->entropy.data<T>() : nullptr;
-        auto args = std::tuple(out.data<T>(), lse.data<double>(), max_abs, entropy, q.data<T>(),
-                               k.data<T>(), v.data<T>(), scale.data<T>(), stride, T(o.softcap), sh);
+        T* saturated = signals && o.fp8_logits ? signals->saturated.data<T>() : nullptr;
+        auto args =
+            std::tuple(out.data<T>(), lse.data<double>(), max_abs, entropy, saturated, q.data<T>(),
+                       k.data<T>(), v.data<T>(), scale.data<T>(), stride, T(o.softcap), sh);
         switch (q.device()) {
             case Device::cpu:
                 std::apply(cpu::attention_forward<T>, args);
@@ -257,8 +276,9 @@ namespace {
 
 // Per-row signals from the materialised scores s and probabilities p, (B, H, Tq, Tk), measured in
 // float64 on the host: a (B, H, Tq, Tk) copy per stats step, the cost the fused path removes.
-void measure_rows(const Tensor& s, const Tensor& p, const AttentionShape& sh,
-                  AttentionSignals& signals) {
+// With FP8 logits, z_rounded (the same shape) gives the saturation counts.
+void measure_rows(const Tensor& s, const Tensor& p, const Tensor& z_rounded,
+                  const AttentionShape& sh, AttentionSignals& signals) {
     const int64_t Tq = s.size(2), Tk = s.size(3), rows = s.numel() / Tk;
     const Tensor s_host = s.to(Device::cpu).contiguous().to(kF64);
     const Tensor p_host = p.to(Device::cpu).contiguous().to(kF64);
@@ -279,6 +299,15 @@ void measure_rows(const Tensor& s, const Tensor& p, const AttentionShape& sh,
     }
     signals.max_abs_logit = max_abs.to(s.dtype()).to(s.device());
     signals.entropy = entropy.to(s.dtype()).to(s.device());
+    if (!z_rounded.defined()) return;
+    const Tensor z_host = z_rounded.to(Device::cpu).contiguous();
+    const float* zp = z_host.data<float>();
+    const float limit = static_cast<float>(max_finite(MiniFormat::e4m3));
+    Tensor saturated = zeros(max_abs.shape(), kF32);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = sh.first_key(r % Tq); j < sh.end_key(r % Tq); ++j)
+            saturated.data<float>()[r] += std::abs(zp[r * Tk + j]) >= limit ? 1.0f : 0.0f;
+    signals.saturated = saturated.to(s.device());
 }
 
 // k or v: (B, Hkv, Tk, D) -> (B, H, Tk, D), each key/value head repeated for its query heads
@@ -316,16 +345,21 @@ Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
     const int64_t H = q.size(1);
     Tensor s = matmul(q_scaled, repeat_kv(k, H).transpose(-2, -1));  // (B, H, Tq, Tk)
     const AttentionShape sh = shape_of(q, k, o);
-    Tensor p;
-    if (o.window > 0)  // z = cap(s) masked outside the window, then the causal softmax
+    Tensor p, z_rounded;
+    if (o.fp8_logits) {  // z̃ = e4m3(cap(s)), then masked (−inf is kept out of the rounding)
+        z_rounded = round_logits_to_e4m3(o.softcap > 0 ? softcap(s, o.softcap) : s);
+        p = softmax(o.window > 0 ? z_rounded + window_mask(sh, s.dtype(), s.device()) : z_rounded,
+                    {.causal = o.causal});
+    } else if (o.window > 0) {  // z = cap(s) masked outside the window, then the causal softmax
         p = softmax(
             (o.softcap > 0 ? softcap(s, o.softcap) : s) + window_mask(sh, s.dtype(), s.device()),
             {.causal = o.causal});
-    else
+    } else {
         p = softmax(s, {.causal = o.causal, .softcap = o.softcap});
+    }
     if (signals) {
         NoGradGuard no_grad;
-        measure_rows(s, p, sh, *signals);
+        measure_rows(s, p, z_rounded, sh, *signals);
     }
     if (o.dropout > 0)
         p = dropout(p, o.dropout, true,

@@ -30,12 +30,19 @@ struct AttentionOptions {
     // GEMMs are, and the logits and the output are their float32 sums (as a fused kernel keeps
     // them, in registers); the signals measure those logits.
     Precision precision = Precision::full;
+    // Simulated FP8 logits (--fp8-attention): z = cap(s) rounded to E4M3 at scale 1 before the
+    // mask and the softmax, saturating at ±448 (E4M3 has no Inf); straight-through in the
+    // backward (dz̃/dz = 1). float32 only.
+    bool fp8_logits = false;
 };
 
 // Stability signals, one value per query row, measured without gradient: (B, H, Tq) each.
 struct AttentionSignals {
     Tensor max_abs_logit;  // max |s| over the row's visible keys (after the scale, before the cap)
     Tensor entropy;        // −Σ_j p_j log p_j of the row's attention distribution
+    // With fp8_logits: how many of the row's visible logits saturated at E4M3's largest value
+    // (|z̃| = 448); undefined otherwise.
+    Tensor saturated;
 };
 
 // Fused attention. q: (B, H, Tq, D), k and v: (B, Hkv, Tk, D) -> (B, H, Tq, D):
@@ -61,7 +68,8 @@ Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
 struct AttentionShape {
     int64_t batch_heads, heads, kv_heads, Tq, Tk, D;
     bool causal;
-    int64_t window = 0;  // sliding window, 0 = none
+    int64_t window = 0;       // sliding window, 0 = none
+    bool fp8_logits = false;  // z rounded to E4M3 (saturating) before the softmax
     // The key/value head that query head bh reads.
     constexpr int64_t kv_head(int64_t bh) const {
         return (bh / heads) * kv_heads + (bh % heads) / (heads / kv_heads);
@@ -77,7 +85,8 @@ struct AttentionShape {
 };
 // Forward.  out: (BH, Tq, D) out; lse: (BH, Tq) out, log Σ_j exp(z_ij) per row, in float64
 //   whatever T (see ops/attention.cpp: a float32 lse biases the backward's probabilities);
-//   max_abs_s, entropy: (BH, Tq) out, or both null (no signals);
+//   max_abs_s, entropy: (BH, Tq) out, or both null (no signals); saturated: (BH, Tq) out, the
+//   row's logits at ±448 with shape.fp8_logits, or null;
 //   q: (BH, Tq, D); k, v: (B·Hkv, Tk, D); cap: the soft-cap c, 0 for none.
 // Backward. dq: (BH, Tq, D), dk, dv: (B·Hkv, Tk, D) out (every element written; a key/value
 //   head's gradient sums over the query heads that share it, in a fixed order);
@@ -86,8 +95,8 @@ struct AttentionShape {
 // Instantiated for float and double.
 namespace cpu {
 template <class T>
-void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, const T* q, const T* k,
-                       const T* v, const T* scale, int64_t scale_stride, T cap,
+void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, T* saturated, const T* q,
+                       const T* k, const T* v, const T* scale, int64_t scale_stride, T cap,
                        const AttentionShape& shape);
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout, const T* q,
@@ -98,8 +107,8 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
 // The CUDA twins (cuda/attention.cu): device pointers, the same layout and contract.
 namespace cuda {
 template <class T>
-void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, const T* q, const T* k,
-                       const T* v, const T* scale, int64_t scale_stride, T cap,
+void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, T* saturated, const T* q,
+                       const T* k, const T* v, const T* scale, int64_t scale_stride, T cap,
                        const AttentionShape& shape);
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout, const T* q,

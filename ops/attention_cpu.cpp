@@ -14,7 +14,8 @@
 //
 // Forward: one task per (head, query tile), in parallel over the pool. Per key tile:
 //   R = Q_i K_jᵀ                          GEMM (rows × cols), the raw dots r
-//   per row: s = g·r, z = cap(s), the online update of (m, l, w) and the row's max |s|,
+//   per row: s = g·r, z = cap(s) (rounded to E4M3 with FP8 logits), the online update of
+//            (m, l, w) and the row's max |s| (and count of saturated z̃),
 //            P = exp(z − m_new) in place of R, α = exp(m_old − m_new)
 //   O_acc ← α·O_acc + P V_j                 GEMM (rows × D), beta = 1 after the α rescale
 // and at the end O = O_acc / l, lse = m + log l, entropy = lse − w / l.
@@ -39,6 +40,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/minifloat.h"
 #include "core/threading.h"
 #include "ops/attention.h"
 #include "ops/elementwise_math.h"  // math::exp_fast, math::tanh_fast
@@ -81,36 +83,44 @@ inline int64_t first_key_tile(int64_t i0, const AttentionShape& sh) {
     return sh.first_key(i0) / kKeyTile * kKeyTile;
 }
 
-template <class T, bool kCapped>
+const FastRounder kE4M3Saturating(MiniFormat::e4m3, Overflow::saturate);
+
+// z = cap(s), rounded to E4M3 (saturating at ±448) when the logits are FP8 (float32 only: the
+// op refuses fp8_logits for float64, which instantiates the same code).
+template <class T, bool kCapped, bool kFp8>
 inline T capped(T s, T cap) {
-    if constexpr (kCapped)
-        return cap * math::tanh_fast(s / cap);
-    else
-        return s;
+    T z = s;
+    if constexpr (kCapped) z = cap * math::tanh_fast(s / cap);
+    if constexpr (kFp8) z = static_cast<T>(kE4M3Saturating(static_cast<float>(z)));
+    return z;
 }
+
+template <class T>
+constexpr T kE4M3Max = T(448);
 
 // ---- forward ---------------------------------------------------------------------------------
 
 // The online softmax of one query row: running max m, l = Σ exp(z − m), w = Σ exp(z − m)·z.
 template <class T>
 struct RowState {
-    T m = -kInf<T>, l = 0, w = 0, max_abs_s = 0;
+    T m = -kInf<T>, l = 0, w = 0, max_abs_s = 0, saturated = 0;
 };
 
 // One row of one key tile. row: (cols), the raw dots r on entry, the unnormalised probabilities
 // e = exp(z − m_new) on return (0 outside the visible span). Returns α = exp(m_old − m_new), the
 // factor by which the row's output accumulator must be rescaled.
-template <class T, bool kCapped>
+template <class T, bool kCapped, bool kFp8>
 T online_softmax_row(T* row, TileSpan span, int64_t cols, T g, T cap, RowState<T>& st) {
     const int64_t first = span.first, nv = span.end;
     std::fill(row, row + first, T(0));
-    T tile_max = -kInf<T>, max_abs = 0;
-#pragma omp simd reduction(max : tile_max, max_abs)
+    T tile_max = -kInf<T>, max_abs = 0, saturated = 0;
+#pragma omp simd reduction(max : tile_max, max_abs) reduction(+ : saturated)
     for (int64_t j = first; j < nv; ++j) {
         const T s = g * row[j];
         max_abs = std::max(max_abs, std::abs(s));
-        row[j] = capped<T, kCapped>(s, cap);  // z
+        row[j] = capped<T, kCapped, kFp8>(s, cap);  // z (z̃ with FP8 logits)
         tile_max = std::max(tile_max, row[j]);
+        if constexpr (kFp8) saturated += std::abs(row[j]) >= kE4M3Max<T> ? T(1) : T(0);
     }
     const T m_new = std::max(st.m, tile_max);
     // Nothing finite seen yet (m_new = −inf): exponents taken relative to 0 give e = 0, not NaN.
@@ -131,6 +141,7 @@ T online_softmax_row(T* row, TileSpan span, int64_t cols, T g, T cap, RowState<T
     st.w = st.w * alpha + sum_ez;
     st.m = m_new;
     st.max_abs_s = std::max(st.max_abs_s, max_abs);
+    st.saturated += saturated;
     return alpha;
 }
 
@@ -138,7 +149,7 @@ template <class T>
 struct ForwardArgs {
     T* out;
     double* lse;
-    T *max_abs_s, *entropy;
+    T *max_abs_s, *entropy, *saturated;
     const T *q, *k, *v, *scale;
     int64_t scale_stride;
     T cap;
@@ -176,10 +187,11 @@ void finish_query_tile(const ForwardArgs<T>& a, ForwardScratch<T>& sc, int64_t b
             a.entropy[first_row + r] =
                 st.l > T(0) ? T(lse - double(st.w) / double(st.l)) : (nan_row ? st.l : T(0));
         }
+        if (a.saturated) a.saturated[first_row + r] = st.saturated;
     }
 }
 
-template <class T, bool kCapped>
+template <class T, bool kCapped, bool kFp8>
 void forward_query_tile(const ForwardArgs<T>& a, ForwardScratch<T>& sc, int64_t bh, int64_t i0) {
     const AttentionShape& sh = a.shape;
     const int64_t D = sh.D, rows = std::min(kQueryTile, sh.Tq - i0);
@@ -195,9 +207,9 @@ void forward_query_tile(const ForwardArgs<T>& a, ForwardScratch<T>& sc, int64_t 
         const int64_t cols = std::min(kKeyTile, last_key - j0);
         tile_gemm<T>(block, kKeyTile, q, false, D, k + j0 * D, true, D, rows, cols, D, T(0));  // R
         for (int64_t r = 0; r < rows; ++r) {
-            const T alpha = online_softmax_row<T, kCapped>(block + r * kKeyTile,
-                                                           visible_in_tile(i0 + r, j0, cols, sh),
-                                                           cols, g, a.cap, sc.rows[r]);
+            const T alpha = online_softmax_row<T, kCapped, kFp8>(
+                block + r * kKeyTile, visible_in_tile(i0 + r, j0, cols, sh), cols, g, a.cap,
+                sc.rows[r]);
             if (alpha != T(1)) {
                 T* acc = sc.out_acc.data() + r * D;
 #pragma omp simd
@@ -238,7 +250,7 @@ struct BackwardScratch {
 // row has no finite logit); f out: F = 1 − (z/c)² when capped. lse is split into lse_hi + lse_lo
 // (T each), so that z − lse keeps the float64 lse's precision in T arithmetic: z − lse_hi is exact
 // where it matters (z near lse, the large p).
-template <class T, bool kCapped>
+template <class T, bool kCapped, bool kFp8>
 void recompute_probs_row(T* p, T* f, const T* r, TileSpan span, int64_t cols, T g, T cap,
                          double lse) {
     const int64_t first = span.first, nv = lse == -kInf<double> ? first : span.end;
@@ -246,15 +258,17 @@ void recompute_probs_row(T* p, T* f, const T* r, TileSpan span, int64_t cols, T 
     const T lse_hi = T(lse), lse_lo = T(lse - double(lse_hi));
 #pragma omp simd
     for (int64_t j = first; j < nv; ++j) {
-        const T z = capped<T, kCapped>(g * r[j], cap);
-        p[j] = std::min(T(1), math::exp_fast((z - lse_hi) - lse_lo));  // see ops/attention.cpp
+        const T z = capped<T, kCapped, false>(g * r[j], cap);
+        const T z_used = kFp8 ? capped<T, false, kFp8>(z, cap) : z;         // z̃, as the forward's
+        p[j] = std::min(T(1), math::exp_fast((z_used - lse_hi) - lse_lo));  // see ops/attention.cpp
+        // F of the unrounded z: the rounding counts as the identity (straight-through).
         if constexpr (kCapped) f[j] = T(1) - (z / cap) * (z / cap);
     }
     std::fill(p + nv, p + cols, T(0));
 }
 
 // One row of a block: dS = P ∘ (dP − D) ∘ F, written over dP.
-template <class T, bool kCapped>
+template <class T, bool kCapped, bool kFp8>
 void logit_grad_row(T* dp, const T* p, const T* f, int64_t cols, T delta) {
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) {
@@ -266,7 +280,7 @@ void logit_grad_row(T* dp, const T* p, const T* f, int64_t cols, T delta) {
 
 // The blocks of key tile j0 against query tile i0 of head bh: adds into dk, dv, and into dq
 // without the factor g (dq' = Σ_j dS_ij k_j; backward_query_head applies g and takes dg from it).
-template <class T, bool kCapped>
+template <class T, bool kCapped, bool kFp8>
 void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh, int64_t i0,
                     int64_t j0) {
     const AttentionShape& sh = a.shape;
@@ -279,14 +293,14 @@ void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh
     T* cap_factor = sc.cap_factor.data();
     tile_gemm<T>(dots, ld, q, false, D, k, true, D, rows, cols, D, T(0));  // R = Q_i K_jᵀ
     for (int64_t r = 0; r < rows; ++r)
-        recompute_probs_row<T, kCapped>(probs + r * ld, cap_factor + r * ld, dots + r * ld,
-                                        visible_in_tile(i0 + r, j0, cols, sh), cols, g, a.cap,
-                                        a.lse[bh * sh.Tq + i0 + r]);
+        recompute_probs_row<T, kCapped, kFp8>(probs + r * ld, cap_factor + r * ld, dots + r * ld,
+                                              visible_in_tile(i0 + r, j0, cols, sh), cols, g, a.cap,
+                                              a.lse[bh * sh.Tq + i0 + r]);
     tile_gemm<T>(a.dv + k_off, D, probs, true, ld, dout, false, D, cols, D, rows, T(1));  // dV_j
     tile_gemm<T>(dprobs, ld, dout, false, D, v, true, D, rows, cols, D, T(0));  // dP = dO_i V_jᵀ
     for (int64_t r = 0; r < rows; ++r)
-        logit_grad_row<T, kCapped>(dprobs + r * ld, probs + r * ld, cap_factor + r * ld, cols,
-                                   a.delta[bh * sh.Tq + i0 + r]);
+        logit_grad_row<T, kCapped, kFp8>(dprobs + r * ld, probs + r * ld, cap_factor + r * ld, cols,
+                                         a.delta[bh * sh.Tq + i0 + r]);
     tile_gemm<T>(a.dq + q_off, D, dprobs, false, ld, k, false, D, rows, D, cols, T(1));    // dQ'_i
     tile_gemm<T>(a.dk + k_off, D, dprobs, true, ld, q, false, D, cols, D, rows, T(1), g);  // dK_j
 }
@@ -307,7 +321,7 @@ inline RowSpan rows_seeing(int64_t j0, int64_t cols, const AttentionShape& sh) {
 
 // Every block of query head bh, key tile by key tile: its dq is written, and its share added into
 // the dk and dv of its key/value head.
-template <class T, bool kCapped>
+template <class T, bool kCapped, bool kFp8>
 void backward_query_head(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh) {
     const AttentionShape& sh = a.shape;
     const int64_t D = sh.D;
@@ -319,7 +333,7 @@ void backward_query_head(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64
     for (int64_t j0 = 0; j0 < sh.Tk; j0 += kKeyTile) {
         const RowSpan span = rows_seeing(j0, std::min(kKeyTile, sh.Tk - j0), sh);
         for (int64_t i0 = span.first; i0 < span.end; i0 += kQueryTile)
-            backward_block<T, kCapped>(a, sc, bh, i0, j0);
+            backward_block<T, kCapped, kFp8>(a, sc, bh, i0, j0);
     }
     // dg = Σ_ij dS_ij r_ij = Σ_i q_i · dq'_i (rows summed in double), then dq = g · dq'.
     const T g = a.scale[(bh % sh.heads) * a.scale_stride];
@@ -334,7 +348,7 @@ void backward_query_head(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64
 }
 
 // Key/value head kvh: its dk and dv zeroed, then every query head that reads it, in order.
-template <class T, bool kCapped>
+template <class T, bool kCapped, bool kFp8>
 void backward_kv_head(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t kvh) {
     const AttentionShape& sh = a.shape;
     const int64_t D = sh.D, group = sh.heads / sh.kv_heads;
@@ -342,26 +356,37 @@ void backward_kv_head(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t 
     std::fill(a.dv + kvh * sh.Tk * D, a.dv + (kvh + 1) * sh.Tk * D, T(0));
     const int64_t first_bh = (kvh / sh.kv_heads) * sh.heads + (kvh % sh.kv_heads) * group;
     for (int64_t bh = first_bh; bh < first_bh + group; ++bh)
-        backward_query_head<T, kCapped>(a, sc, bh);
+        backward_query_head<T, kCapped, kFp8>(a, sc, bh);
+}
+
+// Calls f(capped, fp8) with the two switches of the logit z as compile-time constants
+// (std::bool_constant), so that the row loops carry no branch for them.
+template <class T, class F>
+void with_logit_kind(T cap, const AttentionShape& shape, F&& f) {
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if (cap > 0)
+        shape.fp8_logits ? f(Yes{}, Yes{}) : f(Yes{}, No{});
+    else
+        shape.fp8_logits ? f(No{}, Yes{}) : f(No{}, No{});
 }
 
 }  // namespace
 
 template <class T>
-void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, const T* q, const T* k,
-                       const T* v, const T* scale, int64_t scale_stride, T cap,
+void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, T* saturated, const T* q,
+                       const T* k, const T* v, const T* scale, int64_t scale_stride, T cap,
                        const AttentionShape& shape) {
-    const ForwardArgs<T> args{out, lse,   max_abs_s,    entropy, q,    k,
-                              v,   scale, scale_stride, cap,     shape};
+    const ForwardArgs<T> args{out, lse, max_abs_s, entropy,      saturated, q,
+                              k,   v,   scale,     scale_stride, cap,       shape};
     const int64_t tiles = (shape.Tq + kQueryTile - 1) / kQueryTile;
     auto range = [&](int64_t begin, int64_t end) {
         ForwardScratch<T> scratch(shape.D);
         for (int64_t task = begin; task < end; ++task) {
             const int64_t bh = task / tiles, i0 = (task % tiles) * kQueryTile;
-            if (cap > 0)
-                forward_query_tile<T, true>(args, scratch, bh, i0);
-            else
-                forward_query_tile<T, false>(args, scratch, bh, i0);
+            with_logit_kind<T>(cap, shape, [&](auto capped, auto fp8) {
+                forward_query_tile<T, capped(), fp8()>(args, scratch, bh, i0);
+            });
         }
     };
     parallel_for(shape.batch_heads * tiles, range);
@@ -376,19 +401,18 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
     auto range = [&](int64_t begin, int64_t end) {
         BackwardScratch<T> scratch;
         for (int64_t kvh = begin; kvh < end; ++kvh) {
-            if (cap > 0)
-                backward_kv_head<T, true>(args, scratch, kvh);
-            else
-                backward_kv_head<T, false>(args, scratch, kvh);
+            with_logit_kind<T>(cap, shape, [&](auto capped, auto fp8) {
+                backward_kv_head<T, capped(), fp8()>(args, scratch, kvh);
+            });
         }
     };
     parallel_for(shape.batch_heads / shape.heads * shape.kv_heads, range);
 }
 
-template void attention_forward<float>(float*, double*, float*, float*, const float*, const float*,
-                                       const float*, const float*, int64_t, float,
+template void attention_forward<float>(float*, double*, float*, float*, float*, const float*,
+                                       const float*, const float*, const float*, int64_t, float,
                                        const AttentionShape&);
-template void attention_forward<double>(double*, double*, double*, double*, const double*,
+template void attention_forward<double>(double*, double*, double*, double*, double*, const double*,
                                         const double*, const double*, const double*, int64_t,
                                         double, const AttentionShape&);
 template void attention_backward<float>(float*, float*, float*, float*, float*, const float*,

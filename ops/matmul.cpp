@@ -244,6 +244,10 @@ void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
               Precision precision) {
     check_linear_args(x_in, weight_in, bias_in, precision);
+    QK_CHECK(precision != Precision::fp8,
+             "linear: fp8 precision needs the layer's scaling state: call linear_fp8 "
+             "(ops/fp8.h) with x {} and weight {}",
+             x_in.shape(), weight_in.shape());
     if (precision == Precision::bf16) return linear_bf16(x_in, weight_in, bias_in);
     if (precision == Precision::fp16) return linear_fp16(x_in, weight_in, bias_in);
     const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
