@@ -207,14 +207,14 @@ bool fused_attention() {
     return !(path && std::string(path) == "naive");
 }
 
-// QK_BENCH_PRECISION=fp32 (the default), bf16 or fp16 (mixed precision), a comma-separated list
-// of them ("fp32,fp16"), both (fp32,bf16) or all: each config and variant at each precision, one
-// after the other in the same run, and the step-time ratios against fp32.
+// QK_BENCH_PRECISION=fp32 (the default), bf16, fp16 (mixed precision) or fp8 (simulated), a
+// comma-separated list of them ("fp32,fp16"), both (fp32,bf16) or all: each config and variant at
+// each precision, one after the other in the same run, and the step-time ratios against fp32.
 std::vector<Precision> precisions() {
     const char* p = std::getenv("QK_BENCH_PRECISION");
     std::string which = p ? p : "fp32";
     if (which == "both") which = "fp32,bf16";
-    if (which == "all") which = "fp32,bf16,fp16";
+    if (which == "all") which = "fp32,bf16,fp16,fp8";
     std::vector<Precision> out;
     for (size_t start = 0; start <= which.size();) {
         const size_t comma = std::min(which.find(',', start), which.size());
@@ -336,7 +336,8 @@ int main(int argc, char** argv) {
                               {"B (L6 C384 H6 T256 B8)", 6, 384, 6, 256, 8}};
     fmt::print(
         "# GPT training step, float32 weights, V = {}, {} thread(s) (QK_NUM_THREADS), {} "
-        "attention (QK_BENCH_ATTENTION), precision QK_BENCH_PRECISION=fp32|bf16|fp16|both|all\n",
+        "attention (QK_BENCH_ATTENTION), precision "
+        "QK_BENCH_PRECISION=fp32|bf16|fp16|fp8|both|all\n",
         kVocab, num_threads(), fused_attention() ? "fused" : "naive");
     fmt::print(
         "raw sgemm: x·Wᵀ, dY·W, xᵀ·dY of a Linear C -> 4C on B·T tokens ((B·T, C)·(C, 4C) "

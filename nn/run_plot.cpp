@@ -1,9 +1,12 @@
-// The plot of a run: losses, learning rate and gradient norm (and fp16's loss scale), and the
+// The plot of a run: losses, learning rate and gradient norm (fp16's loss scale, fp8's saturation
+// counts), and the
 // stability signals per layer (max attention logit, attention entropy, mean ‖q‖ and ‖k‖), read
 // back from metrics.jsonl, under a title that says what the run is.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
@@ -22,6 +25,33 @@ double number(const nlohmann::json& j, const char* key) {
     return it != j.end() && it->is_number() ? it->get<double>() : NAN;
 }
 
+// One step's fp8_saturated (per layer: x, weight, grad, and q, k, logits per head with
+// --fp8-attention) as one point per kind, summed over the layers.
+void add_saturation_counts(const nlohmann::json& layers, double step,
+                           std::vector<plot::Series>& series) {
+    const char* kinds[] = {"x", "weight", "grad", "q", "k", "logits"};
+    const char* labels[] = {"x (E4M3)", "W (E4M3)", "dY (E5M2)",
+                            "q (E4M3)", "k (E4M3)", "logits (E4M3, scale 1)"};
+    for (size_t i = 0; i < std::size(kinds); ++i) {
+        double total = 0;
+        bool present = false;
+        for (const auto& layer : layers) {
+            if (!layer.is_object() || !layer.contains(kinds[i])) continue;
+            present = true;
+            const auto& v = layer[kinds[i]];
+            if (v.is_number()) total += v.get<double>();
+            if (v.is_array())
+                for (const auto& head : v) total += head.is_number() ? head.get<double>() : 0;
+        }
+        if (!present) continue;
+        auto it = std::find_if(series.begin(), series.end(),
+                               [&](const plot::Series& s) { return s.label == labels[i]; });
+        if (it == series.end()) it = series.insert(series.end(), {labels[i], {}, {}});
+        it->x.push_back(step);
+        it->y.push_back(total);
+    }
+}
+
 }  // namespace
 
 void write_run_plot(const TrainConfig& cfg) {
@@ -32,6 +62,9 @@ void write_run_plot(const TrainConfig& cfg) {
     plot::Series lr{"lr", {}, {}};
     // --precision fp16: the loss scale, and the steps skipped for overflowing gradients.
     plot::Series scale{"loss scale", {}, {}}, skipped{"skipped step", {}, {}, true};
+    // --precision fp8: per step, the values that saturated, summed over the layers, per tensor
+    // kind.
+    std::vector<plot::Series> saturated;
     std::vector<plot::Series> max_logit, entropy, q_norm, k_norm;
     for (const MetricsRecord& record : read_metrics(run_dir).records) {
         const json& j = record.record;
@@ -59,6 +92,8 @@ void write_run_plot(const TrainConfig& cfg) {
                 skipped.y.push_back(number(j, "loss_scale"));
             }
         }
+        if (j.contains("fp8_saturated") && j["fp8_saturated"].is_array())
+            add_saturation_counts(j["fp8_saturated"], step, saturated);
         if (!j.contains("layers") || !j["layers"].is_array()) continue;
         const auto& layers = j["layers"];
         for (size_t i = 0; i < layers.size(); ++i) {
@@ -94,7 +129,12 @@ void write_run_plot(const TrainConfig& cfg) {
         {"Mean ‖q‖ before normalisation", "step", "‖q‖", false, false, q_norm},
         {"Mean ‖k‖ before normalisation", "step", "‖k‖", false, false, k_norm},
     };
-    if (!scale.x.empty())
+    if (!saturated.empty())  // fp8: the loss scale stays 1; the skipped steps go in the title
+        panels.insert(
+            panels.begin() + 3,
+            {fmt::format("FP8 values at the format's max, {} step(s) skipped", skipped.x.size()),
+             "step", "values per step", false, false, saturated});
+    else if (!scale.x.empty())
         panels.insert(panels.begin() + 3,
                       {fmt::format("Loss scale (fp16), {} step(s) skipped", skipped.x.size()),
                        "step",
