@@ -22,16 +22,6 @@ Tensor randn_seeded(const Shape& shape, uint64_t seed) {
     return randn(shape, kF32, gen);
 }
 
-std::vector<json> metrics_of(const std::string& run_dir) {
-    std::vector<json> lines;
-    std::ifstream in(run_dir + "/metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-        json j = json::parse(line);
-        if (j.contains("loss")) lines.push_back(std::move(j));
-    }
-    return lines;
-}
-
 }  // namespace
 
 TEST_CASE("linear in fp16: forward and gradients are the float64 products of the rounded values") {
@@ -156,7 +146,7 @@ TEST_CASE("an fp16 training run tracks its float32 twin, with the loss scale in 
         cfg.steps = 40, cfg.checkpoint_every = 40, cfg.sample_tokens = 0;
         cfg.loss_scale_interval = 15;
         REQUIRE(!train(cfg).diverged);
-        runs.push_back(metrics_of(cfg.run_dir));
+        runs.push_back(test::step_metrics(cfg.run_dir));
     }
     for (const auto& run : runs) REQUIRE(run.size() == 40);
     // The trajectories drift apart chaotically (Adam turns the rounding noise of near-zero
@@ -187,7 +177,7 @@ TEST_CASE("fp16: overflowing steps are skipped and logged; a resumed run equals 
     a.loss_scale = 0x1p40;  // the gradients overflow float16 until the scale comes down
     a.loss_scale_interval = 3;
     REQUIRE(!train(a).diverged);
-    const std::vector<json> ma = metrics_of(a.run_dir);
+    const std::vector<json> ma = test::step_metrics(a.run_dir);
     REQUIRE(ma.size() == 12);
     int skipped = 0;
     for (const json& line : ma) skipped += line.value("skipped", false);
@@ -197,12 +187,7 @@ TEST_CASE("fp16: overflowing steps are skipped and logged; a resumed run equals 
     CHECK(ma.back()["skipped_steps"] == skipped);
     CHECK(std::isfinite(ma.back()["loss"].get<double>()));
 
-    TrainConfig b = a;
-    b.run_dir = dir / "b";
-    CHECK(train(b, false, {.kill_after = 6}).steps_done == 6);
-    TrainConfig again = b;
-    CHECK(train(again, /*resume=*/true).steps_done == 12);
-    const std::vector<json> mb = metrics_of(b.run_dir);
+    const std::vector<json> mb = test::killed_and_resumed(a, dir / "b", 6);
     REQUIRE(mb.size() == 12);
     for (size_t i = 0; i < 12; ++i) {
         CAPTURE(i);

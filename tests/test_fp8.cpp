@@ -28,16 +28,6 @@ Tensor randn_seeded(const Shape& shape, uint64_t seed, double scale = 1.0) {
     return randn(shape, kF32, gen) * scale;
 }
 
-std::vector<json> metrics_of(const std::string& run_dir) {
-    std::vector<json> lines;
-    std::ifstream in(run_dir + "/metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-        json j = json::parse(line);
-        if (j.contains("loss")) lines.push_back(std::move(j));
-    }
-    return lines;
-}
-
 // t rounded to multiples of 1/8 (float32): dot products of such values are exact in any order.
 Tensor on_eighths(const Tensor& t) {
     std::vector<double> v = t.contiguous().to_vector<double>();
@@ -309,7 +299,7 @@ TEST_CASE("an fp8 run tracks its float32 twin; metrics.jsonl counts what saturat
         cfg.model.fp8_attention = std::string(name) == "fp8_attention";
         cfg.steps = 40, cfg.checkpoint_every = 40, cfg.sample_tokens = 0;
         REQUIRE(!train(cfg).diverged);
-        runs.push_back(metrics_of(cfg.run_dir));
+        runs.push_back(test::step_metrics(cfg.run_dir));
     }
     for (const auto& run : runs) REQUIRE(run.size() == 40);
     auto worst = [&](size_t twin) {
@@ -348,13 +338,8 @@ TEST_CASE("fp8: a resumed run equals an unbroken one (the scales are in the chec
     a.model.fp8_attention = true;
     a.steps = 12, a.checkpoint_every = 4, a.sample_tokens = 0;
     REQUIRE(!train(a).diverged);
-    const std::vector<json> ma = metrics_of(a.run_dir);
-    TrainConfig b = a;
-    b.run_dir = dir / "b";
-    CHECK(train(b, false, {.kill_after = 6}).steps_done == 6);
-    TrainConfig again = b;
-    CHECK(train(again, /*resume=*/true).steps_done == 12);
-    const std::vector<json> mb = metrics_of(b.run_dir);
+    const std::vector<json> ma = test::step_metrics(a.run_dir);
+    const std::vector<json> mb = test::killed_and_resumed(a, dir / "b", 6);
     REQUIRE(mb.size() == 12);
     for (size_t i = 0; i < 12; ++i) {
         CAPTURE(i);

@@ -2,6 +2,11 @@
 // that trains 20 steps in a fraction of a second, with checkpoints, evaluation and stats on.
 #pragma once
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
 #include "helpers.h"
 #include "nn/trainer.h"
 
@@ -19,6 +24,28 @@ inline nn::TrainConfig tiny_run(const TempDir& dir, const std::string& name) {
     c.sample_tokens = 20;
     c.progress = false;
     return c;
+}
+
+// The lines of run_dir/metrics.jsonl that hold a training step (a "loss").
+inline std::vector<nlohmann::json> step_metrics(const std::string& run_dir) {
+    std::vector<nlohmann::json> lines;
+    std::ifstream in(run_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+        nlohmann::json j = nlohmann::json::parse(line);
+        if (j.contains("loss")) lines.push_back(std::move(j));
+    }
+    return lines;
+}
+
+// cfg trained in run_dir, killed after kill_after steps, then resumed to its end: the step lines
+// of its metrics.jsonl, for comparing with an unbroken run's.
+inline std::vector<nlohmann::json> killed_and_resumed(nn::TrainConfig cfg,
+                                                      const std::string& run_dir,
+                                                      int64_t kill_after) {
+    cfg.run_dir = run_dir;
+    CHECK(nn::train(cfg, false, {.kill_after = kill_after}).steps_done == kill_after);
+    CHECK(nn::train(cfg, /*resume=*/true).steps_done == cfg.steps);
+    return step_metrics(run_dir);
 }
 
 }  // namespace qk::test
