@@ -13,7 +13,6 @@
 #include "nn/data.h"
 #include "nn/data_parallel.h"
 #include "nn/fine_tune.h"
-#include "nn/fp8_telemetry.h"
 #include "nn/gpt.h"
 #include "nn/hf.h"
 #include "nn/inspect.h"

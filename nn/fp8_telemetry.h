@@ -1,6 +1,7 @@
-// What a --precision fp8 run keeps besides its weights: the delayed-scaling state of every FP8
-// tensor (saved with the checkpoint's training state, so that a resumed run scales as an unbroken
-// one), and the step's overflow counts for metrics.jsonl.
+// Internal to the trainer (not installed: it speaks nlohmann::json). What a --precision fp8 run
+// keeps besides its weights: the delayed-scaling state of every FP8 tensor (saved with the
+// checkpoint's training state, so that a resumed run scales as an unbroken one), and the step's
+// overflow counts for metrics.jsonl.
 #pragma once
 
 #include <nlohmann/json.hpp>
