@@ -206,14 +206,12 @@ CausalSelfAttention::Projected CausalSelfAttention::to_heads(Projected p, int64_
 }
 
 AttentionOptions CausalSelfAttention::options() const {
-    // Under fp8 the Linear layers are FP8 and attention stays bf16 (as Transformer Engine and
-    // DeepSeek-V3 keep it), unless --fp8-attention rounds q, k (to_heads) and the logits too.
-    AttentionOptions options{
-        .causal = true,
-        .window = window_,
-        .softcap = config_.attn_softcap,
-        .precision = config_.precision == Precision::fp8 ? Precision::bf16 : config_.precision,
-        .fp8_logits = config_.fp8_attention};
+    // Under fp8, bf16 unless --fp8-attention rounds q, k (to_heads) and the logits to FP8 too.
+    AttentionOptions options{.causal = true,
+                             .window = window_,
+                             .softcap = config_.attn_softcap,
+                             .precision = config_.outside_linears(),
+                             .fp8_logits = config_.fp8_attention};
     if (is_lp_family(config_.qk_norm))
         options.scale_tensor = qk_scale;  // (1) or (H); the op takes its gradient
     else

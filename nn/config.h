@@ -90,7 +90,13 @@ struct GPTConfig {
     bool is_sliding(int64_t layer) const;  // whether this layer attends through the window
     int64_t mlp_width() const { return mlp_hidden > 0 ? mlp_hidden : 4 * n_embd; }
     double initial_qk_scale() const;  // g₀ for l2/lp, from qk_scale_init
-    void validate() const;            // throws qk::Error naming the offending field
+    // The precision of the GEMMs outside the block Linear layers (attention, the LM head): the
+    // model's, except that fp8 keeps them in bf16, as Transformer Engine and DeepSeek-V3 do (the
+    // logits feed the softmax and the loss directly; --fp8-attention opts attention in).
+    Precision outside_linears() const {
+        return precision == Precision::fp8 ? Precision::bf16 : precision;
+    }
+    void validate() const;  // throws qk::Error naming the offending field
 
     std::map<std::string, std::string> to_strings() const;  // for checkpoint __metadata__
     static GPTConfig from_strings(const std::map<std::string, std::string>& fields);

@@ -5,6 +5,7 @@
 
 #include "core/distributed.h"
 #include "core/error.h"
+#include "core/factory.h"
 
 namespace qk::nn {
 
@@ -33,40 +34,49 @@ void load_fp8_state(GPT& model, const std::string& text, const std::string& orig
 
 namespace {
 
-int64_t take_summed(DelayedScaling* scaling) {
-    return static_cast<int64_t>(
-        dist::all_reduce_sum(static_cast<double>(scaling->take_saturated())));
-}
-
-int64_t take_linear(const std::shared_ptr<Linear>& l, DelayedScaling Fp8LinearScaling::*which) {
-    return l && l->fp8 ? take_summed(&(l->fp8.get()->*which)) : 0;
+// The counts of one layer, in the order take_fp8_saturation reports them: x, weight, grad (each
+// summed over the layer's Linears), then with FP8 attention q, k and the logits of each head.
+void take_layer_counts(const Block& block, int64_t heads, std::vector<double>& counts) {
+    CausalSelfAttention& attn = *block.attn;
+    const std::shared_ptr<Linear> linears[] = {attn.c_attn, attn.c_proj, block.mlp->c_fc,
+                                               block.mlp->c_gate, block.mlp->c_proj};
+    for (DelayedScaling Fp8LinearScaling::*which :
+         {&Fp8LinearScaling::x, &Fp8LinearScaling::weight, &Fp8LinearScaling::grad}) {
+        int64_t n = 0;
+        for (const auto& l : linears)
+            if (l && l->fp8) n += (l->fp8.get()->*which).take_saturated();
+        counts.push_back(static_cast<double>(n));
+    }
+    if (!attn.fp8_q) return;
+    counts.push_back(static_cast<double>(attn.fp8_q->take_saturated()));
+    counts.push_back(static_cast<double>(attn.fp8_k->take_saturated()));
+    attn.fp8_logits_saturated.resize(static_cast<size_t>(heads), 0);
+    for (int64_t& n : attn.fp8_logits_saturated) {
+        counts.push_back(static_cast<double>(n));
+        n = 0;
+    }
 }
 
 }  // namespace
 
 nlohmann::json take_fp8_saturation(GPT& model) {
+    std::vector<double> counts;
+    for (const auto& block : model.h) take_layer_counts(*block, model.config().n_head, counts);
+    // One collective for the whole step: the sums over the ranks.
+    Tensor summed = from_vector(counts, {static_cast<int64_t>(counts.size())}, kF64);
+    if (dist::world_size() > 1) dist::all_reduce_sum(summed);
+    const std::vector<double> total = summed.to_vector<double>();
     nlohmann::json layers = nlohmann::json::array();
+    size_t at = 0;
+    auto next = [&] { return static_cast<int64_t>(total.at(at++)); };
     for (const auto& block : model.h) {
-        CausalSelfAttention& attn = *block->attn;
-        const std::shared_ptr<Linear> linears[] = {attn.c_attn, attn.c_proj, block->mlp->c_fc,
-                                                   block->mlp->c_gate, block->mlp->c_proj};
         nlohmann::json layer;
-        for (const auto& [key, which] :
-             {std::pair{"x", &Fp8LinearScaling::x}, std::pair{"weight", &Fp8LinearScaling::weight},
-              std::pair{"grad", &Fp8LinearScaling::grad}}) {
-            int64_t n = 0;
-            for (const auto& l : linears) n += take_linear(l, which);
-            layer[key] = n;
-        }
-        if (attn.fp8_q) {
-            layer["q"] = take_summed(attn.fp8_q.get());
-            layer["k"] = take_summed(attn.fp8_k.get());
-            std::vector<int64_t> heads(static_cast<size_t>(model.config().n_head), 0);
-            for (size_t h = 0; h < attn.fp8_logits_saturated.size() && h < heads.size(); ++h)
-                heads[h] = attn.fp8_logits_saturated[h];
-            for (int64_t& n : heads)
-                n = static_cast<int64_t>(dist::all_reduce_sum(static_cast<double>(n)));
-            attn.fp8_logits_saturated.assign(heads.size(), 0);
+        for (const char* key : {"x", "weight", "grad"}) layer[key] = next();
+        if (block->attn->fp8_q) {
+            layer["q"] = next();
+            layer["k"] = next();
+            std::vector<int64_t> heads(static_cast<size_t>(model.config().n_head));
+            for (int64_t& n : heads) n = next();
             layer["logits"] = heads;
         }
         layers.push_back(layer);

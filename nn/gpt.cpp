@@ -32,12 +32,6 @@ std::shared_ptr<Norm> block_norm(const GPTConfig& config, DType dtype) {
                                   config.norm_unit_offset);
 }
 
-// The LM head stays bf16 under fp8 (as Transformer Engine recipes and DeepSeek-V3 keep it): the
-// logits feed the loss directly, and E4M3's 3 mantissa bits would quantise them coarsely.
-Precision head_precision(Precision model) {
-    return model == Precision::fp8 ? Precision::bf16 : model;
-}
-
 }  // namespace
 
 MLP::MLP(const GPTConfig& config, Generator& gen, DType dtype) : kind(config.mlp) {
@@ -108,7 +102,7 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
     if (!config.tie_embeddings)
         lm_head = register_module(
             "lm_head", std::make_shared<Linear>(config.n_embd, config.vocab_size, false, 0.02, gen,
-                                                dtype, head_precision(config.precision)));
+                                                dtype, config.outside_linears()));
 }
 
 Tensor Block::forward_cached(const Tensor& x_in, KVCache& cache,
@@ -138,7 +132,7 @@ Tensor GPT::head(const Tensor& x_in) const {
     Tensor logits = lm_head                     ? lm_head->forward(x)
                     : tied_head_bf16_.defined() ? linear(x, tied_head_bf16_, {}, Precision::bf16)
                     : config_.precision != Precision::full
-                        ? linear(x, wte->weight, {}, head_precision(config_.precision))
+                        ? linear(x, wte->weight, {}, config_.outside_linears())
                         : matmul(x, wte->weight.t());
     return config_.logit_softcap > 0 ? softcap(logits, config_.logit_softcap) : logits;
 }

@@ -152,13 +152,7 @@ TEST_CASE("an fp16 training run tracks its float32 twin, with the loss scale in 
     // The trajectories drift apart chaotically (Adam turns the rounding noise of near-zero
     // gradients into full-size steps of either sign), so which twin stays closer is chance; the
     // bound is the one bf16's twin test sets. The precision itself is compared below, at a point.
-    auto worst = [&](size_t twin) {
-        double w = 0;
-        for (size_t i = 0; i < 40; ++i)
-            w = std::max(w, std::abs(runs[0][i]["loss"].get<double>() -
-                                     runs[twin][i]["loss"].get<double>()));
-        return w;
-    };
+    auto worst = [&](size_t twin) { return test::max_loss_gap(runs[0], runs[twin]); };
     MESSAGE(fmt::format("max |loss - loss fp32| over 40 steps: fp16 {:.2g}, bf16 {:.2g}", worst(1),
                         worst(2)));
     CHECK(worst(1) > 0);

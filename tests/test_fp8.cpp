@@ -302,13 +302,7 @@ TEST_CASE("an fp8 run tracks its float32 twin; metrics.jsonl counts what saturat
         runs.push_back(test::step_metrics(cfg.run_dir));
     }
     for (const auto& run : runs) REQUIRE(run.size() == 40);
-    auto worst = [&](size_t twin) {
-        double w = 0;
-        for (size_t i = 0; i < 40; ++i)
-            w = std::max(w, std::abs(runs[0][i]["loss"].get<double>() -
-                                     runs[twin][i]["loss"].get<double>()));
-        return w;
-    };
+    auto worst = [&](size_t twin) { return test::max_loss_gap(runs[0], runs[twin]); };
     MESSAGE(fmt::format("max |loss - loss fp32| over 40 steps: fp8 {:.2g}, fp8 + attention {:.2g}",
                         worst(1), worst(2)));
     CHECK(worst(1) > 0);

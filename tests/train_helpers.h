@@ -2,6 +2,8 @@
 // that trains 20 steps in a fraction of a second, with checkpoints, evaluation and stats on.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -35,6 +37,15 @@ inline std::vector<nlohmann::json> step_metrics(const std::string& run_dir) {
         if (j.contains("loss")) lines.push_back(std::move(j));
     }
     return lines;
+}
+
+// max over the steps of |loss a − loss b|: how far a run strays from its twin (same length).
+inline double max_loss_gap(const std::vector<nlohmann::json>& a,
+                           const std::vector<nlohmann::json>& b) {
+    double gap = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+        gap = std::max(gap, std::abs(a[i]["loss"].get<double>() - b[i]["loss"].get<double>()));
+    return gap;
 }
 
 // cfg trained in run_dir, killed after kill_after steps, then resumed to its end: the step lines
