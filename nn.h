@@ -19,6 +19,7 @@
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/loss_scale.h"
+#include "nn/modality.h"
 #include "nn/module.h"
 #include "nn/muon.h"
 #include "nn/optim.h"

@@ -161,6 +161,19 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
               "char (sorted unique characters), byte (256), or a tokenizer file: tokenizer.json "
               "(byte-level BPE), tokenizer.model (SentencePiece), a directory holding one, a "
               "checkpoint (with --init-from: the model's own, else byte)");
+    ModalityMix& mix = cfg.modalities;
+    add_value(cmd, "--image-fraction", mix.image_fraction,
+              "mix synthetic images into the text: this share of the tokens in [BOI] codes [EOI] "
+              "spans (docs/modalities.md); 0 = text only")
+        ->check(CLI::Range(0.0, 0.9));
+    add_value(cmd, "--image-entropy", mix.image_entropy,
+              "the images' entropy in bits per code: from near-constant images (~log2(K)/N^2) to "
+              "noise (log2 K)");
+    add_value(cmd, "--image-size", mix.image_size, "an image is N x N codes");
+    add_value(cmd, "--image-codes", mix.image_codes, "K: the images' sub-vocabulary");
+    cmd->add_flag("--modality-signals", cfg.modality_signals,
+                  "the signals split by modality in metrics.jsonl (on with any image); with "
+                  "--image-fraction 0, the text-only control on the same vocabulary");
     if (single_run)
         cmd->add_option("--init-from", cfg.init_from,
                         "fine-tune a Hugging Face model directory (config.json + safetensors of "

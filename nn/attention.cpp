@@ -88,6 +88,23 @@ void reduce_signals(const AttentionSignals& rows, AttentionStats& stats) {
         nan_seen ? NAN : entropy_sum / static_cast<double>(std::max<size_t>(1, max_abs.size()));
 }
 
+// q or k as the attention kernel multiplies them: rounded to bf16 or fp16 under mixed precision.
+Tensor as_the_kernel_reads(const Tensor& t, Precision precision) {
+    if (precision != Precision::bf16 && precision != Precision::fp16) return t.detach();
+    return t.detach().to(precision == Precision::bf16 ? kBF16 : kF16).to(kF32);
+}
+
+// Each head's logit scale: the options' constant, or g (one for all heads, or one per head).
+std::vector<double> head_logit_scales(const AttentionOptions& options, int64_t n_head,
+                                      int64_t head_dim) {
+    if (!options.scale_tensor.defined())
+        return std::vector<double>(static_cast<size_t>(n_head),
+                                   options.scale.value_or(1.0 / std::sqrt(head_dim)));
+    std::vector<double> g = options.scale_tensor.to_vector<double>();
+    if (g.size() == 1) g.resize(static_cast<size_t>(n_head), g[0]);
+    return g;
+}
+
 }  // namespace
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen, DType dtype,
@@ -166,8 +183,10 @@ CausalSelfAttention::Projected CausalSelfAttention::project(const Tensor& x,
                 qkv.narrow(-1, q_width + kv_width, kv_width)};
     if (stats) {
         NoGradGuard no_grad;
-        stats->head_q_norm = head_vector_norms(split_heads(p.q, config_.n_head));
-        stats->head_k_norm = head_vector_norms(split_heads(p.k, config_.kv_heads()));
+        stats->q_before = split_heads(p.q.detach(), config_.n_head);
+        stats->k_before = split_heads(p.k.detach(), config_.kv_heads());
+        stats->head_q_norm = head_vector_norms(stats->q_before);
+        stats->head_k_norm = head_vector_norms(stats->k_before);
         stats->q_norm = mean_of_heads(stats->head_q_norm);
         stats->k_norm = mean_of_heads(stats->head_k_norm);
     }
@@ -234,6 +253,12 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
         stats->head_k_norm_after = head_vector_norms(p.k);
     }
     AttentionOptions options = this->options();
+    if (stats) {
+        stats->q_entering = as_the_kernel_reads(p.q, options.precision);
+        stats->k_entering = as_the_kernel_reads(p.k, options.precision);
+        stats->head_logit_scale = head_logit_scales(options, config_.n_head, config_.head_dim());
+        stats->window = window_;
+    }
     const bool drop = config_.dropout > 0 && training();
     if (drop) {
         options.dropout = config_.dropout;

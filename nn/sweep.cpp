@@ -56,9 +56,9 @@ Variant parse_variant(const std::string& spec) {
     QK_CHECK(std::find(presets.begin(), presets.end(), v.preset) != presets.end(),
              "sweep: unknown variant '{}' in '{}'; expected one of {}", v.preset, spec,
              fmt::join(presets, ", "));
-    static const std::set<std::string> keys{"p",     "g0",   "cap",       "scope",  "L",
-                                            "H",     "C",    "precision", "opt",    "pos",
-                                            "order", "clip", "gclip",     "fp8attn"};
+    static const std::set<std::string> keys{"p",     "g0",        "cap", "scope", "L",     "H",
+                                            "C",     "precision", "opt", "pos",   "order", "clip",
+                                            "gclip", "fp8attn",   "img", "ient",  "z",     "place"};
     while (at != std::string::npos) {
         const size_t next = spec.find(':', at + 1);
         const std::string item = spec.substr(at + 1, next - at - 1);
@@ -126,7 +126,12 @@ void apply_variant(const Variant& variant, TrainConfig& cfg) {
         if (key == "order") m.qk_norm_order = parse_qk_norm_order(value);
         if (key == "clip") cfg.qk_clip = parse_number(value, what);  // QK-Clip's tau
         if (key == "gclip") cfg.grad_clip = parse_number(value, what);
+        if (key == "img") cfg.modalities.image_fraction = parse_number(value, what);
+        if (key == "ient") cfg.modalities.image_entropy = parse_number(value, what);
+        if (key == "z") m.z_loss = parse_number(value, what);                // z-loss weight
+        if (key == "place") m.norm_placement = parse_norm_placement(value);  // pre | post | both
     }
+    cfg.modalities.validate();
     m.validate();
     QK_CHECK(cfg.optimizer == "adamw" || cfg.optimizer == "muon",
              "sweep: opt in variant '{}' must be adamw or muon, got '{}'", variant.spec,

@@ -9,6 +9,7 @@
 #include "core/safetensors.h"
 #include "nn/bpe.h"
 #include "nn/checkpoint_files.h"
+#include "nn/modality.h"
 #include "nn/sentencepiece.h"
 
 namespace qk::nn {
@@ -182,6 +183,7 @@ std::string Tokenizer::serialize() const {
     if (k == "bytes") return "bytes";
     if (k == "bpe") return "bpe:" + model_->file_contents();
     if (k == "sentencepiece") return "sentencepiece:" + to_base64(model_->file_contents());
+    if (k == "mixed") return serialize_mixed(*this);
     std::string out = "chars:";
     for (unsigned char c : static_cast<const ByteAlphabet&>(*model_).alphabet())
         out += fmt::format("{:02x}", c);
@@ -191,12 +193,14 @@ std::string Tokenizer::serialize() const {
 Tokenizer Tokenizer::deserialize(const std::string& s) {
     if (s == "bytes") return byte_level();
     if (s.rfind("bpe:", 0) == 0) return bpe_from_json(s.substr(4), "(checkpoint)");
+    if (s.rfind("mixed:", 0) == 0) return deserialize_mixed(s);
     if (s.rfind("sentencepiece:", 0) == 0)
         return Tokenizer(
             load_sentencepiece(from_base64(std::string_view(s).substr(14)), "(checkpoint)"));
     QK_CHECK(s.rfind("chars:", 0) == 0 && s.size() % 2 == 0 && s.size() > 6,
              "Tokenizer: cannot read '{}' (expected 'bytes', 'chars:' + hex bytes, 'bpe:' + "
-             "tokenizer.json or 'sentencepiece:' + base64)",
+             "tokenizer.json, 'sentencepiece:' + base64 or 'mixed:' + codes + ':' + one of "
+             "these)",
              s.substr(0, 40));
     std::string vocab;
     for (size_t i = 6; i < s.size(); i += 2) {

@@ -63,7 +63,7 @@ class Tokenizer {
     // Throws on an id outside the vocabulary.
     std::string decode(const std::vector<int32_t>& ids) const { return model_->decode(ids); }
     int64_t vocab_size() const { return model_->vocab_size(); }
-    std::string kind() const { return model_->kind(); }  // chars | bytes | bpe | sentencepiece
+    std::string kind() const { return model_->kind(); }  // chars, bytes, bpe, sentencepiece, mixed
     bool is_byte_level() const { return kind() == "bytes"; }
     std::optional<int32_t> document_separator() const { return model_->document_separator(); }
     const TokenizerModel& model() const { return *model_; }

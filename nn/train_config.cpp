@@ -204,6 +204,11 @@ void TrainConfig::validate() const {
              "train: --tokenizer must be 'char', 'byte' or a tokenizer file (tokenizer.json, "
              "tokenizer.model, a directory holding one, a checkpoint); '{}' is none of them",
              tokenizer);
+    modalities.validate();
+    QK_CHECK(!multimodal() || !std::filesystem::is_directory(data_path),
+             "train: images mix into a text file's stream; --data {} is a directory of token "
+             "files",
+             data_path);
     QK_CHECK(device == "cpu" || device == "cuda",
              "train: --device must be 'cpu' or 'cuda', got '{}'", device);
     QK_CHECK(!tf32 || device == "cuda",
@@ -219,6 +224,11 @@ std::string TrainConfig::to_json() const {
     j["init_from"] = init_from;
     j["context"] = context;
     j["tokenizer"] = tokenizer;
+    j["image_fraction"] = modalities.image_fraction;
+    j["image_entropy"] = modalities.image_entropy;
+    j["image_size"] = modalities.image_size;
+    j["image_codes"] = modalities.image_codes;
+    j["modality_signals"] = modality_signals;
     j["device"] = device;
     j["tf32"] = tf32;
     j["batch_size"] = batch_size;
@@ -273,6 +283,12 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
         c.init_from = j.value("init_from", c.init_from);  // added with fine-tuning
         if (j.contains("context")) get_integer(j, "context", c.context);
         j.at("tokenizer").get_to(c.tokenizer);
+        // added with the image modality
+        c.modalities.image_fraction = j.value("image_fraction", c.modalities.image_fraction);
+        c.modalities.image_entropy = j.value("image_entropy", c.modalities.image_entropy);
+        if (j.contains("image_size")) get_integer(j, "image_size", c.modalities.image_size);
+        if (j.contains("image_codes")) get_integer(j, "image_codes", c.modalities.image_codes);
+        c.modality_signals = j.value("modality_signals", c.modality_signals);
         c.device = j.value("device", std::string("cpu"));  // runs saved before devices existed
         c.tf32 = j.value("tf32", false);                   // and before TF32
         get_integer(j, "batch_size", c.batch_size);

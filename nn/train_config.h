@@ -6,6 +6,7 @@
 #include <string>
 
 #include "nn/config.h"
+#include "nn/modality.h"
 
 namespace qk::nn {
 
@@ -22,10 +23,17 @@ struct TrainConfig {
     int64_t context = 0;
     int64_t context_length() const { return context > 0 ? context : model.block_size; }
     std::string tokenizer = "char";  // char | byte
-    std::string device = "cpu";      // cpu | cuda: where the weights, batches and steps live
-    bool tf32 = false;               // cuda: float32 GEMMs on TF32 tensor cores (set_tf32)
-    int64_t batch_size = 32;         // the global batch: split over the ranks and micro-batches
-    int64_t grad_accum = 1;  // micro-batches per optimizer step (gradients summed in between)
+    // A second modality (nn/modality.h, docs/modalities.md): image spans mixed into the text
+    // stream (image_fraction 0: text only). With any image, or with modality_signals (the
+    // text-only control), the tokenizer gains the codes and markers and metrics.jsonl splits the
+    // signals by modality.
+    ModalityMix modalities;
+    bool modality_signals = false;
+    bool multimodal() const { return modality_signals || modalities.image_fraction > 0; }
+    std::string device = "cpu";  // cpu | cuda: where the weights, batches and steps live
+    bool tf32 = false;           // cuda: float32 GEMMs on TF32 tensor cores (set_tf32)
+    int64_t batch_size = 32;     // the global batch: split over the ranks and micro-batches
+    int64_t grad_accum = 1;      // micro-batches per optimizer step (gradients summed in between)
     int64_t steps = 2000;
     int64_t warmup = 100;
     double lr = 1e-3, lr_min = 1e-4;

@@ -12,6 +12,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int64_t kBytesProbeTokens = int64_t{4} << 20;
+constexpr uint64_t kImageSeed = 0x1ae9e;
 
 std::string fnv1a(std::string_view bytes) {
     uint64_t h = 0xcbf29ce484222325u;
@@ -30,6 +31,16 @@ TrainingData from_text_file(const TrainConfig& cfg) {
     const std::string_view all(text);
     std::vector<int32_t> train = d.tokenizer.encode(all.substr(0, split), false);
     std::vector<int32_t> val = d.tokenizer.encode(all.substr(split), false);
+    if (cfg.multimodal()) {
+        // Images are data, not training randomness: the same images for every run seed.
+        d.modalities = {d.tokenizer.vocab_size(), cfg.modalities.image_codes};
+        d.tokenizer = mixed_tokenizer(d.tokenizer, cfg.modalities.image_codes);
+        MixedStream train_mix = mix_modalities(train, d.modalities, cfg.modalities, kImageSeed);
+        train = std::move(train_mix.tokens);
+        d.train_mix = train_mix.summary;
+        val = mix_modalities(val, d.modalities, cfg.modalities, kImageSeed + 1).tokens;
+    }
+    // Mixed with images: bits of the whole stream per byte of its text.
     d.val_bytes_per_token = static_cast<double>(text.size() - split) /
                             static_cast<double>(std::max<size_t>(val.size(), 1));
     d.dataset = std::make_unique<TextDataset>(

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "nn/data.h"
+#include "nn/modality.h"
 #include "nn/train_config.h"
 
 namespace qk::nn {
@@ -19,6 +20,10 @@ struct TrainingData {
     double val_bytes_per_token = 1;
     // What the ranks of a data-parallel run compare: the data's size and a hash of its content.
     std::string fingerprint;
+    // A mixed text + image stream (cfg.multimodal()): its vocabulary (text_vocab 0 otherwise)
+    // and what its training part holds, measured.
+    ModalityVocab modalities;
+    MixedStream::Summary train_mix;
 
     // A validation loss in nats per token as bits per byte of raw text.
     double bits_per_byte(double nats_per_token) const;
@@ -26,7 +31,10 @@ struct TrainingData {
 
 // cfg.data_path: a text file (split at 90 % of its bytes: train before, validation after, each
 // encoded on its own), or a directory of token files with cfg.tokenizer naming their tokenizer.
-// cfg.tokenizer: "char", "byte", or a tokenizer file (Tokenizer::from_file).
+// cfg.tokenizer: "char", "byte", or a tokenizer file (Tokenizer::from_file). With
+// cfg.multimodal(), each side's text tokens are mixed with images (mix_modalities: the training
+// images from one seed, the validation images from another) and the tokenizer is
+// mixed_tokenizer's.
 TrainingData load_training_data(const TrainConfig& cfg);
 
 }  // namespace qk::nn

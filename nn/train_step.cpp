@@ -47,7 +47,8 @@ void merge_stats(std::vector<AttentionStats>& so_far, std::vector<AttentionStats
 
 StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const TrainConfig& cfg,
                                    Generator& data_gen, RunOptimizer& optimizer,
-                                   std::vector<AttentionStats>* stats, double loss_scale) {
+                                   std::vector<AttentionStats>* stats, double loss_scale,
+                                   ModalitySignals* modality, const ModalityVocab& vocab) {
     const bool many = dist::world_size() > 1;
     const int64_t K = cfg.grad_accum, micro_size = cfg.batch_size / (dist::world_size() * K);
     Tensor ids, targets;  // the global batch, of which this rank reads its rows (micro_rows)
@@ -58,13 +59,17 @@ StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const Tr
     bool finite = true;
     for (int64_t k = 0; k < K; ++k) {
         const bool last = k + 1 == K;
-        const Tensor micro_ids = micro_rows(ids, k, micro_size).to(model.device());
-        const Tensor micro_targets = micro_rows(targets, k, micro_size).to(model.device());
+        const Tensor host_ids = micro_rows(ids, k, micro_size);
+        const Tensor host_targets = micro_rows(targets, k, micro_size);
+        const Tensor micro_ids = host_ids.to(model.device());
+        const Tensor micro_targets = host_targets.to(model.device());
         // The signals come from the last micro-batch; QK-Clip's per-head max from every one.
         const bool measure = stats && (last || cfg.qk_clip > 0);
         GPTOutput out = model.forward(micro_ids, micro_targets, measure);
         loss_sum += out.cross_entropy.item();
         finite = finite && std::isfinite(out.loss.item());
+        if (measure && last && modality)
+            *modality = modality_signals(model, out, host_ids, host_targets, vocab);
         if (measure) merge_stats(*stats, std::move(out.stats));
         // A non-finite loss ends the run after this step. Alone, its backward is skipped; with
         // other ranks it runs anyway, so that every rank makes the same collectives.
@@ -75,6 +80,7 @@ StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const Tr
     }
     if (finite || many) optimizer.finish_gradients();
     if (stats) reduce_stats(*stats);
+    if (stats && modality) reduce_over_ranks(*modality);
     const double micro_batches = static_cast<double>(K * dist::world_size());
     return {dist::all_reduce_sum(loss_sum) / micro_batches, finite || many};
 }

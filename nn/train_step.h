@@ -8,6 +8,7 @@
 
 #include "nn/data.h"
 #include "nn/gpt.h"
+#include "nn/modality_signals.h"
 #include "nn/run_optimizer.h"
 #include "nn/train_config.h"
 
@@ -24,10 +25,13 @@ struct StepGradients {
 // RunOptimizer::clip divides out again). With several ranks, the last micro-batch's backward also
 // starts averaging them over the ranks, and finish_gradients() completes it: every rank then
 // holds the gradient of the global batch's mean loss (or, with --zero 1, its shard of it). The
-// stability signals go to *stats when given.
+// stability signals go to *stats when given, and split by modality (of the last micro-batch,
+// summed over the ranks) to *modality when given too.
 StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const TrainConfig& cfg,
                                    Generator& data_gen, RunOptimizer& optimizer,
-                                   std::vector<AttentionStats>* stats, double loss_scale);
+                                   std::vector<AttentionStats>* stats, double loss_scale,
+                                   ModalitySignals* modality = nullptr,
+                                   const ModalityVocab& vocab = {});
 
 // The per-layer signals of a metrics.jsonl line.
 nlohmann::json stats_to_json(const std::vector<AttentionStats>& stats);

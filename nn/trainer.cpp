@@ -24,6 +24,7 @@
 #include "nn/fp8_telemetry.h"
 #include "nn/loss_scale.h"
 #include "nn/metrics_file.h"
+#include "nn/modality_signals.h"
 #include "nn/plot.h"
 #include "nn/qk_clip.h"
 #include "nn/run_control.h"
@@ -65,21 +66,31 @@ std::string divergence(double loss, double grad_norm, double min_loss, double fa
 
 // ---- the loop's pieces -----------------------------------------------------------------------
 
-double evaluate(GPT& model, const TextDataset& data, const TrainConfig& cfg) {
+// The validation loss, and with a mixed stream (vocab.text_vocab > 0) its split by the targets'
+// modality into *by_modality.
+double evaluate(GPT& model, const TextDataset& data, const TrainConfig& cfg,
+                const ModalityVocab& vocab = {}, ModalitySignals* by_modality = nullptr) {
     NoGradGuard no_grad;
     model.eval();
     Generator gen(cfg.seed ^ 0xe7a1u);  // the same validation batches at every evaluation
     double total = 0;
+    ModalitySignals split;
     for (int64_t i = 0; i < cfg.eval_batches; ++i) {
         Tensor ids, targets;
         // Every rank draws every batch, and reads and evaluates its share.
         const bool mine = i % dist::world_size() == dist::rank();
         data.batch(false, cfg.batch_size, gen, ids, targets, [mine](int64_t) { return mine; });
         if (!mine) continue;
-        ids = ids.to(model.device()), targets = targets.to(model.device());
-        total += model.forward(ids, targets).cross_entropy.item();
+        const GPTOutput out = model.forward(ids.to(model.device()), targets.to(model.device()));
+        total += out.cross_entropy.item();
+        if (by_modality && vocab.text_vocab > 0)
+            add_output_signals(split, out.logits, targets, vocab);
     }
     model.train();
+    if (by_modality) {
+        reduce_over_ranks(split);
+        *by_modality = split;
+    }
     return dist::all_reduce_sum(total) / static_cast<double>(cfg.eval_batches);
 }
 
@@ -348,6 +359,8 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
              cfg.batch_size, ranks, cfg.grad_accum, ranks * cfg.grad_accum);
     if (cfg.data_path.empty()) cfg.data_path = default_data_path();
     run.input = load_training_data(cfg);
+    if (run.root && cfg.progress && cfg.modalities.image_fraction > 0)
+        fmt::print("{}\n", describe_mix(cfg.modalities, run.input.train_mix));
     if (run.root) {
         QK_CHECK(!fs::exists(cfg.run_dir) || fs::is_directory(cfg.run_dir),
                  "train: --run-dir '{}' is a file, not a directory", cfg.run_dir);
@@ -407,9 +420,12 @@ bool train_step(TrainingRun& run, int64_t step) {
     std::vector<AttentionStats> stats;  // every step with QK-Clip: it reads S_h from them
     const bool measure = with_stats || cfg.qk_clip > 0;
     const double loss_scale = run.scaler ? run.scaler->scale() : 1.0;
-    const StepGradients grads =
-        accumulate_gradients(*run.model, *run.input.dataset, cfg, run.data_gen, *run.optimizer,
-                             measure ? &stats : nullptr, loss_scale);
+    const ModalityVocab& vocab = run.input.modalities;
+    const bool split = with_stats && vocab.text_vocab > 0;  // signals by modality
+    ModalitySignals modality;
+    const StepGradients grads = accumulate_gradients(
+        *run.model, *run.input.dataset, cfg, run.data_gen, *run.optimizer,
+        measure ? &stats : nullptr, loss_scale, split ? &modality : nullptr, vocab);
     const double loss = grads.loss;
     const double grad_norm =
         grads.backward_done ? run.optimizer->clip(cfg.grad_clip, loss_scale) : NAN;
@@ -453,11 +469,14 @@ bool train_step(TrainingRun& run, int64_t step) {
               {"grad_norm", std::isfinite(grad_norm) ? json(grad_norm) : json()},
               {"tokens_per_s", run.tokens_per_step() / seconds}};
     if ((step + 1) % cfg.eval_interval() == 0 || step + 1 == cfg.steps) {
-        run.last_val = evaluate(*run.model, *run.input.dataset, cfg);
+        ModalitySignals val_split;
+        run.last_val = evaluate(*run.model, *run.input.dataset, cfg, vocab, &val_split);
         line["val_loss"] = run.last_val;
         line["val_bpb"] = run.input.bits_per_byte(run.last_val);
+        if (vocab.text_vocab > 0) line["val_loss_by_modality"] = modality_json(val_split)["loss"];
     }
     if (with_stats) line["layers"] = stats_to_json(stats);
+    if (split) line["modality"] = modality_json(modality);
     if (cfg.qk_clip > 0) line["heads_clipped"] = heads_clipped;
     if (cfg.model.precision == Precision::fp8)
         line["fp8_saturated"] = take_fp8_saturation(*run.model);
