@@ -1,7 +1,7 @@
 // The plot of a run: losses, learning rate and gradient norm (fp16's loss scale, fp8's saturation
-// counts), and the
-// stability signals per layer (max attention logit, attention entropy, mean ‖q‖ and ‖k‖), read
-// back from metrics.jsonl, under a title that says what the run is.
+// counts), the stability signals per layer (max attention logit, attention entropy, mean ‖q‖ and
+// ‖k‖) and, for a mixed text + image run, the signals by modality; read back from metrics.jsonl,
+// under a title that says what the run is.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -52,6 +52,64 @@ void add_saturation_counts(const nlohmann::json& layers, double step,
     }
 }
 
+// A point of the series `label` in group, the series added on its first point.
+void add_point(std::vector<plot::Series>& group, const std::string& label, double x, double y) {
+    auto it = std::find_if(group.begin(), group.end(),
+                           [&](const plot::Series& s) { return s.label == label; });
+    if (it == group.end()) it = group.insert(group.end(), {label, {}, {}});
+    it->x.push_back(x);
+    it->y.push_back(y);
+}
+
+// A mixed text + image run's signals by modality (docs/modalities.md#signals-by-modality).
+struct ModalityPanels {
+    std::vector<plot::Series> loss, log_z, norms, max_logit, gains;
+
+    void add(const nlohmann::json& m, double step) {
+        for (const char* modality : {"text", "image"}) {
+            if (m.contains("loss")) add_point(loss, modality, step, number(m["loss"], modality));
+            if (m.contains("log_z")) add_point(log_z, modality, step, number(m["log_z"], modality));
+        }
+        if (!m.contains("layers") || !m["layers"].is_array()) return;
+        const auto& layers = m["layers"];
+        // Norms: the mean over layers; the largest logit of each pair kind over layers.
+        for (const char* modality : {"text", "image"})
+            for (const char* which : {"q_norm", "k_norm"}) {
+                double total = 0;
+                for (const auto& layer : layers)
+                    total += layer.contains(which) ? number(layer[which], modality) : NAN;
+                add_point(norms, fmt::format("‖{}‖ {}", which[0], modality), step,
+                          total / static_cast<double>(std::max<size_t>(1, layers.size())));
+            }
+        for (const char* pair : {"text>text", "text>image", "image>text", "image>image"}) {
+            double top = NAN;
+            for (const auto& layer : layers)
+                if (layer.contains("max_logit"))
+                    top = std::fmax(top, number(layer["max_logit"], pair));
+            add_point(max_logit, pair, step, top);
+        }
+        for (size_t i = 0; i < layers.size(); ++i)
+            for (const char* which : {"q_gain", "k_gain"})
+                if (layers[i].contains(which) && layers[i][which].is_number())
+                    add_point(gains, fmt::format("layer {} {}", i, which[0]), step,
+                              number(layers[i], which));
+    }
+
+    void append_to(std::vector<plot::Panel>& panels) const {
+        if (loss.empty()) return;
+        panels.push_back({"Training loss by the target's modality", "step", "cross-entropy", false,
+                          false, loss});
+        panels.push_back({"Max |attention logit| by query > key modality (over layers)", "step",
+                          "max |s|", false, true, max_logit});
+        panels.push_back({"Mean ‖q‖, ‖k‖ before normalisation, by modality", "step", "norm", false,
+                          false, norms});
+        panels.push_back({"log Z of the output logits, by the target's modality", "step",
+                          "mean logsumexp(z)", false, false, log_z});
+        if (!gains.empty())
+            panels.push_back({"QK-norm gains max |g|", "step", "max |g|", false, false, gains});
+    }
+};
+
 }  // namespace
 
 void write_run_plot(const TrainConfig& cfg) {
@@ -66,6 +124,7 @@ void write_run_plot(const TrainConfig& cfg) {
     // kind.
     std::vector<plot::Series> saturated;
     std::vector<plot::Series> max_logit, entropy, q_norm, k_norm;
+    ModalityPanels modality;
     for (const MetricsRecord& record : read_metrics(run_dir).records) {
         const json& j = record.record;
         const double step = number(j, "step");
@@ -94,6 +153,7 @@ void write_run_plot(const TrainConfig& cfg) {
         }
         if (j.contains("fp8_saturated") && j["fp8_saturated"].is_array())
             add_saturation_counts(j["fp8_saturated"], step, saturated);
+        if (j.contains("modality") && j["modality"].is_object()) modality.add(j["modality"], step);
         if (!j.contains("layers") || !j["layers"].is_array()) continue;
         const auto& layers = j["layers"];
         for (size_t i = 0; i < layers.size(); ++i) {
@@ -142,6 +202,7 @@ void write_run_plot(const TrainConfig& cfg) {
                        false,
                        true,
                        {scale, skipped}});
+    modality.append_to(panels);
     std::string dir = run_dir;  // "runs/x/" names the run x too
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
     const std::string name = std::filesystem::path(dir).filename().string();
