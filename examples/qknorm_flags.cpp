@@ -171,9 +171,9 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
               "noise (log2 K)");
     add_value(cmd, "--image-size", mix.image_size, "an image is N x N codes");
     add_value(cmd, "--image-codes", mix.image_codes, "K: the images' sub-vocabulary");
-    cmd->add_flag("--modality-signals", cfg.modality_signals,
-                  "the signals split by modality in metrics.jsonl (on with any image); with "
-                  "--image-fraction 0, the text-only control on the same vocabulary");
+    add_value(cmd, "--modality-signals", cfg.modality_signals,
+              "the signals split by modality in metrics.jsonl (true|false; on with any image); "
+              "with --image-fraction 0, the text-only control on the same vocabulary");
     if (single_run)
         cmd->add_option("--init-from", cfg.init_from,
                         "fine-tune a Hugging Face model directory (config.json + safetensors of "

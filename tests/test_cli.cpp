@@ -198,6 +198,48 @@ TEST_CASE("a config file: a regular file in TOML, every key a flag, every value 
     }
 }
 
+TEST_CASE("experiment 9's config runs end to end, two steps a run; a mixed model samples") {
+    TempDir dir("cli_exp9");
+    const std::string out = dir / "exp9";
+    const Outcome swept = run_qknorm({"sweep",
+                                      "--config",
+                                      QK_SOURCE_DIR "/examples/stability/exp9_modalities.toml",
+                                      "--steps",
+                                      "2",
+                                      "--warmup",
+                                      "1",
+                                      "--n-layer",
+                                      "1",
+                                      "--n-embd",
+                                      "16",
+                                      "--n-head",
+                                      "2",
+                                      "--block-size",
+                                      "16",
+                                      "--batch-size",
+                                      "4",
+                                      "--eval-batches",
+                                      "1",
+                                      "--lrs",
+                                      "0.01",
+                                      "--seeds",
+                                      "1",
+                                      "--out",
+                                      out,
+                                      "--data",
+                                      write_corpus(dir)});
+    CAPTURE(swept.output);
+    REQUIRE(swept.exit_code == 0);
+    CHECK(swept.output.find("24 variants x 1 learning rates x 1 seeds") != std::string::npos);
+    // The mixed post-norm run's model samples images and text through its mixed tokenizer.
+    const Outcome sampled = run_qknorm(
+        {"sample", "--run-dir", out + "/runs/baseline_place-post_img-0.5_ient-5__lr0.01__s1",
+         "--prompt", "a[BOI]", "--tokens", "40"});
+    CAPTURE(sampled.output);
+    CHECK(sampled.exit_code == 0);
+    CHECK(sampled.output.rfind("a[BOI]", 0) == 0);  // "[BOI]" alone: a CLI11 list
+}
+
 TEST_CASE("sample: options checked, tokens streamed, non-finite logits refused") {
     TempDir dir("cli_sample");
     const std::string run = dir / "run";
