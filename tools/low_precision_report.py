@@ -6,7 +6,8 @@ Usage: tools/low_precision_report.py SWEEP_DIR [--runs-csv OUT] [--summary-csv O
 
 A run directory is named `<variant>[_precision-<p>][_fp8attn-1]__lr<lr>__s<seed>`; the label
 `fp32`, `bf16`, `fp16`, `fp8` or `fp8+attn` is read from it. Per run (--runs-csv):
-- the final validation loss and the largest max |s| (attention logit, pre-cap) over the run;
+- the final validation loss, whether the run diverged (result.json: a non-finite loss or one past
+  --diverge-factor; its loss then counts as the initial one) and the largest max |s| (attention logit, pre-cap) over the run;
 - `first_over_fp16` / `first_over_e4m3`: the first step whose max |s| exceeds 65,504 (float16's
   largest finite value: an fp16 logits GEMM, as an unfused attention in PyTorch AMP computes it,
   would hold an Inf) and 448 (E4M3's: FP8 logits saturate there);
@@ -123,10 +124,14 @@ def run_row(run_dir, match):
     model = config.get("model", config)
     n_layer, n_head, n_embd = model["n_layer"], model["n_head"], model["n_embd"]
     m = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    with open(os.path.join(run_dir, "result.json")) as f:
+        result = json.load(f)  # diverged: a non-finite loss or one past --diverge-factor
     bounds = gain_bounds(run_dir, n_layer, n_embd // n_head)
     row = {"variant": match["variant"], "precision": precision_label(match),
            "lr": float(match["lr"]), "seed": int(match["seed"]), "init_val_loss": m["init_val"],
-           "final_val_loss": m["val"], "diverged": int(m["diverged"]),
+           "final_val_loss": m["val"],
+           "diverged": int(m["diverged"] or result.get("diverged", False)),
+           "steps_done": result.get("steps_done", ""),
            "max_logit": m["max_logit"], "first_over_fp16": first_step(m["over_fp16"]),
            "first_over_e4m3": first_step(m["over_e4m3"]), "skipped_steps": len(m["skipped"]),
            "first_skipped": first_step(m["skipped"]),
