@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -102,6 +105,12 @@ double image_entropy_bits(const ImageSource& source, int64_t images, uint64_t se
 }
 
 double temperature_for_entropy(double bits, int64_t codes, int64_t size) {
+    // A run asks twice (training and validation images): the bisection's ~40 entropy estimates
+    // are worth remembering.
+    static std::mutex mutex;
+    static std::map<std::tuple<double, int64_t, int64_t>, double> found;
+    const std::lock_guard lock(mutex);
+    if (auto it = found.find({bits, codes, size}); it != found.end()) return it->second;
     auto entropy = [&](double temperature) {
         return image_entropy_bits({codes, size, temperature}, kBisectionImages, kBisectionSeed);
     };
@@ -116,7 +125,7 @@ double temperature_for_entropy(double bits, int64_t codes, int64_t size) {
         const double mid = 0.5 * (lo + hi);
         (entropy(std::exp(mid)) < bits ? lo : hi) = mid;
     }
-    return std::exp(0.5 * (lo + hi));
+    return found[{bits, codes, size}] = std::exp(0.5 * (lo + hi));
 }
 
 void ModalityMix::validate() const {
