@@ -88,12 +88,6 @@ void reduce_signals(const AttentionSignals& rows, AttentionStats& stats) {
         nan_seen ? NAN : entropy_sum / static_cast<double>(std::max<size_t>(1, max_abs.size()));
 }
 
-// q or k as the attention kernel multiplies them: rounded to bf16 or fp16 under mixed precision.
-Tensor as_the_kernel_reads(const Tensor& t, Precision precision) {
-    if (precision != Precision::bf16 && precision != Precision::fp16) return t.detach();
-    return t.detach().to(precision == Precision::bf16 ? kBF16 : kF16).to(kF32);
-}
-
 // Each head's logit scale: the options' constant, or g (one for all heads, or one per head).
 std::vector<double> head_logit_scales(const AttentionOptions& options, int64_t n_head,
                                       int64_t head_dim) {
@@ -254,8 +248,9 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionStats* stats,
     }
     AttentionOptions options = this->options();
     if (stats) {
-        stats->q_entering = as_the_kernel_reads(p.q, options.precision);
-        stats->k_entering = as_the_kernel_reads(p.k, options.precision);
+        stats->q_entering = p.q.detach();  // handles: rounded only when read
+        stats->k_entering = p.k.detach();
+        stats->precision = options.precision;
         stats->head_logit_scale = head_logit_scales(options, config_.n_head, config_.head_dim());
         stats->window = window_;
     }

@@ -3,9 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "core/error.h"
 
@@ -30,10 +27,10 @@ double cell_distribution(double mu, double temperature, std::vector<double>& p) 
     // Exponents relative to the largest weight (the code nearest μ), so that a small τ cannot
     // underflow every weight to 0.
     const double nearest = std::clamp(std::round(mu), 0.0, static_cast<double>(K - 1));
-    const double inv = 1.0 / (2.0 * temperature * temperature);
+    const double inv = 1.0 / (2.0 * temperature * temperature), dn = nearest - mu;
     double total = 0;
     for (int64_t x = 0; x < K; ++x) {
-        const double dx = static_cast<double>(x) - mu, dn = nearest - mu;
+        const double dx = static_cast<double>(x) - mu;
         p[static_cast<size_t>(x)] = std::exp(-(dx * dx - dn * dn) * inv);
         total += p[static_cast<size_t>(x)];
     }
@@ -105,12 +102,6 @@ double image_entropy_bits(const ImageSource& source, int64_t images, uint64_t se
 }
 
 double temperature_for_entropy(double bits, int64_t codes, int64_t size) {
-    // A run asks twice (training and validation images): the bisection's ~40 entropy estimates
-    // are worth remembering.
-    static std::mutex mutex;
-    static std::map<std::tuple<double, int64_t, int64_t>, double> found;
-    const std::lock_guard lock(mutex);
-    if (auto it = found.find({bits, codes, size}); it != found.end()) return it->second;
     auto entropy = [&](double temperature) {
         return image_entropy_bits({codes, size, temperature}, kBisectionImages, kBisectionSeed);
     };
@@ -125,18 +116,32 @@ double temperature_for_entropy(double bits, int64_t codes, int64_t size) {
         const double mid = 0.5 * (lo + hi);
         (entropy(std::exp(mid)) < bits ? lo : hi) = mid;
     }
-    return found[{bits, codes, size}] = std::exp(0.5 * (lo + hi));
+    return std::exp(0.5 * (lo + hi));
 }
 
+namespace {
+
+void check_image_fraction(double fraction) {
+    QK_CHECK(std::isfinite(fraction) && fraction >= 0 && fraction <= 0.9,
+             "--image-fraction must be in [0, 0.9], got {}", fraction);
+}
+
+}  // namespace
+
 void ModalityMix::validate() const {
-    QK_CHECK(std::isfinite(image_fraction) && image_fraction >= 0 && image_fraction <= 0.9,
-             "--image-fraction must be in [0, 0.9], got {}", image_fraction);
+    check_image_fraction(image_fraction);
     QK_CHECK(image_codes >= 2 && image_codes <= kMaxCodes,
              "--image-codes must be in [2, {}], got {}", kMaxCodes, image_codes);
     QK_CHECK(image_size >= 1 && image_size <= kMaxImageSize,
              "--image-size must be in [1, {}], got {}", kMaxImageSize, image_size);
     QK_CHECK(std::isfinite(image_entropy) && image_entropy > 0,
              "--image-entropy must be a number of bits per code > 0, got {}", image_entropy);
+}
+
+ImageSource ModalityMix::image_source() const {
+    validate();
+    return {image_codes, image_size,
+            temperature_for_entropy(image_entropy, image_codes, image_size)};
 }
 
 double MixedStream::Summary::image_token_share() const {
@@ -149,23 +154,22 @@ double MixedStream::Summary::bits_per_code(int64_t image_size) const {
 }
 
 MixedStream mix_modalities(const std::vector<int32_t>& text, const ModalityVocab& vocab,
-                           const ModalityMix& mix, uint64_t seed) {
-    mix.validate();
+                           double image_fraction, const ImageSource& images, uint64_t seed) {
+    check_image_fraction(image_fraction);
+    images.validate();
     MixedStream stream;
     MixedStream::Summary& summary = stream.summary;
     summary.text_tokens = summary.tokens = static_cast<int64_t>(text.size());
-    if (mix.image_fraction == 0) {
+    if (image_fraction == 0) {
         stream.tokens = text;
         return stream;
     }
-    summary.temperature =
-        temperature_for_entropy(mix.image_entropy, mix.image_codes, mix.image_size);
-    const ImageSource source{mix.image_codes, mix.image_size, summary.temperature};
+    summary.temperature = images.temperature;
     // A span of S tokens after text segments of mean L makes the image share S / (S + L).
-    const auto span = static_cast<double>(mix.span());
-    const double mean_segment = span * (1 - mix.image_fraction) / mix.image_fraction;
+    const auto cells = static_cast<size_t>(images.size * images.size);
+    const auto span = static_cast<double>(cells + 2);  // [BOI], the codes, [EOI]
+    const double mean_segment = span * (1 - image_fraction) / image_fraction;
     Generator gen(seed);
-    const auto cells = static_cast<size_t>(mix.image_size * mix.image_size);
     std::vector<int32_t> image(cells);
     stream.tokens.reserve(static_cast<size_t>(static_cast<double>(text.size()) *
                                               (1 + span / std::max(mean_segment, 1.0))) +
@@ -178,7 +182,7 @@ MixedStream mix_modalities(const std::vector<int32_t>& text, const ModalityVocab
                              text.begin() + static_cast<ptrdiff_t>(next + length));
         next += length;
         if (next == text.size()) break;
-        summary.image_bits += draw_image(source, gen, image.data());
+        summary.image_bits += draw_image(images, gen, image.data());
         stream.tokens.push_back(vocab.boi());
         for (int32_t code : image)
             stream.tokens.push_back(static_cast<int32_t>(vocab.first_code() + code));

@@ -49,8 +49,8 @@ struct ModalityMix {
     int64_t image_codes = 64;   // K
 
     void validate() const;
-    // [BOI], N² codes, [EOI]
-    int64_t span() const { return image_size * image_size + 2; }
+    // The image source these settings ask for: validated, τ from temperature_for_entropy.
+    ImageSource image_source() const;
 };
 
 // The ids of a mixed vocabulary: the text tokenizer's [0, V), then the K codes, [BOI], [EOI].
@@ -82,10 +82,11 @@ struct MixedStream {
 };
 
 // The text tokens, in order, cut into segments whose lengths are geometric with the mean that
-// gives the image fraction, an image span after each segment but the last. The image codes come
-// from `seed` (train and validation use different seeds, so they hold different images).
+// gives the image fraction, an image span of `images` ([BOI], N² codes, [EOI]) after each segment
+// but the last. The image codes come from `seed` (train and validation use different seeds, so
+// they hold different images). Fraction 0: the text alone.
 MixedStream mix_modalities(const std::vector<int32_t>& text, const ModalityVocab& vocab,
-                           const ModalityMix& mix, uint64_t seed);
+                           double image_fraction, const ImageSource& images, uint64_t seed);
 
 // One line for the start of a run: "images: 50.1 % of the training tokens, 14,085 images of 6x6
 // codes (K = 64), 3.000 bits per code (tau 0.84)".

@@ -34,16 +34,17 @@ void add_output_sums(ModalitySignals& s, const Tensor& logits, const std::vector
     const auto log_z = logsumexp(flat, {-1}).to_vector<double>();
     for (int m = 0; m < 2; ++m) {
         std::vector<int32_t> only(targets);  // the other modality's targets ignored
-        for (int64_t i = 0; i < N; ++i)
-            if (target_modality[static_cast<size_t>(i)] != m) only[static_cast<size_t>(i)] = -1;
-        for (int64_t i = 0; i < N; ++i) {
-            if (target_modality[static_cast<size_t>(i)] != m) continue;
-            s.logit_norm[m] += norms[static_cast<size_t>(i)];
-            s.log_z[m] += log_z[static_cast<size_t>(i)];
-            s.targets[m] += 1;
+        double count = 0;
+        for (size_t i = 0; i < only.size(); ++i) {
+            if (target_modality[i] != m) {
+                only[i] = -1;
+                continue;
+            }
+            s.logit_norm[m] += norms[i];
+            s.log_z[m] += log_z[i];
+            count += 1;
         }
-        const auto count =
-            static_cast<double>(std::count(target_modality.begin(), target_modality.end(), m));
+        s.targets[m] += count;
         if (count == 0) continue;
         const Tensor t = from_ids(only, {N}).to(logits.device());
         s.loss[m] += cross_entropy(flat, t, -1).item() * count;
@@ -64,10 +65,17 @@ void add_vector_norms(double sums[2], double counts[2], const Tensor& t,
             }
 }
 
+// q or k as the attention kernel multiplies them: rounded to bf16 or fp16 under mixed precision.
+Tensor as_the_kernel_reads(const Tensor& t, Precision precision) {
+    if (precision != Precision::bf16 && precision != Precision::fp16) return t;
+    return t.to(precision == Precision::bf16 ? kBF16 : kF16).to(kF32);
+}
+
 // max |s| by (query, key) modality over the causal (and windowed) pairs.
 void add_logit_maxima(ModalitySignals::Layer& layer, const AttentionStats& stats,
                       const std::vector<int>& modality) {
-    Tensor q = stats.q_entering, k = stats.k_entering;  // (B, H, T, D), (B, Hkv, T, D)
+    Tensor q = as_the_kernel_reads(stats.q_entering, stats.precision);  // (B, H, T, D)
+    Tensor k = as_the_kernel_reads(stats.k_entering, stats.precision);  // (B, Hkv, T, D)
     const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1);
     if (Hkv != H)  // grouped-query: each key head serves H / Hkv query heads
         k = k.unsqueeze(2).expand({B, Hkv, H / Hkv, T, D}).reshape({B, H, T, D});
@@ -137,19 +145,22 @@ void add_output_signals(ModalitySignals& signals, const Tensor& logits, const Te
 
 void reduce_over_ranks(ModalitySignals& s) {
     if (dist::world_size() == 1) return;
+    // Every sum and count in one collective; the maxima one each.
+    std::vector<double*> sums;
     for (int m = 0; m < 2; ++m)
-        for (double* v : {&s.loss[m], &s.logit_norm[m], &s.log_z[m], &s.targets[m]})
-            *v = dist::all_reduce_sum(*v);
+        sums.insert(sums.end(), {&s.loss[m], &s.logit_norm[m], &s.log_z[m], &s.targets[m]});
     for (auto& layer : s.layers)
         for (int m = 0; m < 2; ++m) {
-            for (double* v :
-                 {&layer.q_norm[m], &layer.k_norm[m], &layer.q_vectors[m], &layer.k_vectors[m]})
-                *v = dist::all_reduce_sum(*v);
-            for (int c = 0; c < 2; ++c) {
-                layer.max_logit[m][c] = dist::all_reduce_max(layer.max_logit[m][c]);
-                layer.pairs[m][c] = dist::all_reduce_sum(layer.pairs[m][c]);
-            }
+            sums.insert(sums.end(), {&layer.q_norm[m], &layer.k_norm[m], &layer.q_vectors[m],
+                                     &layer.k_vectors[m], &layer.pairs[m][0], &layer.pairs[m][1]});
+            for (double& top : layer.max_logit[m]) top = dist::all_reduce_max(top);
         }
+    std::vector<double> values;
+    for (const double* v : sums) values.push_back(*v);
+    Tensor summed = from_vector(values, {static_cast<int64_t>(values.size())}, kF64);
+    dist::all_reduce_sum(summed);
+    const std::vector<double> total = summed.to_vector<double>();
+    for (size_t i = 0; i < sums.size(); ++i) *sums[i] = total[i];
 }
 
 json modality_json(const ModalitySignals& s) {

@@ -35,10 +35,12 @@ TrainingData from_text_file(const TrainConfig& cfg) {
         // Images are data, not training randomness: the same images for every run seed.
         d.modalities = {d.tokenizer.vocab_size(), cfg.modalities.image_codes};
         d.tokenizer = mixed_tokenizer(d.tokenizer, cfg.modalities.image_codes);
-        MixedStream train_mix = mix_modalities(train, d.modalities, cfg.modalities, kImageSeed);
+        const double fraction = cfg.modalities.image_fraction;
+        const ImageSource images = fraction > 0 ? cfg.modalities.image_source() : ImageSource{};
+        MixedStream train_mix = mix_modalities(train, d.modalities, fraction, images, kImageSeed);
         train = std::move(train_mix.tokens);
         d.train_mix = train_mix.summary;
-        val = mix_modalities(val, d.modalities, cfg.modalities, kImageSeed + 1).tokens;
+        val = mix_modalities(val, d.modalities, fraction, images, kImageSeed + 1).tokens;
     }
     // Mixed with images: bits of the whole stream per byte of its text.
     d.val_bytes_per_token = static_cast<double>(text.size() - split) /

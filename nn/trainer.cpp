@@ -66,8 +66,8 @@ std::string divergence(double loss, double grad_norm, double min_loss, double fa
 
 // ---- the loop's pieces -----------------------------------------------------------------------
 
-// The validation loss, and with a mixed stream (vocab.text_vocab > 0) its split by the targets'
-// modality into *by_modality.
+// The validation loss, and with by_modality (a mixed stream's vocab) its split by the targets'
+// modality.
 double evaluate(GPT& model, const TextDataset& data, const TrainConfig& cfg,
                 const ModalityVocab& vocab = {}, ModalitySignals* by_modality = nullptr) {
     NoGradGuard no_grad;
@@ -83,8 +83,7 @@ double evaluate(GPT& model, const TextDataset& data, const TrainConfig& cfg,
         if (!mine) continue;
         const GPTOutput out = model.forward(ids.to(model.device()), targets.to(model.device()));
         total += out.cross_entropy.item();
-        if (by_modality && vocab.text_vocab > 0)
-            add_output_signals(split, out.logits, targets, vocab);
+        if (by_modality) add_output_signals(split, out.logits, targets, vocab);
     }
     model.train();
     if (by_modality) {
@@ -469,11 +468,13 @@ bool train_step(TrainingRun& run, int64_t step) {
               {"grad_norm", std::isfinite(grad_norm) ? json(grad_norm) : json()},
               {"tokens_per_s", run.tokens_per_step() / seconds}};
     if ((step + 1) % cfg.eval_interval() == 0 || step + 1 == cfg.steps) {
+        const bool mixed = vocab.text_vocab > 0;
         ModalitySignals val_split;
-        run.last_val = evaluate(*run.model, *run.input.dataset, cfg, vocab, &val_split);
+        run.last_val =
+            evaluate(*run.model, *run.input.dataset, cfg, vocab, mixed ? &val_split : nullptr);
         line["val_loss"] = run.last_val;
         line["val_bpb"] = run.input.bits_per_byte(run.last_val);
-        if (vocab.text_vocab > 0) line["val_loss_by_modality"] = modality_json(val_split)["loss"];
+        if (mixed) line["val_loss_by_modality"] = modality_json(val_split)["loss"];
     }
     if (with_stats) line["layers"] = stats_to_json(stats);
     if (split) line["modality"] = modality_json(modality);

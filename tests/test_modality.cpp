@@ -75,8 +75,10 @@ TEST_CASE("a mixed stream: spans of N^2 codes between markers, the text intact a
     const ModalityVocab vocab{65, 64};
     for (const double fraction : {0.2, 0.5}) {
         CAPTURE(fraction);
-        const ModalityMix mix{.image_fraction = fraction, .image_entropy = 3, .image_size = 4};
-        const MixedStream stream = mix_modalities(text, vocab, mix, 5);
+        const ImageSource images =
+            ModalityMix{.image_fraction = fraction, .image_entropy = 3, .image_size = 4}
+                .image_source();
+        const MixedStream stream = mix_modalities(text, vocab, fraction, images, 5);
         std::vector<int32_t> text_again;
         int64_t spans = 0;
         for (size_t i = 0; i < stream.tokens.size(); ++i) {
@@ -95,11 +97,11 @@ TEST_CASE("a mixed stream: spans of N^2 codes between markers, the text intact a
         CHECK(spans == stream.summary.images);
         CHECK(std::abs(stream.summary.image_token_share() - fraction) < 0.02);
         CHECK(std::abs(stream.summary.bits_per_code(4) - 3) < 0.1);
-        CHECK(mix_modalities(text, vocab, mix, 5).tokens == stream.tokens);  // seeded
-        CHECK(mix_modalities(text, vocab, mix, 6).tokens != stream.tokens);
+        CHECK(mix_modalities(text, vocab, fraction, images, 5).tokens == stream.tokens);  // seeded
+        CHECK(mix_modalities(text, vocab, fraction, images, 6).tokens != stream.tokens);
     }
-    CHECK(mix_modalities(text, vocab, {}, 5).tokens == text);  // fraction 0: the text alone
-    CHECK(throws_with([&] { mix_modalities(text, vocab, {.image_fraction = 0.95}, 1); },
+    CHECK(mix_modalities(text, vocab, 0, {}, 5).tokens == text);  // fraction 0: the text alone
+    CHECK(throws_with([&] { mix_modalities(text, vocab, 0.95, {}, 1); },
                       {"--image-fraction must be in [0, 0.9]"}));
 }
 

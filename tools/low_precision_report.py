@@ -23,24 +23,17 @@ minus the best), and the `usable` LRs: those whose mean loss is within --usable 
 best loss of the variant's float32 runs. Standard library only.
 """
 import argparse
-import csv
 import json
 import math
 import os
-import re
 import struct
 import sys
 from collections import defaultdict
 
-RUN_NAME = re.compile(r"^(?P<variant>.+?)(?:_precision-(?P<precision>[a-z0-9]+))?"
-                      r"(?P<fp8attn>_fp8attn-1)?__lr(?P<lr>[^_]+)__s(?P<seed>\d+)$")
+from sweep_runs import PRECISION_RUN, precision_label, runs, write_csv
+
 FP16_MAX, E4M3_MAX = 65504.0, 448.0
 FP8_KINDS = ("x", "weight", "grad", "q", "k", "logits")
-
-
-def precision_label(match):
-    precision = match["precision"] or "fp32"
-    return precision + "+attn" if match["fp8attn"] else precision
 
 
 def first_step(events):
@@ -170,13 +163,6 @@ def summarise(rows, usable_margin):
     return summary
 
 
-def write_csv(path, rows):
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir")
@@ -185,19 +171,10 @@ def main():
     parser.add_argument("--usable", type=float, default=0.1,
                         help="an LR is usable within this many nats of the fp32 best (0.1)")
     args = parser.parse_args()
-    runs_dir = os.path.join(args.sweep_dir, "runs")
-    if not os.path.isdir(runs_dir):
-        sys.exit(f"low_precision_report: {runs_dir} is not a directory "
-                 "(expected a qknorm sweep's output)")
-    rows = []
-    for name in sorted(os.listdir(runs_dir)):
-        match = RUN_NAME.match(name)
-        run_dir = os.path.join(runs_dir, name)
-        if not match or not os.path.exists(os.path.join(run_dir, "result.json")):
-            continue  # not a run, or not finished
-        rows.append(run_row(run_dir, match))
+    rows = [run_row(run_dir, match)
+            for match, run_dir in runs(args.sweep_dir, "low_precision_report", PRECISION_RUN)]
     if not rows:
-        sys.exit(f"low_precision_report: no finished run in {runs_dir}")
+        sys.exit(f"low_precision_report: no finished run in {args.sweep_dir}/runs")
     rows.sort(key=lambda r: (r["variant"], r["precision"], r["lr"], r["seed"]))
     summary = summarise(rows, args.usable)
 

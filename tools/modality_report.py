@@ -17,12 +17,13 @@ when there is no image, else "img<bits>"). Per run, from the `modality` objects 
 Standard library only.
 """
 import argparse
-import csv
 import json
 import math
 import os
 import re
 import sys
+
+from sweep_runs import runs, write_csv
 
 RUN_NAME = re.compile(r"^(?P<variant>.+?)(?:_img-(?P<img>[0-9.]+)_ient-(?P<ient>[0-9.]+))?"
                       r"__lr(?P<lr>[^_]+)__s(?P<seed>\d+)$")
@@ -101,20 +102,10 @@ def main():
     parser.add_argument("--window", type=int, default=10,
                         help="signal steps averaged at the start and the end (10)")
     args = parser.parse_args()
-    runs_dir = os.path.join(args.sweep_dir, "runs")
-    if not os.path.isdir(runs_dir):
-        sys.exit(f"modality_report: {runs_dir} is not a directory "
-                 "(expected a qknorm sweep's output)")
-    rows = []
-    for name in sorted(os.listdir(runs_dir)):
-        match = RUN_NAME.match(name)
-        run_dir = os.path.join(runs_dir, name)
-        if match and os.path.exists(os.path.join(run_dir, "result.json")):
-            row = run_row(run_dir, match, args.window)
-            if row:
-                rows.append(row)
+    rows = [row for match, run_dir in runs(args.sweep_dir, "modality_report", RUN_NAME)
+            if (row := run_row(run_dir, match, args.window))]
     if not rows:
-        sys.exit(f"modality_report: no finished run with modality signals in {runs_dir}")
+        sys.exit(f"modality_report: no finished run with modality signals in {args.sweep_dir}/runs")
     rows.sort(key=lambda r: (r["variant"], r["data"], r["lr"], r["seed"]))
     print(f"{'variant':<24}{'data':<8}{'lr':>7}{'s':>3}{'val':>7}{'val img':>8}"
           f"{'|q|txt x':>9}{'|q|img x':>9}{'max s i>i':>10}{'max s t>t':>10}"
@@ -127,10 +118,7 @@ def main():
               f"{fmt(r['log_z_text_drift']):>11}{fmt(r['log_z_image_drift']):>11}"
               f"{fmt(r['gain_end']):>8}")
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.csv, rows)
 
 
 if __name__ == "__main__":

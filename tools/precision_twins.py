@@ -14,18 +14,11 @@ run (a transient gap that closes again is not a departure). Also printed: each t
 validation loss and largest max |attention logit| over the run. Standard library only.
 """
 import argparse
-import csv
 import json
 import os
-import re
 import sys
 
-RUN_NAME = re.compile(r"^(?P<variant>.+?)_precision-(?P<precision>[a-z0-9]+)(?P<fp8attn>_fp8attn-1)?"
-                      r"__lr(?P<lr>[^_]+)__s(?P<seed>\d+)$")
-
-
-def precision_label(match):
-    return match["precision"] + ("+attn" if match["fp8attn"] else "")
+from sweep_runs import PRECISION_RUN, precision_label, runs, write_csv
 
 
 def load_run(path):
@@ -64,21 +57,18 @@ def main():
     parser.add_argument("--window", type=int, default=50)
     parser.add_argument("--csv", help="also write the table here")
     args = parser.parse_args()
-    runs_dir = os.path.join(args.sweep_dir, "runs")
-    if not os.path.isdir(runs_dir):
-        sys.exit(f"precision_twins: {runs_dir} is not a directory (expected a qknorm sweep's output)")
-
     rows = []
-    for name in sorted(os.listdir(runs_dir)):
-        match = RUN_NAME.match(name)
-        if not match or precision_label(match) != args.precision:
+    for match, run_dir in runs(args.sweep_dir, "precision_twins", PRECISION_RUN, finished=False):
+        if precision_label(match) != args.precision:
             continue
+        name = os.path.basename(run_dir)
         twin = f"{match['variant']}__lr{match['lr']}__s{match['seed']}"
-        if not os.path.isdir(os.path.join(runs_dir, twin)):
+        twin_dir = os.path.join(os.path.dirname(run_dir), twin)
+        if not os.path.isdir(twin_dir):
             print(f"precision_twins: {name} has no float32 twin {twin}; skipped", file=sys.stderr)
             continue
-        fp32, val32, logit32 = load_run(os.path.join(runs_dir, twin))
-        low, val_low, logit_low = load_run(os.path.join(runs_dir, name))
+        fp32, val32, logit32 = load_run(twin_dir)
+        low, val_low, logit_low = load_run(run_dir)
         step, _ = departure(fp32, low, args.threshold, args.window)
         rows.append({"variant": match["variant"], "lr": float(match["lr"]),
                      "seed": int(match["seed"]), "val_fp32": val32, "val_low": val_low,
@@ -94,10 +84,7 @@ def main():
               f"{r['val_diff']:>+14.4f}{r['max_logit_fp32']:>13.4g}{r['max_logit_low']:>16.4g}"
               f"  {r['departs_at'] if r['departs_at'] != '' else '-'}")
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["variant"])
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.csv, rows)
 
 
 if __name__ == "__main__":
