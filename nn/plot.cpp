@@ -18,6 +18,52 @@ constexpr double kTitleLine = 20;  // height of a line of the figure's title
 constexpr int kMaxTicksY = 11, kMaxTicksX = 11, kMaxTicksLogX = 8;
 constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
                                    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+// Past ten series the colours come round again with a dash pattern, so that a sweep of 25
+// variants still has 25 distinguishable lines: solid, dashed, dotted, dash-dot.
+constexpr const char* kDashes[] = {"", "7 3", "2 2", "7 2 2 2"};
+// A legend entry: a 16 px line sample, then the label at font size 11, whose characters are
+// about 6.6 px wide on average in a sans-serif font (an estimate: SVG cannot measure text).
+constexpr double kLegendRow = 16, kLegendSample = 28, kLegendCharW = 6.6, kTitleCharW = 8.4;
+constexpr double kLegendMaxW = 480;  // longer labels run past the figure rather than widen it
+
+struct Style {
+    const char* color;
+    std::string dash_attribute;  // ` stroke-dasharray="…"`, or empty for a solid line
+};
+
+Style style_of(size_t k) {
+    const char* dash = kDashes[(k / std::size(kColors)) % std::size(kDashes)];
+    return {kColors[k % std::size(kColors)],
+            *dash ? fmt::format(R"( stroke-dasharray="{}")", dash) : std::string()};
+}
+
+// Characters (UTF-8 code points) in s: what its width on the page goes by.
+size_t text_length(const std::string& s) {
+    return static_cast<size_t>(
+        std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+// The size of one cell of the figure's grid: the plot box keeps its size, and the margin right
+// of it and the cell's height grow to hold the longest legend label, every legend row and the
+// title, so that a sweep of many variants does not draw its legend off the page.
+struct CellSize {
+    double width = kPanelW, height = kPanelH;
+};
+
+CellSize cell_size(const std::vector<Panel>& panels) {
+    CellSize cell;
+    for (const Panel& p : panels) {
+        size_t longest = 0;
+        for (const Series& s : p.series) longest = std::max(longest, text_length(s.label));
+        const double legend_w =
+            std::min(kLegendSample + kLegendCharW * static_cast<double>(longest) + 12, kLegendMaxW);
+        const double title_w = kTitleCharW * static_cast<double>(text_length(p.title));
+        cell.width = std::max({cell.width, kPanelW - kRight + legend_w, kLeft + title_w + 12});
+        cell.height = std::max(cell.height,
+                               kTop + 10 + kLegendRow * static_cast<double>(p.series.size()) + 6);
+    }
+    return cell;
+}
 
 std::string escape(const std::string& s) {
     std::string out;
@@ -174,6 +220,8 @@ std::string axis_label(const std::string& label, bool log) {
     return log ? label + " (log scale)" : label;
 }
 
+// The plot box stays kPanelW - kLeft - kRight wide and kPanelH - kTop - kBottom high, at the
+// top left of its cell; the legend takes the cell's right margin.
 std::string render_panel(const Panel& p, double ox, double oy) {
     std::string out;
     const double x0 = ox + kLeft, x1 = ox + kPanelW - kRight, y0 = oy + kPanelH - kBottom,
@@ -209,7 +257,7 @@ std::string render_panel(const Panel& p, double ox, double oy) {
         ox + 16, (y0 + y1) / 2, escape(axis_label(p.y_label, p.log_y)));
     for (size_t k = 0; k < p.series.size(); ++k) {
         const Series& s = p.series[k];
-        const char* color = kColors[k % std::size(kColors)];
+        const auto [color, dash] = style_of(k);
         std::string points, markers;
         for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
             if (!usable(s.x[i], p.log_x) || !usable(s.y[i], p.log_y)) continue;
@@ -222,15 +270,16 @@ std::string render_panel(const Panel& p, double ox, double oy) {
                                        "\n",
                                        px, py, color);
         }
-        out += fmt::format(R"(<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>)"
+        out += fmt::format(R"(<polyline fill="none" stroke="{}"{} stroke-width="1.5" points="{}"/>)"
                            "\n",
-                           color, points);
+                           color, dash, points);
         out += markers;
-        const double legend_y = y1 + 10 + 16 * static_cast<double>(k);
+        const double legend_y = y1 + 10 + kLegendRow * static_cast<double>(k);
         out += fmt::format(
-            R"(<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="{3}" stroke-width="2"/><text x="{4}" y="{5}" font-size="11">{6}</text>)"
+            R"(<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="{3}"{4} stroke-width="2"/><text x="{5}" y="{6}" font-size="11">{7}</text>)"
             "\n",
-            x1 + 8, legend_y, x1 + 24, color, x1 + 28, legend_y + 4, escape(s.label));
+            x1 + 8, legend_y, x1 + 24, color, dash, x1 + kLegendSample, legend_y + 4,
+            escape(s.label));
         if (s.markers)
             out += fmt::format(R"(<circle cx="{}" cy="{}" r="3" fill="{}"/>)"
                                "\n",
@@ -256,19 +305,21 @@ std::string render_svg(const std::vector<Panel>& panels, int columns, const std:
     const int rows = (static_cast<int>(panels.size()) + columns - 1) / columns;
     const std::vector<std::string> title_lines = lines_of(title);
     const double top = title_lines.empty() ? 0 : kTitleLine * (title_lines.size() + 0.5);
+    const CellSize cell = cell_size(panels);
     std::string out = fmt::format(
         R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif">)"
         "\n"
         R"(<rect width="100%" height="100%" fill="white"/>)"
         "\n",
-        kPanelW * columns, top + kPanelH * rows);
+        cell.width * columns, top + cell.height * rows);
     for (size_t i = 0; i < title_lines.size(); ++i)
         out += fmt::format(R"(<text x="{}" y="{}" font-size="{}"{}>{}</text>)"
                            "\n",
                            kLeft, kTitleLine * (i + 1), i == 0 ? 15 : 12,
                            i == 0 ? R"( font-weight="bold")" : "", escape(title_lines[i]));
     for (size_t i = 0; i < panels.size(); ++i)
-        out += render_panel(panels[i], kPanelW * (i % columns), top + kPanelH * (i / columns));
+        out += render_panel(panels[i], cell.width * static_cast<double>(i % columns),
+                            top + cell.height * static_cast<double>(i / columns));
     return out + "</svg>\n";
 }
 

@@ -2,6 +2,7 @@
 // through the ops and the sampler, divergence by a loss spike, restarts after a kill, leftovers,
 // corrupt metrics and state files, and plots of runs with nothing finite to draw.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 #include <set>
@@ -371,6 +372,48 @@ TEST_CASE("a plot has a title, log axes say so, and sparse series get a marker p
     const std::string plain = plot::render_svg({{"Loss", "step", "loss", false, false, {train}}});
     CHECK(count_of(plain, "<circle") == 0);
     CHECK(count_of(plain, "font-size=\"15\"") == 0);
+}
+
+// The number after `key="` at each occurrence in svg.
+std::vector<double> attribute_values(const std::string& svg, const std::string& key) {
+    std::vector<double> values;
+    const std::string what = key + "=\"";
+    for (size_t at = svg.find(what); at != std::string::npos; at = svg.find(what, at + 1))
+        values.push_back(std::stod(svg.substr(at + what.size())));
+    return values;
+}
+
+TEST_CASE("a plot of a 25-variant sweep keeps its legend on the page, each line its own style") {
+    plot::Panel panel{"Final validation loss against learning rate", "lr", "loss", true, false, {}};
+    for (int k = 0; k < 25; ++k)
+        panel.series.push_back({fmt::format("baseline:clip=100:precision=fp8:fp8attn=1 #{}", k),
+                                {1e-3, 1e-2},
+                                {2.0 + k, 1.0 + k}});
+    const std::string svg = plot::render_svg({panel}, 1);
+    const double width = attribute_values(svg, "width").front(),
+                 height = attribute_values(svg, "height").front();
+    // Legend rows: each label's baseline inside the page, and the longest label (45 characters
+    // at ~6.6 px) ending inside it too.
+    size_t labels = 0;
+    for (size_t at = svg.find("font-size=\"11\">baseline:clip"); at != std::string::npos;
+         at = svg.find("font-size=\"11\">baseline:clip", at + 1), ++labels) {
+        const size_t text = svg.rfind("<text x=\"", at);
+        const double x = std::stod(svg.substr(text + 9)),
+                     y = std::stod(svg.substr(svg.find("y=\"", text) + 3));
+        CHECK(y < height);
+        CHECK(x + 45 * 6.6 <= width);
+    }
+    CHECK(labels == 25);
+    // 25 lines, no two with the same colour and dash pattern.
+    std::set<std::string> styles;
+    for (size_t at = svg.find("<polyline"); at != std::string::npos;
+         at = svg.find("<polyline", at + 1))
+        styles.insert(svg.substr(at, svg.find(" stroke-width", at) - at));
+    CHECK(styles.size() == 25);
+    // A plot of a few short labels keeps the usual size.
+    const std::string small =
+        plot::render_svg({{"loss", "step", "loss", false, false, {{"a", {0, 1}, {1, 2}}}}});
+    CHECK(small.find(R"(width="520" height="330")") != std::string::npos);
 }
 
 TEST_CASE("plots of runs with nothing finite to draw finish and stay small") {

@@ -9,10 +9,13 @@ when there is no image, else "img<bits>"). Per run, from the `modality` objects 
 (docs/modalities.md#signals-by-modality), each value the mean over the first and the last
 --window (10) signal steps, "start" and "end":
 - the final validation loss, and its split by the target's modality;
-- ‖q‖ and ‖k‖ before the QK-norm by the position's modality (mean over layers): end, and the
-  growth end / start;
+- ‖q‖ and ‖k‖ before the QK-norm by the position's modality (mean over layers): end, the growth
+  end / start, and the late growth end / middle (the --window signal steps before the run's
+  midpoint): q and k start near 0 (weights of std 0.02) and grow fastest in the first hundred
+  steps, so end / start mostly measures that first rise, and end / middle whether they still grow;
 - max |s| by query > key modality (max over layers): end, and the largest over the run;
-- log Z by the target's modality: end, and its drift end − start;
+- log Z by the target's modality: end, its drift end − start and its late drift end − middle
+  (log Z starts at log V and jumps in the first steps: the late drift is the slow one);
 - the QK-norm gains max |g| (max over layers and q/k), end.
 Standard library only.
 """
@@ -67,8 +70,10 @@ def run_row(run_dir, match, window):
     steps, val, split = series(os.path.join(run_dir, "metrics.jsonl"))
     if not steps:
         return None
-    head, tail = steps[:window], steps[-window:]
+    middle_at = max(len(steps) // 2 - window, 0)
+    head, middle, tail = steps[:window], steps[middle_at:middle_at + window], steps[-window:]
     start = {k: mean([p[k] for p in head]) for k in head[0]}
+    mid = {k: mean([p[k] for p in middle]) for k in middle[0]}
     end = {k: mean([p[k] for p in tail]) for k in tail[0]}
     data = "text" if match["img"] is None else f"img{match['ient']}"
     row = {"variant": match["variant"], "data": data, "lr": float(match["lr"]),
@@ -80,9 +85,13 @@ def run_row(run_dir, match, window):
             row[f"{key}_end"] = end[key]
             row[f"{key}_growth"] = (end[key] / start[key]
                                     if end[key] is not None and start[key] else None)
+            row[f"{key}_late_growth"] = (end[key] / mid[key]
+                                         if end[key] is not None and mid[key] else None)
         row[f"log_z_{mod}_end"] = end[f"log_z_{mod}"]
         row[f"log_z_{mod}_drift"] = (end[f"log_z_{mod}"] - start[f"log_z_{mod}"]
                                      if end[f"log_z_{mod}"] is not None else None)
+        row[f"log_z_{mod}_late_drift"] = (end[f"log_z_{mod}"] - mid[f"log_z_{mod}"]
+                                          if end[f"log_z_{mod}"] is not None else None)
     for pair in PAIRS:
         row[f"max_s_{pair}_end"] = end[pair]
         over_run = [p[pair] for p in steps if p[pair] is not None]
@@ -100,7 +109,7 @@ def main():
     parser.add_argument("sweep_dir")
     parser.add_argument("--csv", help="write the per-run table here")
     parser.add_argument("--window", type=int, default=10,
-                        help="signal steps averaged at the start and the end (10)")
+                        help="signal steps averaged at the start, the middle and the end (10)")
     args = parser.parse_args()
     rows = [row for match, run_dir in runs(args.sweep_dir, "modality_report", RUN_NAME)
             if (row := run_row(run_dir, match, args.window))]
@@ -108,15 +117,18 @@ def main():
         sys.exit(f"modality_report: no finished run with modality signals in {args.sweep_dir}/runs")
     rows.sort(key=lambda r: (r["variant"], r["data"], r["lr"], r["seed"]))
     print(f"{'variant':<24}{'data':<8}{'lr':>7}{'s':>3}{'val':>7}{'val img':>8}"
-          f"{'|q|txt x':>9}{'|q|img x':>9}{'max s i>i':>10}{'max s t>t':>10}"
-          f"{'logZ txt +':>11}{'logZ img +':>11}{'max|g|':>8}")
+          f"{'|q| txt':>8}{'|q| img':>8}{'late x':>7}{'late x':>7}"
+          f"{'peak s t>t':>11}{'peak s i>i':>11}{'logZ txt':>9}{'late +':>7}{'logZ img':>9}"
+          f"{'late +':>7}{'max|g|':>7}")
     for r in rows:
         print(f"{r['variant']:<24}{r['data']:<8}{r['lr']:>7g}{r['seed']:>3}"
               f"{fmt(r['val_loss'], '.3f'):>7}{fmt(r['val_image'], '.3f'):>8}"
-              f"{fmt(r['q_text_growth']):>9}{fmt(r['q_image_growth']):>9}"
-              f"{fmt(r['max_s_image>image_end']):>10}{fmt(r['max_s_text>text_end']):>10}"
-              f"{fmt(r['log_z_text_drift']):>11}{fmt(r['log_z_image_drift']):>11}"
-              f"{fmt(r['gain_end']):>8}")
+              f"{fmt(r['q_text_end']):>8}{fmt(r['q_image_end']):>8}"
+              f"{fmt(r['q_text_late_growth']):>7}{fmt(r['q_image_late_growth']):>7}"
+              f"{fmt(r['max_s_text>text_peak']):>11}{fmt(r['max_s_image>image_peak']):>11}"
+              f"{fmt(r['log_z_text_end']):>9}{fmt(r['log_z_text_late_drift'], '.2f'):>7}"
+              f"{fmt(r['log_z_image_end']):>9}{fmt(r['log_z_image_late_drift'], '.2f'):>7}"
+              f"{fmt(r['gain_end']):>7}")
     if args.csv:
         write_csv(args.csv, rows)
 
