@@ -137,6 +137,14 @@ AxisTicks decade_ticks(double lo, double hi, const std::vector<double>& mantissa
     return a;
 }
 
+// The smallest distance between neighbouring ticks, in decades.
+double smallest_log_gap(const std::vector<double>& ticks) {
+    double gap = std::numeric_limits<double>::infinity();
+    for (size_t i = 1; i < ticks.size(); ++i)
+        gap = std::min(gap, std::log10(ticks[i] / ticks[i - 1]));
+    return gap;
+}
+
 AxisTicks log_ticks(double lo, double hi, int max_ticks) {
     for (const std::vector<double>& mantissas : kMantissas) {
         AxisTicks a = decade_ticks(lo, hi, mantissas, 1, max_ticks);
@@ -144,6 +152,10 @@ AxisTicks log_ticks(double lo, double hi, int max_ticks) {
         const double data_span = std::log10(hi / lo), axis_span = std::log10(a.hi / a.lo);
         // A short range (losses from 1.45 to 1.9) would sit in a corner of 1 .. 2.
         if (data_span < 1 && axis_span > 2 * data_span) break;
+        // Mantissa ticks are uneven (4 and 5 are a tenth of a decade apart): max_ticks evenly
+        // spaced labels fit the axis, so no two may be much closer than that spacing, or their
+        // labels overlap (0.004 0.005 on an LR axis from 0.003 to 0.03).
+        if (smallest_log_gap(a.ticks) < 0.75 * axis_span / (max_ticks - 1)) continue;
         return a;
     }
     if (std::log10(hi / lo) < 1) {

@@ -341,6 +341,13 @@ TEST_CASE("log axes: a tick every decade across the range, with 2 and 5 under tw
     const plot::AxisTicks narrow = plot::axis_ticks(0.3, 8, true, 11);
     check_covers(narrow, 0.3, 8);
     for (double v : {0.5, 1.0, 2.0, 5.0}) CHECK_MESSAGE(has_tick(narrow, v), v);
+    // One decade on an axis of 8 labels: 3 4 5 7 10 … would crowd 4 and 5, so 2 5 10 20 50.
+    const plot::AxisTicks decade = plot::axis_ticks(0.003, 0.03, true, 8);
+    check_covers(decade, 0.003, 0.03);
+    CHECK(has_tick(decade, 0.01));
+    for (size_t i = 1; i < decade.ticks.size(); ++i)
+        CHECK(std::log10(decade.ticks[i] / decade.ticks[i - 1]) >=
+              0.75 * std::log10(decade.hi / decade.lo) / 7);
     // Hundreds of decades: one tick every few, still across the whole range and bounded.
     const plot::AxisTicks huge = plot::axis_ticks(1e-200, 1e200, true, 8);
     check_covers(huge, 1e-200, 1e200);
