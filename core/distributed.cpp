@@ -175,6 +175,18 @@ double reduce_scalar(double value, MPI_Op op, const char* what) {
 double all_reduce_sum(double value) { return reduce_scalar(value, MPI_SUM, "all_reduce_sum"); }
 double all_reduce_max(double value) { return reduce_scalar(value, MPI_MAX, "all_reduce_max"); }
 
+void all_reduce_max(const Tensor& t) {
+    if (ranks == 1) return;
+    Tensor host = host_view(t, "all_reduce_max");
+    MPI_Request request;
+    check_mpi(
+        MPI_Iallreduce(MPI_IN_PLACE, host.raw_data(), static_cast<int>(host.numel()),
+                       mpi_type(t.dtype(), "all_reduce_max"), MPI_MAX, MPI_COMM_WORLD, &request),
+        "all_reduce_max");
+    wait_for(request, "all_reduce_max");
+    finish_host(t, host);
+}
+
 void broadcast(const Tensor& t, int root) {
     if (ranks == 1) return;
     Tensor host = host_view(t, "broadcast");
@@ -297,6 +309,7 @@ void abort_job(const std::string& why) {
 void all_reduce_sum(const Tensor&) {}
 double all_reduce_sum(double value) { return value; }
 double all_reduce_max(double value) { return value; }
+void all_reduce_max(const Tensor&) {}
 void broadcast(const Tensor&, int) {}
 std::vector<std::string> all_gather(const std::string& value) { return {value}; }
 void reduce_scatter_sum(const Tensor& full, const Tensor& shard) {

@@ -48,6 +48,8 @@ void set_timeout(double seconds);
 void all_reduce_sum(const Tensor& t);
 double all_reduce_sum(double value);
 double all_reduce_max(double value);
+// In place, on a contiguous float32/float64 host tensor: every rank ends with the elementwise max.
+void all_reduce_max(const Tensor& t);
 // Root's tensor (contiguous, the same shape and dtype everywhere) copied into every rank's.
 void broadcast(const Tensor& t, int root = 0);
 // Every rank's string, in rank order, on every rank.

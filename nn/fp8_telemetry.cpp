@@ -1,6 +1,7 @@
 // FP8 training state and overflow counts (nn/fp8_telemetry.h).
 #include "nn/fp8_telemetry.h"
 
+#include <algorithm>
 #include <set>
 
 #include "core/distributed.h"
@@ -58,6 +59,31 @@ void take_layer_counts(const Block& block, int64_t heads, std::vector<double>& c
 }
 
 }  // namespace
+
+void sync_fp8_amaxes(GPT& model, int64_t micro_batches) {
+    if (dist::world_size() == 1) return;
+    const auto scalings = model.fp8_scalings();
+    if (scalings.empty()) return;  // not an fp8 model: the same on every rank
+    const auto slots = static_cast<size_t>(micro_batches);
+    // Slot k of scaling i holds the rank's k-th amax of the step; -1 where it recorded fewer (a
+    // cast of Inf/NaN records nothing): amaxes are >= 0, so the max over the ranks ignores it.
+    std::vector<double> amaxes(scalings.size() * slots, -1.0);
+    for (size_t i = 0; i < scalings.size(); ++i) {
+        std::vector<float> recent = scalings[i].second->take_recent();
+        const size_t keep = std::min(recent.size(), slots);  // the newest, if ever more
+        std::copy(recent.end() - static_cast<std::ptrdiff_t>(keep), recent.end(),
+                  amaxes.begin() + static_cast<std::ptrdiff_t>(i * slots));
+    }
+    Tensor maxima = from_vector(amaxes, {static_cast<int64_t>(amaxes.size())}, kF64);
+    dist::all_reduce_max(maxima);
+    const std::vector<double> reduced = maxima.to_vector<double>();
+    for (size_t i = 0; i < scalings.size(); ++i) {
+        for (size_t k = 0; k < slots; ++k)
+            if (const double amax = reduced[i * slots + k]; amax >= 0)
+                scalings[i].second->record(amax);
+        scalings[i].second->forget_recent();
+    }
+}
 
 nlohmann::json take_fp8_saturation(GPT& model) {
     std::vector<double> counts;

@@ -17,6 +17,14 @@ std::string fp8_state_json(const GPT& model);
 // tensor without a state, is a qk::Error naming it and `origin`.
 void load_fp8_state(GPT& model, const std::string& text, const std::string& origin);
 
+// Data-parallel FP8 training: after each step's last backward, every scaling's amaxes of the step
+// (one per micro-batch, at most `micro_batches` of them) are replaced by their elementwise max over
+// the ranks, in one collective, as Transformer Engine reduces amaxes over the data-parallel group.
+// Every rank then holds the same histories and scales (a checkpoint, written by rank 0, holds every
+// rank's), and they are those of the whole global batch: the max over the ranks' rows is the
+// batch's. Alone, nothing to do.
+void sync_fp8_amaxes(GPT& model, int64_t micro_batches);
+
 // The values that reached the format's largest finite value (or Inf, E5M2) in the training casts
 // since the last call, summed over the ranks, then reset: per layer {"x", "weight", "grad"} summed
 // over the layer's Linears, and with fp8_attention "q", "k" and "logits" (one count per head).

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/distributed.h"
+#include "nn/fp8_telemetry.h"
 #include "ops/elementwise.h"
 
 namespace qk::nn {
@@ -79,6 +80,7 @@ StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const Tr
         (factor == 1 ? out.loss : out.loss * factor).backward();
     }
     if (finite || many) optimizer.finish_gradients();
+    sync_fp8_amaxes(model, K);
     if (stats) reduce_stats(*stats);
     if (stats && modality) reduce_over_ranks(*modality);
     const double micro_batches = static_cast<double>(K * dist::world_size());

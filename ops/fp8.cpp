@@ -49,10 +49,20 @@ void DelayedScaling::record(double amax) {
     if (!std::isfinite(amax)) return;
     if (static_cast<int64_t>(history_.size()) == history_len_) history_.erase(history_.begin());
     history_.push_back(static_cast<float>(amax));
+    ++recent_;
     const float window_max = *std::max_element(history_.begin(), history_.end());
     // s = max_finite / amax, computed in double and rounded once; an all-zero history keeps s.
     if (window_max > 0)
         scale_ = static_cast<float>(max_finite(format_) / static_cast<double>(window_max));
+}
+
+std::vector<float> DelayedScaling::take_recent() {
+    const auto n = static_cast<std::ptrdiff_t>(
+        std::min<int64_t>(recent_, static_cast<int64_t>(history_.size())));
+    std::vector<float> recent(history_.end() - n, history_.end());
+    history_.erase(history_.end() - n, history_.end());
+    recent_ = 0;
+    return recent;
 }
 
 int64_t DelayedScaling::take_saturated() {

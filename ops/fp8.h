@@ -40,6 +40,11 @@ class DelayedScaling {
     // it would pin the scale for history_len casts.
     void record(double amax);
     const std::vector<float>& history() const { return history_; }  // oldest first
+    // The amaxes recorded since the last call (at most the history's length), oldest first,
+    // taken out of the history; the scale stays until the next record(). Data-parallel training
+    // takes them after each step and records their max over the ranks instead (nn/fp8_telemetry.h).
+    std::vector<float> take_recent();
+    void forget_recent() { recent_ = 0; }  // what record() added so far is not recent any more
 
     // Values that reached the format's largest finite value or Inf, since the last take.
     int64_t saturated() const { return saturated_; }
@@ -58,6 +63,7 @@ class DelayedScaling {
     std::vector<float> history_;
     float scale_ = 1.0f;
     int64_t saturated_ = 0;
+    int64_t recent_ = 0;  // amaxes recorded since the last take_recent() or forget_recent()
 };
 
 // The three scaled tensors of one Linear layer: x and W in E4M3 (forward), dY in E5M2 (backward).

@@ -137,6 +137,26 @@ TEST_CASE("a run resumes on another number of ranks: 2 -> 1 (from ZeRO-1) and 1 
     }
 }
 
+TEST_CASE("fp8 on 2 ranks: the amax histories agree, so a resumed run equals an unbroken one") {
+    // Each rank scales by the amaxes of its own rows unless they are synced after each step: then
+    // rank 0's checkpointed histories are every rank's, and resuming from them changes nothing.
+    TempDir dir("dist_fp8");
+    const auto fp8_run = [&](const std::string& name) {
+        std::vector<std::string> args =
+            tiny_train(dir, name, {"--precision", "fp8", "--grad-accum", "2"});
+        args.push_back("--fp8-attention");
+        return mpirun(2, args);
+    };
+    require_ok(run_program(fp8_run("full"), kMpiEnv, 120));
+    require_ok(run_program(fp8_run("resumed"), kMpiEnv, 120));
+    const std::string run = dir / "resumed";
+    std::filesystem::remove(run + "/step-000020.model.safetensors");
+    std::filesystem::remove(run + "/step-000020.state.safetensors");
+    require_ok(
+        run_program(mpirun(2, {qknorm(), "train", "--resume", run, "--quiet"}), kMpiEnv, 120));
+    check_same_losses(dir / "full", run, 0.0, 11);
+}
+
 TEST_CASE("a killed or frozen rank ends the job with an error; the last checkpoint stays") {
     TempDir dir("dist_faults");
     const auto start = std::chrono::steady_clock::now();

@@ -128,6 +128,29 @@ TEST_CASE("delayed scaling: the scale comes from the history's max, a window of 
     }
 }
 
+TEST_CASE("delayed scaling: the step's amaxes taken out and recorded again as the ranks' max") {
+    DelayedScaling s(MiniFormat::e4m3, 4);
+    s.record(1.0);
+    s.forget_recent();  // an earlier step's, already synced
+    s.record(2.0);
+    s.record(NAN);  // not recorded, so not recent either
+    s.record(0.5);
+    CHECK(s.take_recent() == std::vector<float>{2.0f, 0.5f});
+    CHECK(s.history() == std::vector<float>{1.0f});
+    CHECK(s.take_recent().empty());
+    // Another rank saw more: its maxima go back in, oldest first, and set the scale.
+    s.record(8.0);
+    s.record(0.5);
+    s.forget_recent();
+    CHECK(s.history() == std::vector<float>{1.0f, 8.0f, 0.5f});
+    CHECK(s.scale() == doctest::Approx(448.0 / 8.0));
+    CHECK(s.take_recent().empty());
+    // More recent amaxes than the window holds: only those still in it come out.
+    for (double amax : {1.0, 2.0, 3.0, 4.0, 5.0}) s.record(amax);
+    CHECK(s.take_recent() == std::vector<float>{2.0f, 3.0f, 4.0f, 5.0f});
+    CHECK(s.history().empty());
+}
+
 TEST_CASE("fp8_cast rounds x times the scale, counts saturation, records amax only in training") {
     Tensor x = randn_seeded({37, 29}, 3, 2.0);
     x.data<float>()[5] = 900.0f;  // beyond 448 at scale 1
