@@ -134,6 +134,19 @@ void abort_job(const std::string& why) {
     std::_Exit(1);
 }
 
+namespace {
+// In place over MPI, through a host copy of a device tensor: every rank ends with op of them all.
+void all_reduce_through_host(const Tensor& t, MPI_Op op, const char* what) {
+    Tensor host = host_view(t, what);
+    MPI_Request request;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, host.raw_data(), static_cast<int>(host.numel()),
+                             mpi_type(t.dtype(), what), op, MPI_COMM_WORLD, &request),
+              what);
+    wait_for(request, what);
+    finish_host(t, host);
+}
+}  // namespace
+
 void all_reduce_sum(const Tensor& t) {
     if (ranks == 1) return;
 #ifdef QK_WITH_NCCL
@@ -151,14 +164,7 @@ void all_reduce_sum(const Tensor& t) {
         return;
     }
 #endif
-    Tensor host = host_view(t, "all_reduce_sum");
-    MPI_Request request;
-    check_mpi(
-        MPI_Iallreduce(MPI_IN_PLACE, host.raw_data(), static_cast<int>(host.numel()),
-                       mpi_type(t.dtype(), "all_reduce_sum"), MPI_SUM, MPI_COMM_WORLD, &request),
-        "all_reduce_sum");
-    wait_for(request, "all_reduce_sum");
-    finish_host(t, host);
+    all_reduce_through_host(t, MPI_SUM, "all_reduce_sum");
 }
 
 namespace {
@@ -177,14 +183,7 @@ double all_reduce_max(double value) { return reduce_scalar(value, MPI_MAX, "all_
 
 void all_reduce_max(const Tensor& t) {
     if (ranks == 1) return;
-    Tensor host = host_view(t, "all_reduce_max");
-    MPI_Request request;
-    check_mpi(
-        MPI_Iallreduce(MPI_IN_PLACE, host.raw_data(), static_cast<int>(host.numel()),
-                       mpi_type(t.dtype(), "all_reduce_max"), MPI_MAX, MPI_COMM_WORLD, &request),
-        "all_reduce_max");
-    wait_for(request, "all_reduce_max");
-    finish_host(t, host);
+    all_reduce_through_host(t, MPI_MAX, "all_reduce_max");
 }
 
 void broadcast(const Tensor& t, int root) {

@@ -66,6 +66,14 @@ def series(path):
     return steps, val, val_split
 
 
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def difference(a, b):
+    return a - b if a is not None and b is not None else None
+
+
 def run_row(run_dir, match, window):
     steps, val, split = series(os.path.join(run_dir, "metrics.jsonl"))
     if not steps:
@@ -83,15 +91,12 @@ def run_row(run_dir, match, window):
         for which in ("q", "k"):
             key = f"{which}_{mod}"
             row[f"{key}_end"] = end[key]
-            row[f"{key}_growth"] = (end[key] / start[key]
-                                    if end[key] is not None and start[key] else None)
-            row[f"{key}_late_growth"] = (end[key] / mid[key]
-                                         if end[key] is not None and mid[key] else None)
-        row[f"log_z_{mod}_end"] = end[f"log_z_{mod}"]
-        row[f"log_z_{mod}_drift"] = (end[f"log_z_{mod}"] - start[f"log_z_{mod}"]
-                                     if end[f"log_z_{mod}"] is not None else None)
-        row[f"log_z_{mod}_late_drift"] = (end[f"log_z_{mod}"] - mid[f"log_z_{mod}"]
-                                          if end[f"log_z_{mod}"] is not None else None)
+            row[f"{key}_growth"] = ratio(end[key], start[key])
+            row[f"{key}_late_growth"] = ratio(end[key], mid[key])
+        log_z = f"log_z_{mod}"
+        row[f"{log_z}_end"] = end[log_z]
+        row[f"{log_z}_drift"] = difference(end[log_z], start[log_z])
+        row[f"{log_z}_late_drift"] = difference(end[log_z], mid[log_z])
     for pair in PAIRS:
         row[f"max_s_{pair}_end"] = end[pair]
         over_run = [p[pair] for p in steps if p[pair] is not None]
