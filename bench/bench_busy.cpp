@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "nn/gpt.h"
-#include "nn/optim.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/optim.h"
 #include "qk.h"
 
 using namespace qk;

@@ -15,10 +15,10 @@
 
 #include "core/distributed.h"
 #include "core/threading.h"
-#include "nn/data_parallel.h"
-#include "nn/gpt.h"
-#include "nn/optim.h"
-#include "nn/zero.h"
+#include "nn/optim/data_parallel.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/optim.h"
+#include "nn/optim/zero.h"
 #include "qk.h"
 
 using namespace qk;

@@ -27,10 +27,10 @@
 
 #include "bench_util.h"
 #include "core/rng.h"
-#include "nn/gpt.h"
-#include "nn/hf.h"
-#include "nn/sample.h"
-#include "nn/train_config.h"
+#include "nn/model/gpt.h"
+#include "nn/hf/hf.h"
+#include "nn/model/sample.h"
+#include "nn/train/train_config.h"
 
 using namespace qk;
 using clock_type = std::chrono::steady_clock;

@@ -25,8 +25,8 @@
 #include "bench_util.h"
 #include "core/factory.h"
 #include "core/rng.h"
-#include "nn/gpt.h"
-#include "nn/hf.h"
+#include "nn/model/gpt.h"
+#include "nn/hf/hf.h"
 
 using namespace qk;
 

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "core/file_io.h"
-#include "nn/tokenizer.h"
+#include "nn/text/tokenizer.h"
 
 int main(int argc, char** argv) {
     if (argc < 3) {

@@ -4,7 +4,7 @@
 //   ./build/bench/bench_train A        only config A (quick);  B: only config B
 //   perf record -g ./build/bench/bench_train B profile [layernorm]   steps only, for a profiler
 //
-// The step is the trainer's (nn/trainer.cpp): forward with targets, loss.backward(),
+// The step is the trainer's (nn/train/trainer.cpp): forward with targets, loss.backward(),
 // clip_grad_norm(1.0), AdamW step, zero_grad, on random int32 ids and targets.
 //
 // Model FLOPs per step (the PaLM/nanoGPT count: 2 per multiply-add forward, 4 backward):
@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "nn/gpt.h"
-#include "nn/optim.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/optim.h"
 #include "qk.h"
 
 using namespace qk;

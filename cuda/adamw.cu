@@ -1,5 +1,5 @@
 // CUDA AdamW: the fused per-element update of one parameter tensor.
-// Twin of nn/optim.cpp (cpu::adamw_update), whose header gives the math:
+// Twin of nn/optim/optim.cpp (cpu::adamw_update), whose header gives the math:
 //   m = β1 m + (1 − β1) g,  v = β2 v + (1 − β2) g²,  m̂ = m / bias1,  v̂ = v / bias2,
 //   p = p − lr · (m̂ / (sqrt(v̂) + ε) + decay · p)
 // with bias1 = 1 − β1^t and bias2 = 1 − β2^t computed once per step on the host.
@@ -16,7 +16,7 @@
 
 #include "cuda/runtime.h"
 #include "cuda/warp_reduce.h"
-#include "nn/optim.h"
+#include "nn/optim/optim.h"
 
 namespace qk::cuda {
 

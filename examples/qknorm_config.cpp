@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "nn/config_file.h"
+#include "nn/lab/config_file.h"
 
 namespace qk::cli {
 

@@ -1,5 +1,5 @@
 // `--config FILE`: a TOML file whose [train] and [sweep] sections set the flags of those commands
-// (examples/stability/*.toml), read by toml++ (nn/config_file.h) and checked against the flags
+// (examples/stability/*.toml), read by toml++ (nn/lab/config_file.h) and checked against the flags
 // themselves before anything runs. Flags on the command line win over the file.
 #pragma once
 

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "nn/sample.h"
-#include "nn/sweep.h"
-#include "nn/trainer.h"
+#include "nn/model/sample.h"
+#include "nn/lab/sweep.h"
+#include "nn/train/trainer.h"
 
 namespace qk::cli {
 

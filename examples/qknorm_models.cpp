@@ -2,10 +2,10 @@
 
 #include "core/file_io.h"
 #include "core/safetensors.h"
-#include "nn/checkpoint.h"
-#include "nn/hf.h"
-#include "nn/inspect.h"
-#include "nn/trainer.h"
+#include "nn/train/checkpoint.h"
+#include "nn/hf/hf.h"
+#include "nn/lab/inspect.h"
+#include "nn/train/trainer.h"
 
 namespace qk::cli {
 

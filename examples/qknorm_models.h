@@ -1,5 +1,5 @@
-// `qknorm export --hf` (a trained model written as a Hugging Face model directory, nn/hf.h) and
-// `qknorm inspect` (a model's attention signals over a text, nn/inspect.h).
+// `qknorm export --hf` (a trained model written as a Hugging Face model directory, nn/hf/hf.h) and
+// `qknorm inspect` (a model's attention signals over a text, nn/lab/inspect.h).
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -8,8 +8,8 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "nn/data.h"
-#include "nn/trainer.h"
+#include "nn/text/data.h"
+#include "nn/train/trainer.h"
 
 namespace qk::cli {
 

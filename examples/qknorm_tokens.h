@@ -1,13 +1,13 @@
-// `qknorm tokenizer train|encode|decode` (nn/tokenizer.h) and `qknorm prepare` (token shards in
-// llm.c's format, nn/prepare.h).
+// `qknorm tokenizer train|encode|decode` (nn/text/tokenizer.h) and `qknorm prepare` (token shards in
+// llm.c's format, nn/text/prepare.h).
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
 
-#include "nn/prepare.h"
-#include "nn/tokenizer.h"
+#include "nn/text/prepare.h"
+#include "nn/text/tokenizer.h"
 
 namespace qk::cli {
 

@@ -5,7 +5,7 @@
 // with ˜ a value rounded to the half type (the math, and why the rounding counts as the identity in
 // the backward, are in ops/matmul.cpp). The GEMMs are ops/gemm_bf16.cpp on the cpu and
 // cuda::gemm_mixed (cuBLAS) on the device. float16 overflows where bfloat16 does not: x, W or dY
-// beyond 65,504 becomes Inf here, which is what a loss scaler watches for (nn/loss_scale.h).
+// beyond 65,504 becomes Inf here, which is what a loss scaler watches for (nn/optim/loss_scale.h).
 #include <algorithm>
 #include <climits>
 

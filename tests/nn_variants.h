@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/config.h"
+#include "nn/model/config.h"
 
 namespace qk::test {
 

@@ -14,8 +14,8 @@
 #include "core/safetensors.h"
 #include "error_in_child.h"
 #include "helpers.h"
-#include "nn/checkpoint.h"
-#include "nn/run_optimizer.h"
+#include "nn/train/checkpoint.h"
+#include "nn/train/run_optimizer.h"
 
 using namespace qk;
 using namespace qk::nn;

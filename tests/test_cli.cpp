@@ -17,8 +17,8 @@
 
 #include "core/safetensors.h"
 #include "helpers.h"
-#include "nn/checkpoint.h"
-#include "nn/trainer.h"
+#include "nn/train/checkpoint.h"
+#include "nn/train/trainer.h"
 #include "run_program.h"
 
 using namespace qk;

@@ -1,11 +1,11 @@
-// GPTConfig (nn/config.h): its string form, which checkpoints carry in __metadata__, round trips
+// GPTConfig (nn/model/config.h): its string form, which checkpoints carry in __metadata__, round trips
 // every field (and older checkpoints, which lack the later fields, load with what they meant), and
 // validate / from_strings name the offending field.
 #include <cmath>
 #include <functional>
 
 #include "helpers.h"
-#include "nn/config.h"
+#include "nn/model/config.h"
 
 using namespace qk;
 using namespace qk::nn;

@@ -1,5 +1,5 @@
 // Config and data files as hostile input: TOML settings files as toml++ reads them and qknorm
-// accepts them (nn/config_file.h: sections one level deep, plain values or arrays of one kind,
+// accepts them (nn/lab/config_file.h: sections one level deep, plain values or arrays of one kind,
 // every setting with its file:line:column), and read_text_file, which reads only a regular,
 // non-empty file and names the path in every refusal.
 #include <sys/stat.h>
@@ -9,8 +9,8 @@
 
 #include "error_in_child.h"
 #include "helpers.h"
-#include "nn/config_file.h"
-#include "nn/data.h"
+#include "nn/lab/config_file.h"
+#include "nn/text/data.h"
 
 using namespace qk;
 using namespace qk::nn;

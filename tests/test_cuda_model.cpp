@@ -10,10 +10,10 @@
 
 #include "cuda_parity.h"
 #include "helpers.h"
-#include "nn/checkpoint.h"
-#include "nn/gpt.h"
-#include "nn/optim.h"
-#include "nn/trainer.h"
+#include "nn/train/checkpoint.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/optim.h"
+#include "nn/train/trainer.h"
 
 using namespace qk;
 using namespace qk::nn;

@@ -1,13 +1,13 @@
 // The `cuda_optim` suite: AdamW's fused update on cuda (cuda/adamw.cu) against the cpu loop of
-// nn/optim.cpp, and SGD and Muon (tensor ops, so they run wherever their parameters live), float32
+// nn/optim/optim.cpp, and SGD and Muon (tensor ops, so they run wherever their parameters live), float32
 // and float64, under every run order of the emulator. The same parameters and the same sequence of
 // gradients are fed to a cpu and a cuda optimiser for several steps: the weights and moments must
 // agree within the dtype's tolerance (not bitwise: nvcc contracts to fma where g++ does not).
 // Parameter sizes are ragged (37, 3 x 45, 1) and the largest spans several 256-thread blocks.
 #include "cuda_kernel_check.h"
 #include "cuda_parity.h"
-#include "nn/muon.h"
-#include "nn/optim.h"
+#include "nn/optim/muon.h"
+#include "nn/optim/optim.h"
 
 using namespace qk;
 using qk::test::cuda_runnable;

@@ -3,10 +3,10 @@
 // which each rank also trains on its own as the reference.
 #include "core/distributed.h"
 #include "helpers.h"
-#include "nn/data_parallel.h"
-#include "nn/gpt.h"
-#include "nn/optim.h"
-#include "nn/zero.h"
+#include "nn/optim/data_parallel.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/optim.h"
+#include "nn/optim/zero.h"
 #ifdef QK_WITH_CUDA
 #include "cuda/runtime.h"
 #endif

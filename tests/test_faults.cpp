@@ -9,10 +9,10 @@
 
 #include "core/safetensors.h"
 #include "helpers.h"
-#include "nn/checkpoint.h"
-#include "nn/plot.h"
-#include "nn/sample.h"
-#include "nn/trainer.h"
+#include "nn/train/checkpoint.h"
+#include "nn/signals/plot.h"
+#include "nn/model/sample.h"
+#include "nn/train/trainer.h"
 #include "train_helpers.h"
 
 using namespace qk;

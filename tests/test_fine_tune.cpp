@@ -1,4 +1,4 @@
-// Fine-tuning an imported model (`qknorm train --init-from DIR`, nn/fine_tune.h): the
+// Fine-tuning an imported model (`qknorm train --init-from DIR`, nn/train/fine_tune.h): the
 // architecture comes from config.json and the runtime switches from the run, the weights are the
 // checkpoint's bit for bit, every family trains with AdamW or Muon in fp32 or bf16 with the
 // stability signals per layer and head, a run resumes without the directory it started from, and
@@ -12,11 +12,11 @@
 #include "cuda_parity.h"
 #include "helpers.h"
 #include "hf_fixtures.h"
-#include "nn/checkpoint.h"
-#include "nn/fine_tune.h"
-#include "nn/hf.h"
-#include "nn/sample.h"
-#include "nn/trainer.h"
+#include "nn/train/checkpoint.h"
+#include "nn/train/fine_tune.h"
+#include "nn/hf/hf.h"
+#include "nn/model/sample.h"
+#include "nn/train/trainer.h"
 #include "run_program.h"
 
 using namespace qk;

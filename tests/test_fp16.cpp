@@ -6,9 +6,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "nn/gpt.h"
-#include "nn/loss_scale.h"
-#include "nn/metrics_file.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/loss_scale.h"
+#include "nn/signals/metrics_file.h"
 #include "train_helpers.h"
 
 using namespace qk;

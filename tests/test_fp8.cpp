@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda_parity.h"
-#include "nn/checkpoint.h"
-#include "nn/checkpoint_files.h"
-#include "nn/fp8_telemetry.h"
-#include "nn/gpt.h"
-#include "nn/loss_scale.h"
+#include "nn/train/checkpoint.h"
+#include "nn/model/checkpoint_files.h"
+#include "nn/signals/fp8_telemetry.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/loss_scale.h"
 #include "train_helpers.h"
 
 using namespace qk;

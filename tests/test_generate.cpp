@@ -1,4 +1,4 @@
-// Generation through the KV cache (nn/kv_cache.h, GPT::forward_cached): at every position the
+// Generation through the KV cache (nn/model/kv_cache.h, GPT::forward_cached): at every position the
 // cached logits equal a full recompute's, for every attention variant and family block, whether
 // the tokens arrive one at a time or in chunks, in float64 (1e-12), float32 (1e-5) and bf16
 // GEMMs; sliding layers wrap their ring; a batch of sequences of different lengths gives each
@@ -10,9 +10,9 @@
 #include "core/rng.h"
 #include "cuda_parity.h"
 #include "helpers.h"
-#include "nn/gpt.h"
-#include "nn/kv_cache.h"
-#include "nn/sample.h"
+#include "nn/model/gpt.h"
+#include "nn/model/kv_cache.h"
+#include "nn/model/sample.h"
 #include "nn_variants.h"
 
 using namespace qk;

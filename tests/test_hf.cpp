@@ -1,4 +1,4 @@
-// Hugging Face models in and out (nn/hf.h) against transformers itself: tests/data/hf holds tiny
+// Hugging Face models in and out (nn/hf/hf.h) against transformers itself: tests/data/hf holds tiny
 // random GPT-2, Qwen3, OLMo 2 and Gemma 3 models that transformers built and saved, with the
 // logits and per-layer hidden states it computed for fixed ids in float32 and float64
 // (tools/make_hf_fixtures.py). Each loads here and matches them, from the 5.x config.json and
@@ -15,10 +15,10 @@
 #include "cuda_parity.h"
 #include "helpers.h"
 #include "hf_fixtures.h"
-#include "nn/checkpoint.h"
-#include "nn/hf.h"
-#include "nn/inspect.h"
-#include "nn/trainer.h"
+#include "nn/train/checkpoint.h"
+#include "nn/hf/hf.h"
+#include "nn/lab/inspect.h"
+#include "nn/train/trainer.h"
 #include "run_program.h"
 
 using namespace qk;

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
-#include "nn/gpt.h"
+#include "nn/model/gpt.h"
 #include "train_helpers.h"
 
 using namespace qk;

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "helpers.h"
-#include "nn/gpt.h"
-#include "nn/muon.h"
-#include "nn/run_optimizer.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/muon.h"
+#include "nn/train/run_optimizer.h"
 
 using namespace qk;
 using namespace qk::nn;

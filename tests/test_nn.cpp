@@ -9,10 +9,10 @@
 #include <numeric>
 
 #include "helpers.h"
-#include "nn/attention.h"
-#include "nn/config.h"
-#include "nn/gpt.h"
-#include "nn/optim.h"
+#include "nn/model/attention.h"
+#include "nn/model/config.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/optim.h"
 #include "nn_variants.h"
 
 using namespace qk;

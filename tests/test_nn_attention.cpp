@@ -1,11 +1,11 @@
-// The attention layer (nn/attention.cpp) of every variant and family block against plain loops
+// The attention layer (nn/model/attention.cpp) of every variant and family block against plain loops
 // over b, h, i, j: its output and its stability signals, fused and naive, in float64.
 #include <cmath>
 #include <complex>
 #include <tuple>
 
 #include "helpers.h"
-#include "nn/attention.h"
+#include "nn/model/attention.h"
 #include "nn_variants.h"
 
 using namespace qk;

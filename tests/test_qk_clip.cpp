@@ -11,8 +11,8 @@
 #include "autograd/grad_mode.h"
 #include "core/factory.h"
 #include "helpers.h"
-#include "nn/qk_clip.h"
-#include "nn/run_optimizer.h"
+#include "nn/optim/qk_clip.h"
+#include "nn/train/run_optimizer.h"
 #include "ops/elementwise.h"
 #include "train_helpers.h"
 

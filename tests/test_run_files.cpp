@@ -9,11 +9,11 @@
 
 #include "error_in_child.h"
 #include "helpers.h"
-#include "nn/checkpoint.h"
-#include "nn/plot.h"
-#include "nn/run_control.h"
-#include "nn/sweep.h"
-#include "nn/trainer.h"
+#include "nn/train/checkpoint.h"
+#include "nn/signals/plot.h"
+#include "nn/train/run_control.h"
+#include "nn/lab/sweep.h"
+#include "nn/train/trainer.h"
 #include "train_helpers.h"
 
 using namespace qk;

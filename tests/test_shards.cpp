@@ -1,4 +1,4 @@
-// Token files (nn/shards.h): llm.c's shards and nanoGPT's train.bin / val.bin as their own
+// Token files (nn/text/shards.h): llm.c's shards and nanoGPT's train.bin / val.bin as their own
 // scripts write them (tests/data/shards, made by tools/make_shard_fixtures.py), hostile files,
 // batches from memory-mapped shards, `prepare_token_shards`, and a run trained from shards.
 #include <nlohmann/json.hpp>

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "helpers.h"
-#include "nn/sweep.h"
+#include "nn/lab/sweep.h"
 
 using namespace qk;
 using namespace qk::nn;

@@ -11,8 +11,8 @@
 
 #include "core/help_meter.h"
 #include "helpers.h"
-#include "nn/gpt.h"
-#include "nn/optim.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/optim.h"
 
 using namespace qk;
 using namespace qk::test;

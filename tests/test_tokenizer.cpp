@@ -1,4 +1,4 @@
-// Tokenizers (nn/tokenizer.h): ids equal to Hugging Face tokenizers' and SentencePiece's on the
+// Tokenizers (nn/text/tokenizer.h): ids equal to Hugging Face tokenizers' and SentencePiece's on the
 // committed fixtures (tools/make_tokenizer_fixtures.py), the trainer's merges equal to theirs and
 // to tools/bpe_reference.py's, round trips of arbitrary bytes, and hostile tokenizer files.
 #include <nlohmann/json.hpp>
@@ -7,8 +7,8 @@
 
 #include "helpers.h"
 #include "nn.h"
-#include "nn/bpe.h"
-#include "nn/pretokenizer.h"
+#include "nn/text/bpe.h"
+#include "nn/text/pretokenizer.h"
 
 using namespace qk;
 using namespace qk::nn;

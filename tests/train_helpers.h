@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "helpers.h"
-#include "nn/trainer.h"
+#include "nn/train/trainer.h"
 
 namespace qk::test {
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A plain byte-level BPE trainer, written to be read and to check nn/bpe_train.cpp against: no
+"""A plain byte-level BPE trainer, written to be read and to check nn/text/bpe_train.cpp against: no
 incremental bookkeeping, every pair recounted before every merge.
 
 Words come from GPT-2's pre-tokenizer regex; each is a tuple of byte symbols. A merge joins the

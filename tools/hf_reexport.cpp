@@ -3,7 +3,7 @@
 // loads IN_DIR/FAMILY with nn::load_hf_model and writes OUT_DIR/FAMILY with nn::save_hf_model.
 #include <fmt/core.h>
 
-#include "nn/hf.h"
+#include "nn/hf/hf.h"
 
 int main(int argc, char** argv) {
     if (argc < 4) {

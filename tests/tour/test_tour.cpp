@@ -9,8 +9,8 @@
 #ifdef QK_WITH_CUDA
 #include "../cuda_parity.h"
 #endif
-#include "nn/gpt.h"
-#include "nn/optim.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/optim.h"
 #include "softplus.h"
 
 using namespace qk;

@@ -10,10 +10,10 @@
 #include <string>
 
 #include "core/error.h"
-#include "nn/config.h"
-#include "nn/config_file.h"
-#include "nn/data.h"
-#include "nn/trainer.h"
+#include "nn/model/config.h"
+#include "nn/lab/config_file.h"
+#include "nn/text/data.h"
+#include "nn/train/trainer.h"
 
 namespace {
 

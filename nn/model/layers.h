@@ -1,0 +1,55 @@
+// The basic layers: Linear, Embedding, and Norm (LayerNorm or RMSNorm, by NormKind). Shapes and
+// initialisation follow nanoGPT so that checkpoints interoperate (Linear.weight is
+// (out_features, in_features)).
+#pragma once
+
+#include <memory>
+
+#include "core/rng.h"
+#include "nn/model/module.h"
+#include "ops/fp8.h"
+
+namespace qk::nn {
+
+class Linear : public Module {
+  public:
+    // weight ~ N(0, init_std), bias = 0.
+    Linear(int64_t in_features, int64_t out_features, bool bias, double init_std, Generator& gen,
+           DType dtype = kF32, Precision precision = Precision::full);
+    Tensor forward(const Tensor& x) const;  // x: (..., in) -> (..., out) = x Wᵀ + b
+
+    Tensor weight, bias;  // bias undefined when built without
+    Precision precision;  // of the GEMMs (bf16: mixed precision, see ops/matmul.h)
+    // Precision::fp8: the delayed scaling of x, W and dY (ops/fp8.h), shared with the backward
+    // of every forward still in flight; null otherwise.
+    std::shared_ptr<Fp8LinearScaling> fp8;
+};
+
+class Embedding : public Module {
+  public:
+    Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator& gen,
+              DType dtype = kF32);
+    Tensor forward(const Tensor& ids) const;  // ids: int32 (...) -> (..., dim)
+
+    Tensor weight;
+};
+
+// Normalisation over the last dim of size `dim`: LayerNorm (weight and optional bias) or RMSNorm
+// (weight only; `bias` is ignored). weight starts at 1, bias at 0. One class, because every
+// place that takes a norm lets the config choose. With unit_offset the gain is stored as w and
+// applied as (1 + w), w starting at 0 (Gemma's RMSNorm): the same function, another coordinate.
+enum class NormKind { layernorm, rmsnorm };
+
+class Norm : public Module {
+  public:
+    Norm(NormKind kind, int64_t dim, bool bias, DType dtype = kF32, double eps = 1e-5,
+         bool unit_offset = false);
+    Tensor forward(const Tensor& x) const;
+
+    NormKind kind;
+    double eps;
+    bool unit_offset;
+    Tensor weight, bias;
+};
+
+}  // namespace qk::nn

@@ -1,0 +1,308 @@
+// AdamW, SGD, the cosine schedule and global-norm clipping.
+//
+// AdamW, per element, at step t with gradient g (Loshchilov & Hutter 2019):
+//   m = β1 m + (1 − β1) g              first moment
+//   v = β2 v + (1 − β2) g²             second moment
+//   m̂ = m / (1 − β1^t),  v̂ = v / (1 − β2^t)   bias corrections
+//   p = p − lr · (m̂ / (sqrt(v̂) + ε) + λ p)    decoupled decay (λ = wd, or wd / lr_max for the
+//                                               independent variant, so lr · λ = (lr/lr_max)·wd)
+// One fused pass over every parameter (one parallel region for all of them): read p, g, m, v;
+// write p, m, v. A parameter on cuda takes the
+// same pass on the device (cuda/adamw.cu); the moments live on the parameter's device.
+// SGD is written with tensor ops, so it runs on whichever device the parameters live on.
+#include "nn/optim/optim.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "autograd/grad_mode.h"
+#include "core/factory.h"
+#include "core/threading.h"
+#include "ops/elementwise.h"
+#include "ops/reduce.h"
+
+namespace qk::nn {
+
+namespace cpu {
+
+// p, g, m, v: (n) contiguous.
+template <class T>
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps, T decay,
+                  T bias1, T bias2) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+        m[i] = beta1 * m[i] + (1 - beta1) * g[i];
+        v[i] = beta2 * v[i] + (1 - beta2) * g[i] * g[i];
+        const T m_hat = m[i] / bias1, v_hat = v[i] / bias2;
+        p[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + decay * p[i]);
+    }
+}
+
+// One parameter's update as the kernel sees it.
+template <class T>
+struct AdamWSlot {
+    T* p;
+    const T* g;
+    T *m, *v;
+    int64_t n;
+    T decay;
+};
+
+// Tensors laid end to end, as one index space for the threads to share: element i of tensor k is
+// element start[k] + i overall. One parallel region then serves a whole list of parameters, each
+// thread cutting through tensors where its share ends. (A region per parameter was ~2 x 8 pool
+// hand-offs per step at config A, most for tensors too small to split.)
+class EndToEnd {
+  public:
+    explicit EndToEnd(const std::vector<int64_t>& sizes) : start_(sizes.size() + 1, 0) {
+        for (size_t k = 0; k < sizes.size(); ++k) start_[k + 1] = start_[k] + sizes[k];
+    }
+    int64_t total() const { return start_.back(); }
+    // piece(k, lo, hi) for the part [lo, hi) of tensor k that falls in [begin, end) overall.
+    template <class Piece>
+    void for_each_piece(int64_t begin, int64_t end, Piece piece) const {
+        for (size_t k = 0; k + 1 < start_.size(); ++k) {
+            const int64_t lo = std::max(begin, start_[k]), hi = std::min(end, start_[k + 1]);
+            if (lo < hi) piece(k, lo - start_[k], hi - start_[k]);
+        }
+    }
+
+  private:
+    std::vector<int64_t> start_;
+};
+
+// Below this many elements in all, the update stays on one thread.
+constexpr int64_t kParallelUpdate = 1 << 16;
+
+// Every parameter's update in one parallel region; the same result, element by element.
+template <class T>
+void adamw_update_all(const std::vector<AdamWSlot<T>>& slots, T lr, T beta1, T beta2, T eps,
+                      T bias1, T bias2) {
+    std::vector<int64_t> sizes;
+    for (const AdamWSlot<T>& s : slots) sizes.push_back(s.n);
+    const EndToEnd all(sizes);
+    auto range = [&](int64_t begin, int64_t end) {
+        all.for_each_piece(begin, end, [&](size_t k, int64_t lo, int64_t hi) {
+            const AdamWSlot<T>& s = slots[k];
+            adamw_update(s.p + lo, s.g + lo, s.m + lo, s.v + lo, hi - lo, lr, beta1, beta2, eps,
+                         s.decay, bias1, bias2);
+        });
+    };
+    parallel_for(all.total(), range, all.total() >= kParallelUpdate);
+}
+
+// Σ g² over the float tensors `grads` (contiguous, cpu), in double: millions of terms. Each thread
+// sums its share, and the shares are added in thread order, so a run replays exactly.
+template <class T>
+double sum_of_squares(const std::vector<T*>& grads, const std::vector<int64_t>& sizes) {
+    const EndToEnd all(sizes);
+    const int threads = all.total() >= kParallelUpdate ? num_threads() : 1;
+    std::vector<double> partial(threads, 0.0);
+    auto share = [&](int t) {
+        const int64_t begin = all.total() * t / threads, end = all.total() * (t + 1) / threads;
+        all.for_each_piece(begin, end, [&](size_t k, int64_t lo, int64_t hi) {
+            const T* g = grads[k];
+            double sum = 0;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t i = lo; i < hi; ++i) sum += double(g[i]) * double(g[i]);
+            partial[t] += sum;
+        });
+    };
+    parallel_run(threads, share);
+    double total = 0;
+    for (double p : partial) total += p;
+    return total;
+}
+
+// g *= scale over the tensors `grads` (contiguous, cpu), in one parallel region.
+template <class T>
+void scale_all(const std::vector<T*>& grads, const std::vector<int64_t>& sizes, T scale) {
+    const EndToEnd all(sizes);
+    auto range = [&](int64_t begin, int64_t end) {
+        all.for_each_piece(begin, end, [&](size_t k, int64_t lo, int64_t hi) {
+            T* g = grads[k];
+#pragma omp simd
+            for (int64_t i = lo; i < hi; ++i) g[i] *= scale;
+        });
+    };
+    parallel_for(all.total(), range, all.total() >= kParallelUpdate);
+}
+
+}  // namespace cpu
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options, std::vector<bool> decayed)
+    : params_(std::move(params)), decayed_(std::move(decayed)), options_(options) {
+    if (decayed_.empty())
+        for (const Tensor& p : params_) decayed_.push_back(p.dim() >= 2);
+    QK_CHECK(decayed_.size() == params_.size(), "AdamW: {} decay flags for {} parameters",
+             decayed_.size(), params_.size());
+    for (const Tensor& p : params_) {
+        QK_CHECK(p.is_contiguous() && p.requires_grad(),
+                 "AdamW: parameters must be contiguous and require grad, got shape {}", p.shape());
+        m_.push_back(zeros_like(p));
+        v_.push_back(zeros_like(p));
+    }
+}
+
+void AdamW::step(double lr) {
+    ++step_;
+    const double bias1 = 1 - std::pow(options_.beta1, step_);
+    const double bias2 = 1 - std::pow(options_.beta2, step_);
+    std::vector<cpu::AdamWSlot<float>> cpu_f32;
+    std::vector<cpu::AdamWSlot<double>> cpu_f64;
+    std::vector<Tensor> keep_alive;  // contiguous copies of strided gradients, until the update
+    for (size_t i = 0; i < params_.size(); ++i) {
+        Tensor& p = params_[i];
+        Tensor g = p.grad();
+        if (!g.defined()) continue;
+        g = g.contiguous();
+        keep_alive.push_back(g);
+        double decay = decayed_[i] ? options_.weight_decay : 0.0;
+        if (options_.independent_weight_decay) decay /= options_.lr_max;
+        switch (p.device()) {
+            case Device::cpu:
+                dispatch_float(p.dtype(), [&](auto tag) {
+                    using T = decltype(tag);
+                    const cpu::AdamWSlot<T> slot{p.data<T>(),     g.data<T>(), m_[i].data<T>(),
+                                                 v_[i].data<T>(), p.numel(),   T(decay)};
+                    if constexpr (std::is_same_v<T, float>)
+                        cpu_f32.push_back(slot);
+                    else
+                        cpu_f64.push_back(slot);
+                });
+                break;
+            case Device::cuda:
+#ifdef QK_WITH_CUDA
+                QK_CHECK(g.device() == Device::cuda && m_[i].device() == Device::cuda,
+                         "AdamW: parameter {} of shape {} is on cuda but its gradient is on {} and "
+                         "its moments on {}",
+                         i, p.shape(), g.device(), m_[i].device());
+                dispatch_float(p.dtype(), [&](auto tag) {
+                    using T = decltype(tag);
+                    qk::cuda::adamw_update<T>(p.data<T>(), g.data<T>(), m_[i].data<T>(),
+                                              v_[i].data<T>(), p.numel(), T(lr), T(options_.beta1),
+                                              T(options_.beta2), T(options_.eps), T(decay),
+                                              T(bias1), T(bias2));
+                });
+#else
+                throw_built_without_cuda("AdamW");
+#endif
+                break;
+        }
+    }
+    const auto& o = options_;
+    cpu::adamw_update_all<float>(cpu_f32, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
+    cpu::adamw_update_all<double>(cpu_f64, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
+}
+
+void AdamW::zero_grad() {
+    for (Tensor& p : params_) p.zero_grad();
+}
+
+std::vector<Tensor> AdamW::state() const {
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < params_.size(); ++i) {
+        out.push_back(m_[i]);
+        out.push_back(v_[i]);
+    }
+    return out;
+}
+
+void AdamW::load_state(const std::vector<Tensor>& state, int64_t steps) {
+    QK_CHECK(state.size() == 2 * params_.size(),
+             "AdamW: state has {} tensors, expected {} (m and v "
+             "for {} parameters)",
+             state.size(), 2 * params_.size(), params_.size());
+    for (size_t i = 0; i < params_.size(); ++i)
+        for (int k = 0; k < 2; ++k) {
+            const Tensor& s = state[2 * i + k];
+            QK_CHECK(s.shape() == params_[i].shape() && s.dtype() == params_[i].dtype(),
+                     "AdamW: state tensor {} is {} {}, parameter {} is {} {}", 2 * i + k, s.dtype(),
+                     s.shape(), i, params_[i].dtype(), params_[i].shape());
+            copy_into(k == 0 ? m_[i] : v_[i], s);
+        }
+    step_ = steps;
+}
+
+SGD::SGD(std::vector<Tensor> params, double momentum, double weight_decay)
+    : params_(std::move(params)), momentum_(momentum), weight_decay_(weight_decay) {
+    for (const Tensor& p : params_) velocity_.push_back(zeros_like(p));
+}
+
+void SGD::step(double lr) {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+        Tensor& p = params_[i];
+        if (!p.grad().defined()) continue;
+        Tensor g = p.grad();
+        if (weight_decay_ > 0 && p.dim() >= 2) g = g + p * weight_decay_;
+        copy_into(velocity_[i], velocity_[i] * momentum_ + g);
+        copy_into(p, p - velocity_[i] * lr);
+    }
+}
+
+void SGD::zero_grad() {
+    for (Tensor& p : params_) p.zero_grad();
+}
+
+double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, double lr_min) {
+    if (warmup > 0 && step < warmup)
+        return lr_max * static_cast<double>(step + 1) / static_cast<double>(warmup);
+    if (step >= total) return lr_min;
+    const double progress = static_cast<double>(step - warmup) /
+                            static_cast<double>(std::max<int64_t>(total - warmup, 1));
+    return lr_min + 0.5 * (lr_max - lr_min) * (1 + std::cos(std::numbers::pi * progress));
+}
+
+namespace {
+
+// The cpu gradients of one float type, contiguous, as raw pointers for the end-to-end kernels.
+template <class T>
+struct CpuGrads {
+    std::vector<T*> data;
+    std::vector<int64_t> sizes;
+    void add(const Tensor& g) {
+        data.push_back(g.data<T>());
+        sizes.push_back(g.numel());
+    }
+};
+
+}  // namespace
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, bool throw_on_nonfinite,
+                      double loss_scale) {
+    NoGradGuard no_grad;
+    CpuGrads<float> f32;
+    CpuGrads<double> f64;
+    std::vector<Tensor> others;  // on a device, or strided: the tensor-op path
+    for (const Tensor& p : params) {
+        const Tensor& g = p.grad();
+        if (!g.defined()) continue;
+        if (g.device() != Device::cpu || !g.is_contiguous())
+            others.push_back(g);
+        else if (g.dtype() == kF32)
+            f32.add(g);
+        else
+            f64.add(g);
+    }
+    double total = cpu::sum_of_squares<float>(f32.data, f32.sizes) +
+                   cpu::sum_of_squares<double>(f64.data, f64.sizes);
+    for (const Tensor& g : others) {  // summed where it lives, in double; one number comes back
+        const Tensor g64 = g.to(kF64);
+        total += sum(g64 * g64).item();
+    }
+    const double norm = std::sqrt(total) / loss_scale;
+    if (!std::isfinite(norm)) {
+        QK_CHECK(!throw_on_nonfinite,
+                 "clip_grad_norm: the gradient norm is {} (a NaN or Inf gradient)", norm);
+        return norm;
+    }
+    if (const double scale = clip_multiplier(norm, max_norm, loss_scale); scale != 1.0) {
+        cpu::scale_all<float>(f32.data, f32.sizes, float(scale));
+        cpu::scale_all<double>(f64.data, f64.sizes, scale);
+        for (const Tensor& g : others) copy_into(g, g * scale);
+    }
+    return norm;
+}
+
+}  // namespace qk::nn

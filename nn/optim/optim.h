@@ -1,0 +1,85 @@
+// Optimisers, the learning-rate schedule and gradient clipping.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace qk::nn {
+
+struct AdamWOptions {
+    double lr = 1e-3;
+    double beta1 = 0.9, beta2 = 0.95;
+    double eps = 1e-8;
+    double weight_decay = 0.1;
+    // Decoupled (AdamW, Loshchilov & Hutter): p -= lr * wd * p.
+    // Independent (Wortsman et al. 2023): p -= (lr / lr_max) * wd * p, so the decay per step does
+    // not scale with the peak learning rate; lr_max is the schedule's peak.
+    bool independent_weight_decay = false;
+    double lr_max = 1e-3;
+};
+
+// AdamW. Weight decay applies to parameters of rank >= 2 only (matrices and embeddings, not
+// biases, norm gains or qk scales), as in nanoGPT.
+class AdamW {
+  public:
+    // decayed[i]: whether weight decay applies to params[i]; empty: to those of rank >= 2.
+    AdamW(std::vector<Tensor> params, AdamWOptions options, std::vector<bool> decayed = {});
+    void step(double lr);  // one update with this step's learning rate; skips params without grad
+    void zero_grad();
+
+    int64_t steps() const { return step_; }
+    const AdamWOptions& options() const { return options_; }
+    // The moments, for checkpoints: m then v per parameter, in parameter order.
+    std::vector<Tensor> state() const;
+    void load_state(const std::vector<Tensor>& state, int64_t steps);
+
+  private:
+    std::vector<Tensor> params_, m_, v_;
+    std::vector<bool> decayed_;
+    AdamWOptions options_;
+    int64_t step_ = 0;
+};
+
+// SGD with heavy-ball momentum: v = μ v + g, then p -= lr v. weight_decay adds wd · p to g (L2,
+// not decoupled), for parameters of rank >= 2 only, as AdamW's default.
+class SGD {
+  public:
+    SGD(std::vector<Tensor> params, double momentum = 0.9, double weight_decay = 0.0);
+    void step(double lr);
+    void zero_grad();
+
+  private:
+    std::vector<Tensor> params_, velocity_;
+    double momentum_, weight_decay_;
+};
+
+// Linear warmup from 0 to lr_max over warmup steps, then cosine decay to lr_min at total steps.
+double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, double lr_min);
+
+// Scales all gradients so that their global L2 norm is at most max_norm (if max_norm > 0).
+// Returns the norm before clipping. A NaN or Inf norm throws, unless throw_on_nonfinite is false:
+// then it is returned and nothing is scaled (the trainer reports the divergence itself, or skips
+// the step under loss scaling). Gradients of loss_scale × the loss (fp16's dynamic loss scaling)
+// are divided by it in the same pass: the norm returned is the unscaled one.
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
+                      bool throw_on_nonfinite = true, double loss_scale = 1.0);
+// What clipping multiplies the gradients by, given their true (unscaled, finite) norm: the clip
+// to max_norm (when max_norm > 0 and the norm exceeds it) and 1 / loss_scale. Shared by
+// clip_grad_norm and ZeRO-1's sharded clip.
+inline double clip_multiplier(double norm, double max_norm, double loss_scale) {
+    const double clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    return clip / loss_scale;
+}
+
+}  // namespace qk::nn
+
+// The CUDA twin of AdamW's fused update (cuda/adamw.cu; the cpu loop is nn::cpu::adamw_update in
+// nn/optim/optim.cpp): device pointers, contiguous. p, m, v: (n) updated in place; g: (n). bias1 and
+// bias2 are 1 − β1^t and 1 − β2^t. Instantiated for float and double.
+namespace qk::cuda {
+template <class T>
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps, T decay,
+                  T bias1, T bias2);
+}  // namespace qk::cuda
