@@ -46,6 +46,7 @@ template <class T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps, T decay,
                   T bias1, T bias2) {
     if (n == 0) return;
+    ledger::declare_elements<T>(4 * n, 3 * n, 12 * n);
     QK_LAUNCH((adamw_update_kernel<T>), blocks_for(n, kThreads), kThreads, 0, stream(), p, g, m, v,
               n, lr, beta1, beta2, eps, decay, bias1, bias2);
     QK_CUDA_CHECK_LAUNCH("adamw_update_kernel");

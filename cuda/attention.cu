@@ -350,6 +350,18 @@ __global__ void attention_scale_kernel(T* dq, T* dscale, const T* q, const T* sc
 
 }  // namespace
 
+// Ledger costs (cuda/ledger.h). One query row against one key column is a D-long dot product
+// (2D FLOPs) and, for the output, a D-long axpy (2D more); a causal mask keeps about half of the
+// pairs. Each query tile re-reads the K and V tiles it needs (through L2, counted as DRAM here).
+double attention_pairs(const AttentionShape& sh) {
+    return double(sh.batch_heads) * double(sh.Tq) * double(sh.Tk) * (sh.causal ? 0.5 : 1.0);
+}
+double tiles_bytes(const AttentionShape& sh, int64_t size_of, int64_t tile_rows, int64_t other) {
+    const double tiles = double((other + tile_rows - 1) / tile_rows);
+    return double(size_of) * double(sh.batch_heads) * double(sh.D) * tiles * double(sh.Tk) *
+           (sh.causal ? 0.5 : 1.0);
+}
+
 template <class T>
 void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, T* saturated, const T* q,
                        const T* k, const T* v, const T* scale, int64_t scale_stride, T cap,
@@ -358,6 +370,10 @@ void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, T* saturat
     const dim3 grid(static_cast<unsigned>((sh.Tq + kRows - 1) / kRows),
                     static_cast<unsigned>(sh.batch_heads));
     const size_t smem = sizeof(T) * ((kRows + kCols) * sh.D + kRows * kCols + 2 * kRows);
+    ledger::declare(2 * tiles_bytes(sh, sizeof(T), kRows, sh.Tq) +
+                        double(sizeof(T)) * 2.0 * double(sh.batch_heads * sh.Tq * sh.D),
+                    4 * double(sh.D) * attention_pairs(sh) + 8 * attention_pairs(sh), 0,
+                    sizeof(T) == 8);
     QK_LAUNCH((attention_forward_kernel<T>), grid, kThreads, smem, stream(), out, lse, max_abs_s,
               entropy, saturated, q, k, v, scale, scale_stride, cap, sh);
     QK_CUDA_CHECK_LAUNCH("attention_forward_kernel");
@@ -370,6 +386,7 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
     if (sh.batch_heads == 0) return;
     const int64_t rows = sh.batch_heads * sh.Tq;
     if (rows > 0) {
+        ledger::declare_elements<T>(2 * rows * sh.D, rows, 2 * rows * sh.D);
         QK_LAUNCH((attention_delta_kernel<T>), blocks_for(rows, kWarps), kThreads, 0, stream(),
                   delta, dout, out, rows, sh.D);
         QK_CUDA_CHECK_LAUNCH("attention_delta_kernel");
@@ -378,6 +395,11 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
         const dim3 grid(static_cast<unsigned>((sh.Tk + kCols - 1) / kCols),
                         static_cast<unsigned>(sh.batch_heads / sh.heads * sh.kv_heads));
         const size_t smem = sizeof(T) * (2 * kRows * sh.D + 2 * kRows * kCols + 3 * kRows);
+        // Per key tile: q and dout of every query tile that sees it; s, dP recomputed, dv, dk.
+        ledger::declare(2 * tiles_bytes(sh, sizeof(T), kCols, sh.Tk) +
+                            double(sizeof(T)) * 4.0 * double(sh.batch_heads * sh.Tk * sh.D),
+                        8 * double(sh.D) * attention_pairs(sh) + 10 * attention_pairs(sh), 0,
+                        sizeof(T) == 8);
         QK_LAUNCH((attention_dkdv_kernel<T>), grid, kThreads, smem, stream(), dk, dv, dout, q, k, v,
                   lse, delta, scale, scale_stride, cap, sh);
         QK_CUDA_CHECK_LAUNCH("attention_dkdv_kernel");
@@ -386,10 +408,17 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
         const dim3 grid(static_cast<unsigned>((sh.Tq + kRows - 1) / kRows),
                         static_cast<unsigned>(sh.batch_heads));
         const size_t smem = sizeof(T) * ((2 * kRows + kCols) * sh.D + kRows * kCols);
+        // Per query tile: k and v tiles; s, dP recomputed, dq.
+        ledger::declare(2 * tiles_bytes(sh, sizeof(T), kRows, sh.Tq) +
+                            double(sizeof(T)) * 3.0 * double(sh.batch_heads * sh.Tq * sh.D),
+                        6 * double(sh.D) * attention_pairs(sh) + 10 * attention_pairs(sh), 0,
+                        sizeof(T) == 8);
         QK_LAUNCH((attention_dq_kernel<T>), grid, kThreads, smem, stream(), dq, dout, q, k, v, lse,
                   delta, scale, scale_stride, cap, sh);
         QK_CUDA_CHECK_LAUNCH("attention_dq_kernel");
     }
+    ledger::declare_elements<T>(2 * sh.batch_heads * sh.Tq * sh.D, sh.batch_heads * sh.Tq * sh.D,
+                                3 * sh.batch_heads * sh.Tq * sh.D);
     QK_LAUNCH((attention_scale_kernel<T>), static_cast<unsigned>(sh.batch_heads), kThreads, 0,
               stream(), dq, dscale, q, scale, scale_stride, sh);
     QK_CUDA_CHECK_LAUNCH("attention_scale_kernel");

@@ -5,13 +5,14 @@
 // float32 -> bf16 casts use the device's conversion instruction (cuda/bf16_convert.h), which
 // rounds every non-NaN float to the cpu's bf16.
 //
-// Work split: one thread per element, 256 threads per block, a grid-stride loop past 65535
-// blocks. Each thread turns its logical index into the two operands' offsets (StridedIndex), so a
-// transposed, narrowed or expanded view is gathered in one pass with no intermediate copy.
-// Consecutive threads write consecutive dst elements (dst is usually contiguous), so the writes
-// coalesce; the reads are as scattered as the source view is.
+// Work split: four elements per thread (all loaded before any is stored), 256 threads per block,
+// a grid-stride loop past 65535 blocks. Each thread turns its logical index into the two operands'
+// offsets (StridedIndex), so a transposed, narrowed or expanded view is gathered in one pass with
+// no intermediate copy. Consecutive threads write consecutive dst elements (dst is usually
+// contiguous), so the writes coalesce; the reads are as scattered as the source view is.
 //
 // CPU twins: copy_cpu in core/tensor.cpp (the for_each_run loop) and make_cpu in core/factory.cpp.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -25,15 +26,21 @@ namespace qk::cuda {
 namespace {
 
 // dst, src: read through index (dst's offsets first) over n logical elements.
+// Four elements per thread in flight (unrolled_grid_loop, cuda/strided_index.h).
 template <class D, class S>
 __global__ void copy_strided_kernel(D* dst, const S* src, StridedIndex<2> index, int64_t n) {
-    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-         i += step) {
-        int64_t off[2];
-        index.offsets(i, off);
-        dst[off[0]] = convert_element<D>(src[off[1]]);
-    }
+    struct Element {
+        D* at;
+        S value;
+    };
+    unrolled_grid_loop(
+        n,
+        [&](int64_t i) {
+            int64_t off[2];
+            index.offsets(i, off);
+            return Element{dst + off[0], src[off[1]]};
+        },
+        [&](int64_t, Element e) { *e.at = convert_element<D>(e.value); });
 }
 
 // dst: (n) contiguous.
@@ -55,7 +62,15 @@ void copy_strided(void* dst, DType dst_dtype, const Shape& dst_strides, const vo
         dispatch_all(src_dtype, [&](auto src_tag) {
             using D = decltype(dst_tag);
             using S = decltype(src_tag);
-            QK_LAUNCH((copy_strided_kernel<D, S>), grid_for(n), kThreads, 0, stream(),
+            // A side whose innermost merged stride is not 1 touches a 32-byte DRAM sector per
+            // element (a transpose's reads): its bytes count that way.
+            auto bytes_per = [&](std::size_t size, int side) {
+                const bool strided = index.rank > 0 && index.strides[side][index.rank - 1] != 1;
+                return double(strided ? std::max<std::size_t>(size, 32) : size);
+            };
+            ledger::declare(double(n) * (bytes_per(sizeof(D), 0) + bytes_per(sizeof(S), 1)), 0, 0,
+                            sizeof(D) == 8 || sizeof(S) == 8);
+            QK_LAUNCH((copy_strided_kernel<D, S>), grid_for_unrolled(n), kThreads, 0, stream(),
                       static_cast<D*>(dst), static_cast<const S*>(src), index, n);
             QK_CUDA_CHECK_LAUNCH("copy_strided_kernel");
         });
@@ -70,6 +85,7 @@ void fill(void* dst, DType dtype, int64_t n, double value) {
     }
     dispatch_all(dtype, [&](auto tag) {
         using T = decltype(tag);
+        ledger::declare_elements<T>(0, n);
         QK_LAUNCH((fill_kernel<T>), grid_for(n), kThreads, 0, stream(), static_cast<T*>(dst), n,
                   static_cast<T>(value));
         QK_CUDA_CHECK_LAUNCH("fill_kernel");

@@ -35,6 +35,7 @@ __global__ void apply_mask_kernel(T* out, const T* in, const uint8_t* keep, int6
 template <class T>
 void apply_mask(T* out, const T* in, const uint8_t* keep, int64_t n, T s) {
     if (n == 0) return;
+    ledger::declare(double(n) * (2 * sizeof(T) + 1), double(n), 0, sizeof(T) == 8);
     QK_LAUNCH((apply_mask_kernel<T>), blocks_for(n, kThreads), kThreads, 0, stream(), out, in, keep,
               n, s);
     QK_CUDA_CHECK_LAUNCH("apply_mask_kernel");

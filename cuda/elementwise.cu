@@ -2,12 +2,13 @@
 // arithmetic with numpy broadcasting, and the in-place accumulation behind autograd's `+=`.
 // Built as CUDA by nvcc, or as C++ against cuda/emu in the emulation build (see cuda/runtime.h).
 //
-// Work split: one thread per output element, 256 threads per block (8 warps), a grid-stride loop
-// past 65535 blocks. Elementwise work has no reuse, so the only thing that matters is memory
-// traffic: consecutive threads touch consecutive elements of the contiguous output, so a warp's
-// 32 loads and stores coalesce into a few 128-byte transactions. The broadcast operands of a
-// binary op are read through their strides (StridedIndex; stride 0 on a broadcast dim, so a
-// bias row is read from cache by every row of threads and never materialised).
+// Work split: four output elements per thread, 256 threads per block (8 warps), a grid-stride loop
+// past 65535 blocks; a thread loads its four before storing any (unrolled_grid_loop). Elementwise
+// work has no reuse, so the only thing that matters is memory traffic: consecutive threads touch
+// consecutive elements of the contiguous output, so a warp's 32 loads and stores coalesce into a
+// few 128-byte transactions. The broadcast operands of a binary op are read through their strides
+// (StridedIndex; stride 0 on a broadcast dim, so a bias row is read from cache by every row of
+// threads and never materialised).
 //
 // The math is not here: every kernel instantiates the functors of ops/elementwise_math.h, the
 // same ones the cpu kernels use, so the two backends cannot disagree on a formula.
@@ -27,22 +28,29 @@ namespace qk::cuda {
 
 namespace {
 
-#define QK_GRID_STRIDE_LOOP(i, n)                                                          \
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+// Each kernel runs unrolled_grid_loop (cuda/strided_index.h): four elements per thread in flight.
 
 // y, x: (n) contiguous.    y[i] = f(x[i], s)
 template <class T, class F>
 __global__ void unary_forward_kernel(T* y, const T* x, int64_t n, T s) {
     const F f{};
-    QK_GRID_STRIDE_LOOP(i, n) y[i] = f(x[i], s);
+    unrolled_grid_loop(
+        n, [&](int64_t i) { return x[i]; }, [&](int64_t i, T xi) { y[i] = f(xi, s); });
 }
 
 // dx, dy, saved: (n) contiguous.    dx[i] = f(dy[i], saved[i], s)
 template <class T, class F>
 __global__ void unary_backward_kernel(T* dx, const T* dy, const T* saved, int64_t n, T s) {
     const F f{};
-    QK_GRID_STRIDE_LOOP(i, n) dx[i] = f(dy[i], saved[i], s);
+    struct Pair {
+        T dy, saved;
+    };
+    unrolled_grid_loop(
+        n,
+        [&](int64_t i) {
+            return Pair{dy[i], saved ? saved[i] : T(0)};
+        },
+        [&](int64_t i, Pair p) { dx[i] = f(p.dy, p.saved, s); });
 }
 
 // out: (n) contiguous, the broadcast shape; a, b: offsets from index (a's first).
@@ -51,22 +59,35 @@ template <class T, class F>
 __global__ void binary_forward_kernel(T* out, const T* a, const T* b, StridedIndex<2> index,
                                       int64_t n) {
     const F f{};
-    QK_GRID_STRIDE_LOOP(i, n) {
-        int64_t off[2];
-        index.offsets(i, off);
-        out[i] = f(a[off[0]], b[off[1]]);
-    }
+    struct Pair {
+        T a, b;
+    };
+    unrolled_grid_loop(
+        n,
+        [&](int64_t i) {
+            int64_t off[2];
+            index.offsets(i, off);
+            return Pair{a[off[0]], b[off[1]]};
+        },
+        [&](int64_t i, Pair p) { out[i] = f(p.a, p.b); });
 }
 
 // dst, src: offsets from index (dst's first). dst has no stride-0 dim, so each element has one
 // writer and no atomics are needed.    dst[i] += src[i]
 template <class T>
 __global__ void accumulate_kernel(T* dst, const T* src, StridedIndex<2> index, int64_t n) {
-    QK_GRID_STRIDE_LOOP(i, n) {
-        int64_t off[2];
-        index.offsets(i, off);
-        dst[off[0]] += src[off[1]];
-    }
+    struct Sum {
+        T* at;
+        T value;
+    };
+    unrolled_grid_loop(
+        n,
+        [&](int64_t i) {
+            int64_t off[2];
+            index.offsets(i, off);
+            return Sum{dst + off[0], dst[off[0]] + src[off[1]]};
+        },
+        [&](int64_t, Sum s) { *s.at = s.value; });
 }
 
 }  // namespace
@@ -74,15 +95,18 @@ __global__ void accumulate_kernel(T* dst, const T* src, StridedIndex<2> index, i
 template <class T, class F>
 void unary_forward(T* y, const T* x, int64_t n, T s) {
     if (n == 0) return;
-    QK_LAUNCH((unary_forward_kernel<T, F>), grid_for(n), kThreads, 0, stream(), y, x, n, s);
+    ledger::declare_elements<T>(n, n, n);
+    QK_LAUNCH((unary_forward_kernel<T, F>), grid_for_unrolled(n), kThreads, 0, stream(), y, x, n,
+              s);
     QK_CUDA_CHECK_LAUNCH("unary_forward_kernel");
 }
 
 template <class T, class F>
 void unary_backward(T* dx, const T* dy, const T* saved, int64_t n, T s) {
     if (n == 0) return;
-    QK_LAUNCH((unary_backward_kernel<T, F>), grid_for(n), kThreads, 0, stream(), dx, dy, saved, n,
-              s);
+    ledger::declare_elements<T>(saved ? 2 * n : n, n, 2 * n);
+    QK_LAUNCH((unary_backward_kernel<T, F>), grid_for_unrolled(n), kThreads, 0, stream(), dx, dy,
+              saved, n, s);
     QK_CUDA_CHECK_LAUNCH("unary_backward_kernel");
 }
 
@@ -92,8 +116,9 @@ void binary_forward(T* out, const T* a, const Shape& a_strides, const T* b, cons
     const int64_t n = numel_of(shape);
     if (n == 0) return;
     const auto index = make_strided_index<2>(shape, {&a_strides, &b_strides}, "elementwise");
-    QK_LAUNCH((binary_forward_kernel<T, F>), grid_for(n), kThreads, 0, stream(), out, a, b, index,
-              n);
+    ledger::declare_elements<T>(2 * n, n, n);
+    QK_LAUNCH((binary_forward_kernel<T, F>), grid_for_unrolled(n), kThreads, 0, stream(), out, a, b,
+              index, n);
     QK_CUDA_CHECK_LAUNCH("binary_forward_kernel");
 }
 
@@ -103,7 +128,9 @@ void accumulate(T* dst, const Shape& dst_strides, const T* src, const Shape& src
     const int64_t n = numel_of(shape);
     if (n == 0) return;
     const auto index = make_strided_index<2>(shape, {&dst_strides, &src_strides}, "add_");
-    QK_LAUNCH((accumulate_kernel<T>), grid_for(n), kThreads, 0, stream(), dst, src, index, n);
+    ledger::declare_elements<T>(2 * n, n, n);
+    QK_LAUNCH((accumulate_kernel<T>), grid_for_unrolled(n), kThreads, 0, stream(), dst, src, index,
+              n);
     QK_CUDA_CHECK_LAUNCH("accumulate_kernel");
 }
 

@@ -55,6 +55,7 @@ __global__ void embedding_backward_kernel(T* dweight, const T* dy, const int32_t
 template <class T>
 void embedding_forward(T* y, const T* weight, const int32_t* ids, int64_t N, int64_t C) {
     if (N * C == 0) return;
+    ledger::declare_elements<T>(N * C, N * C);
     QK_LAUNCH((embedding_forward_kernel<T>), blocks_for(N * C, kThreads), kThreads, 0, stream(), y,
               weight, ids, N, C);
     QK_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
@@ -63,6 +64,7 @@ void embedding_forward(T* y, const T* weight, const int32_t* ids, int64_t N, int
 template <class T>
 void embedding_backward(T* dweight, const T* dy, const int32_t* ids, int64_t N, int64_t C) {
     if (N * C == 0) return;
+    ledger::declare_elements<T>(2 * N * C, N * C, N * C);
     QK_LAUNCH((embedding_backward_kernel<T>), blocks_for(N * C, kThreads), kThreads, 0, stream(),
               dweight, dy, ids, N, C);
     QK_CUDA_CHECK_LAUNCH("embedding_backward_kernel");

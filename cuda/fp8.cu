@@ -60,6 +60,7 @@ void fp8_quantize(float* q, const float* x, int64_t n, float scale, MiniFormat f
     double* block_nans = static_cast<double*>(scratch.data());
     double* block_saturated = block_nans + blocks;
     float* block_amax = reinterpret_cast<float*>(block_saturated + blocks);
+    ledger::declare_elements<float>(n, n, 8 * n);
     QK_LAUNCH(fp8_quantize_kernel, blocks, kThreads, 0, stream(), q, x, n, scale,
               FastRounder(format, overflow), static_cast<float>(max_finite(format)), block_amax,
               block_nans, block_saturated);

@@ -40,6 +40,7 @@ __global__ void cat_copy_kernel(T* y, int64_t y_row, const T* x, int64_t x_row, 
 template <class T>
 void cat_copy(T* y, int64_t y_row, const T* x, int64_t x_row, int64_t col, int64_t outer) {
     if (outer * x_row == 0) return;
+    ledger::declare_elements<T>(outer * x_row, outer * x_row);
     QK_LAUNCH((cat_copy_kernel<T>), blocks_for(outer * x_row, kThreads), kThreads, 0, stream(), y,
               y_row, x, x_row, col, outer);
     QK_CUDA_CHECK_LAUNCH("cat_copy_kernel");

@@ -94,9 +94,11 @@ void cross_entropy_forward(T* loss_out, T* lse, const T* x, const int32_t* t, in
     // at return while the kernels may still run: safe, the next user is ordered on the same stream.
     Storage scratch(sizeof(double) * size_t(N), Device::cuda);
     double* row_loss = static_cast<double*>(scratch.data());
+    ledger::declare_elements<T>(N * V, N, 4 * N * V);
     QK_LAUNCH((cross_entropy_forward_kernel<T>), unsigned(N), kRowThreads, 0, stream(), lse,
               row_loss, x, t, V, ignore_index);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_forward_kernel");
+    ledger::declare(8.0 * double(N), double(N), 0, true);
     QK_LAUNCH((cross_entropy_mean_kernel<T>), 1, kMeanThreads, 0, stream(), loss_out, row_loss, N,
               double(n_valid));
     QK_CUDA_CHECK_LAUNCH("cross_entropy_mean_kernel");
@@ -106,6 +108,7 @@ template <class T>
 void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, const T* dloss,
                             int64_t N, int64_t V, int32_t ignore_index, int64_t n_valid) {
     if (N * V == 0) return;
+    ledger::declare_elements<T>(N * V + 2 * N, N * V, 4 * N * V);
     QK_LAUNCH((cross_entropy_backward_kernel<T>), blocks_for(N * V, kBackwardThreads),
               kBackwardThreads, 0, stream(), dx, x, t, lse, dloss, N, V, ignore_index,
               T(1.0 / double(n_valid)));

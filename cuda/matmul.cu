@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <fmt/format.h>
+
 #include "cuda/runtime.h"
 #include "ops/matmul.h"
 
@@ -48,6 +50,15 @@ void gemm(T* y, int64_t ldy, int64_t stride_y, const T* a, bool a_trans, int64_t
     const cublasOperation_t op_b = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_a = a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
     const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
+    // Ledger: 2MNK FLOPs a batch, on CUDA cores (TF32 tensor cores when set_tf32_math is on: the
+    // ledger does not know, and counts them as float32); A, B read and C written once.
+    const double products = double(M) * double(N) * double(K) * double(batch);
+    ledger::declare(double(sizeof(T)) * double(batch) * double(M * K + K * N + M * N), 2 * products,
+                    0, std::is_same_v<T, double>);
+    const ledger::Scope scope(ledger::is_open() ? fmt::format("{}gemmStridedBatched {}x{}x{} x{}",
+                                                              std::is_same_v<T, float> ? "S" : "D",
+                                                              M, N, K, batch)
+                                                : std::string());
     if constexpr (std::is_same_v<T, float>)
         QK_CUDA_CHECK(
             cublasSgemmStridedBatched(blas(), op_b, op_a, m, n, k, &alpha, b, static_cast<int>(ldb),
@@ -79,6 +90,12 @@ void gemm_mixed(float* y, int64_t ldy, const Half* a, bool a_trans, int64_t lda,
     const cudaDataType_t type = is_bf16 ? CUDA_R_16BF : CUDA_R_16F;
     const cublasOperation_t op_b = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_a = a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    // Ledger: 2MNK FLOPs on tensor cores; 2-byte A and B read, float32 C written.
+    ledger::declare(2.0 * double(M * K + K * N) + 4.0 * double(M * N), 0,
+                    2.0 * double(M) * double(N) * double(K));
+    const ledger::Scope scope(
+        ledger::is_open() ? fmt::format("GemmEx {} {}x{}x{}", is_bf16 ? "bf16" : "fp16", M, N, K)
+                          : std::string());
     QK_CUDA_CHECK(cublasGemmStridedBatchedEx(
         blas(), op_b, op_a, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
         b, type, static_cast<int>(ldb), 0, a, type, static_cast<int>(lda), 0, &beta, y, CUDA_R_32F,
@@ -127,6 +144,9 @@ void matmul_tiled(T* y, const T* a, const T* b, int64_t batch, int64_t M, int64_
              N, batch);
     const dim3 grid(static_cast<unsigned>((N + kTile - 1) / kTile),
                     static_cast<unsigned>((M + kTile - 1) / kTile), static_cast<unsigned>(batch));
+    ledger::declare_elements<T>(
+        batch * (M * K * ((N + kTile - 1) / kTile) + K * N * ((M + kTile - 1) / kTile)),
+        batch * M * N, 2.0 * double(batch * M * N * K));
     QK_LAUNCH((matmul_tiled_kernel<T>), grid, dim3(kTile, kTile), 0, stream(), y, a, b,
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K));
     QK_CUDA_CHECK_LAUNCH("matmul_tiled_kernel");

@@ -11,15 +11,22 @@
 //     no __syncthreads. The row stays in L1/L2 between passes, so re-reading it is cheap.
 //   parameter gradients (dweight = Σ_rows dy · xhat, dbias = Σ_rows dy): a deterministic two-stage
 //     reduction over rows instead of float atomics (whose order, hence rounding, would change
-//     from run to run). Stage 1: block b sums rows [32 b, 32 b + 32) column by column into
-//     partial[b, c] (threads stride over columns: coalesced). Stage 2: one thread per column adds
-//     the partials in block order. Same bits under every run order, on the emulator and the GPU.
+//     from run to run). Stage 1: blocks of 32 columns × 8 row lanes (a warp reads 128
+//     consecutive bytes of a row) over chunks of rows, as many chunks as make ~1,056 blocks (8
+//     per SM of an H100) but none under 32 rows; each block writes its chunk's partial sums.
+//     Stage 2: a block per 32 columns, its 8 warps each adding every 8th partial of a column, then
+//     a fixed tree over the 8. Same bits under every run order, on the emulator and the GPU; the
+//     chunk count depends on the shape only, never on the GPU. (Before: 32-row chunks, one thread
+//     per column. A per-head QK-norm gain sees B·H·T rows of 64, 196,608 at the 124M shape:
+//     stage 2 was one block walking 6,144 partials per column, 0.65 ms a call on an H200, and
+//     stage 1's 64-thread blocks could not keep DRAM busy.)
 //
 // rms_norm forward keeps a kernel ladder: v1 is one thread per row, the cpu loop verbatim; v2 is
 // one warp per row. v2 is faster for two reasons: v1 has only `rows` threads (a few thousand: too
 // few to fill a GPU that wants ~100k in flight) and its threads walk rows C elements apart, so a
 // warp's 32 loads touch 32 different cache lines; in v2 a warp's 32 loads are 32 neighbours in one
 // row (one or two 128-byte transactions), and 32x more threads are in flight.
+#include <algorithm>
 #include <cstdint>
 
 #include "core/storage.h"
@@ -33,8 +40,9 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 constexpr int kRowThreads = kWarpsPerBlock * kWarp;
-constexpr int kRowsPerChunk = 32;  // rows summed by one block of the parameter-gradient stage 1
-constexpr int kColumnThreads = 128;
+constexpr int64_t kMinRowsPerChunk = 32;  // parameter gradients: rows of one chunk, at least
+constexpr int64_t kFillBlocks = 1056;     // and about this many stage-1 blocks (8 per H100 SM)
+constexpr int kFinishWarps = 8;           // row lanes (warps) per block of 32 columns
 
 // The row this warp works on, or -1 past the end (the whole warp leaves together).
 __device__ __forceinline__ int64_t warp_row(int64_t rows) {
@@ -97,34 +105,59 @@ __global__ void layer_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, co
 // ---- parameter gradients, shared by layer_norm (mean given) and rms_norm (mean null) ---------
 
 // Stage 1. partial_dw, partial_db: (chunks, C) out (partial_db may be null); dy, x: (rows, C);
-// mean: (rows) or null for rms_norm; rstd: (rows). Block b covers rows [32 b, 32 b + 32).
+// mean: (rows) or null for rms_norm; rstd: (rows). grid (ceil(C / 32), chunks), block (32, 8):
+// lane (x, y) of block (bx, c) sums rows y, y + 8, ... of chunk c for column 32·bx + x, so a warp
+// reads 128 consecutive bytes of a row; row 0 of lanes then adds the 8 sums in lane order.
 template <class T>
 __global__ void norm_param_partials_kernel(T* partial_dw, T* partial_db, const T* dy, const T* x,
-                                           const T* mean, const T* rstd, int64_t rows, int64_t C) {
-    const int64_t r0 = int64_t(blockIdx.x) * kRowsPerChunk;
-    const int64_t r1 = r0 + kRowsPerChunk < rows ? r0 + kRowsPerChunk : rows;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-        T dw = 0, db = 0;
-        for (int64_t r = r0; r < r1; ++r) {
+                                           const T* mean, const T* rstd, int64_t rows, int64_t C,
+                                           int64_t per_chunk) {
+    __shared__ T lanes_dw[kFinishWarps][kWarp];
+    __shared__ T lanes_db[kFinishWarps][kWarp];
+    const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
+    const int64_t r0 = int64_t(blockIdx.y) * per_chunk;
+    const int64_t r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
+    T dw = 0, db = 0;
+    if (c < C)
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += kFinishWarps) {
             const T xhat = (x[r * C + c] - (mean ? mean[r] : T(0))) * rstd[r];
             dw += dy[r * C + c] * xhat;  // dweight = Σ_rows dy · xhat
             db += dy[r * C + c];         // dbias = Σ_rows dy
         }
-        partial_dw[blockIdx.x * C + c] = dw;
-        if (partial_db) partial_db[blockIdx.x * C + c] = db;
+    lanes_dw[threadIdx.y][threadIdx.x] = dw;
+    lanes_db[threadIdx.y][threadIdx.x] = db;
+    __syncthreads();  // every lane's sums are in before row 0 adds them
+    if (threadIdx.y != 0 || c >= C) return;
+    for (int w = 1; w < kFinishWarps; ++w) {
+        dw += lanes_dw[w][threadIdx.x];
+        db += lanes_db[w][threadIdx.x];
     }
+    partial_dw[int64_t(blockIdx.y) * C + c] = dw;
+    if (partial_db) partial_db[int64_t(blockIdx.y) * C + c] = db;
 }
 
 // Stage 2. dweight, dbias: (C) out (dbias may be null); partial_dw, partial_db: (chunks, C).
+// grid ceil(C / 32), block (32, kFinishWarps): lane x of warp w adds partials w, w + 8, ... of
+// column 32·blockIdx.x + x; warp 0 then adds the 8 sums in warp order.
 template <class T>
 __global__ void norm_param_finish_kernel(T* dweight, T* dbias, const T* partial_dw,
                                          const T* partial_db, int64_t chunks, int64_t C) {
-    const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ T sum_dw[kFinishWarps][kWarp];
+    __shared__ T sum_db[kFinishWarps][kWarp];
+    const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
     T dw = 0, db = 0;
-    for (int64_t k = 0; k < chunks; ++k) {  // block order: the same sum every run
-        dw += partial_dw[k * C + c];
-        if (dbias) db += partial_db[k * C + c];
+    if (c < C)
+        for (int64_t k = threadIdx.y; k < chunks; k += kFinishWarps) {
+            dw += partial_dw[k * C + c];
+            if (dbias) db += partial_db[k * C + c];
+        }
+    sum_dw[threadIdx.y][threadIdx.x] = dw;
+    sum_db[threadIdx.y][threadIdx.x] = db;
+    __syncthreads();  // every warp's sums are in before warp 0 adds them
+    if (threadIdx.y != 0 || c >= C) return;
+    for (int w = 1; w < kFinishWarps; ++w) {
+        dw += sum_dw[w][threadIdx.x];
+        db += sum_db[w][threadIdx.x];
     }
     dweight[c] = dw;
     if (dbias) dbias[c] = db;
@@ -134,20 +167,30 @@ __global__ void norm_param_finish_kernel(T* dweight, T* dbias, const T* partial_
 template <class T>
 void norm_param_grads(T* dweight, T* dbias, const T* dy, const T* x, const T* mean, const T* rstd,
                       int64_t rows, int64_t C) {
-    const int64_t chunks = (rows + kRowsPerChunk - 1) / kRowsPerChunk;
-    if (chunks == 0) {  // no rows: the sums are empty
+    if (rows == 0) {  // no rows: the sums are empty
         fill_zero(dweight, sizeof(T) * size_t(C));
         if (dbias) fill_zero(dbias, sizeof(T) * size_t(C));
         return;
     }
+    // Enough chunks for ~kFillBlocks blocks in all, none shorter than kMinRowsPerChunk rows.
+    const int64_t tiles = (C + kWarp - 1) / kWarp;
+    const int64_t wanted = std::max<int64_t>(1, (kFillBlocks + tiles - 1) / tiles);
+    const int64_t most = std::max<int64_t>(1, rows / kMinRowsPerChunk);
+    const int64_t per_chunk = (rows + std::min(wanted, most) - 1) / std::min(wanted, most);
+    const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
     // Scratch from the caching allocator; freed at return, safe as the stream orders its reuse.
     Storage scratch(sizeof(T) * size_t(chunks * C) * (dbias ? 2 : 1), Device::cuda);
     T* partial_dw = static_cast<T*>(scratch.data());
     T* partial_db = dbias ? partial_dw + chunks * C : nullptr;
-    QK_LAUNCH((norm_param_partials_kernel<T>), unsigned(chunks), kColumnThreads, 0, stream(),
-              partial_dw, partial_db, dy, x, mean, rstd, rows, C);
+    ledger::declare_elements<T>(2 * rows * C + 2 * rows, (dbias ? 2 : 1) * chunks * C,
+                                5 * rows * C);
+    QK_LAUNCH((norm_param_partials_kernel<T>), dim3(unsigned(tiles), unsigned(chunks)),
+              dim3(kWarp, kFinishWarps), 0, stream(), partial_dw, partial_db, dy, x, mean, rstd,
+              rows, C, per_chunk);
     QK_CUDA_CHECK_LAUNCH("norm_param_partials_kernel");
-    QK_LAUNCH((norm_param_finish_kernel<T>), blocks_for(C, kColumnThreads), kColumnThreads, 0,
+    ledger::declare_elements<T>((dbias ? 2 : 1) * chunks * C, (dbias ? 2 : 1) * C,
+                                (dbias ? 2 : 1) * chunks * C);
+    QK_LAUNCH((norm_param_finish_kernel<T>), blocks_for(C, kWarp), dim3(kWarp, kFinishWarps), 0,
               stream(), dweight, dbias, partial_dw, partial_db, chunks, C);
     QK_CUDA_CHECK_LAUNCH("norm_param_finish_kernel");
 }
@@ -298,6 +341,7 @@ template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
                         int64_t rows, int64_t C, T eps) {
     if (rows == 0) return;
+    ledger::declare_elements<T>(rows * C + 2 * C, rows * C + 2 * rows, 8 * rows * C);
     QK_LAUNCH((layer_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
               stream(), y, mean, rstd, x, weight, bias, rows, C, eps);
     QK_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
@@ -307,6 +351,7 @@ template <class T>
 void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x, const T* mean,
                          const T* rstd, const T* weight, int64_t rows, int64_t C) {
     if (rows > 0) {
+        ledger::declare_elements<T>(2 * rows * C + C + 2 * rows, rows * C, 12 * rows * C);
         QK_LAUNCH((layer_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
                   0, stream(), dx, dy, x, mean, rstd, weight, rows, C);
         QK_CUDA_CHECK_LAUNCH("layer_norm_backward_dx_kernel");
@@ -318,6 +363,7 @@ template <class T>
 void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C,
                          T eps) {
     if (rows == 0) return;
+    ledger::declare_elements<T>(rows * C + C, rows * C + rows, 4 * rows * C);
     QK_LAUNCH((rms_norm_forward_v1_kernel<T>), blocks_for(rows, kRowThreads), kRowThreads, 0,
               stream(), y, rstd, x, weight, rows, C, eps);
     QK_CUDA_CHECK_LAUNCH("rms_norm_forward_v1_kernel");
@@ -326,6 +372,7 @@ void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t row
 template <class T>
 void rms_norm_forward(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C, T eps) {
     if (rows == 0) return;
+    ledger::declare_elements<T>(rows * C + C, rows * C + rows, 4 * rows * C);
     QK_LAUNCH((rms_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
               stream(), y, rstd, x, weight, rows, C, eps);
     QK_CUDA_CHECK_LAUNCH("rms_norm_forward_kernel");
@@ -335,6 +382,7 @@ template <class T>
 void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const T* rstd, const T* weight,
                        int64_t rows, int64_t C) {
     if (rows > 0) {
+        ledger::declare_elements<T>(2 * rows * C + C + rows, rows * C, 8 * rows * C);
         QK_LAUNCH((rms_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
                   0, stream(), dx, dy, x, rstd, weight, rows, C);
         QK_CUDA_CHECK_LAUNCH("rms_norm_backward_dx_kernel");
@@ -347,6 +395,7 @@ void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const T* rstd
 template <class T>
 void lp_normalize_forward(T* y, T* norm, const T* x, int64_t rows, int64_t C, T p, T eps) {
     if (rows == 0) return;
+    ledger::declare_elements<T>(rows * C, rows * C + rows, 20 * rows * C);
     QK_LAUNCH((lp_normalize_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
               stream(), y, norm, x, rows, C, p, eps);
     QK_CUDA_CHECK_LAUNCH("lp_normalize_forward_kernel");
@@ -356,6 +405,7 @@ template <class T>
 void lp_normalize_backward(T* dx, const T* dy, const T* x, const T* norm, int64_t rows, int64_t C,
                            T p, T eps) {
     if (rows == 0) return;
+    ledger::declare_elements<T>(2 * rows * C + rows, rows * C, 20 * rows * C);
     QK_LAUNCH((lp_normalize_backward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
               stream(), dx, dy, x, norm, rows, C, p, eps);
     QK_CUDA_CHECK_LAUNCH("lp_normalize_backward_kernel");

@@ -20,17 +20,33 @@
 //       result. Right for long groups (a row of logits), where v1 would leave one thread walking
 //       thousands of elements while the rest of the GPU idles. Block size: the group rounded up
 //       to a power of two, 32 to 256.
-// The dispatcher takes v2 for groups of 32 or more; set_reduce_version() forces one for tests.
+//   v3, columns (sum and max): when the outputs are contiguous in x and the reduced dims are not
+//       (a bias gradient: the column sums of a (B·T, C) gradient), v2's block walks one column
+//       with its threads 4·C bytes apart, so every 4-byte load costs a 32-byte DRAM sector (12 %
+//       of the bandwidth used; 9 ms of a 124M-shaped step on an H200). v3's block takes 32
+//       neighbouring columns × 8 row lanes, so a warp reads 128 consecutive bytes, and the rows
+//       are cut into chunks so that the grid fills the GPU (~1,056 blocks, 8 per SM of an H100:
+//       264 blocks of 256 threads measured 670 GB/s on an H200, too few loads in flight);
+//       stage 2 combines each column's chunk partials in chunk order.
+//   v4, split groups (sum and max): a few outputs with huge groups (a full sum of 12 M values
+//       had one block of 256 threads: ~0.5 % of the chip) split each group into chunks, one
+//       v2-style block per (output, chunk), and the same stage 2.
+// The dispatcher takes v3 for contiguous outputs over strided groups, v4 for fewer than 264
+// outputs with groups of 16k or more, else v2 for groups of 32 or more, else v1;
+// set_reduce_version() forces one for tests (v3 and v4 apply to sum and max; logsumexp and the
+// backward kernels keep the automatic choice). The number of chunks depends on the shape only.
 // Sums are fixed trees (the order does not depend on which thread runs first), so the emulator's
-// run orders give identical bits; v1 and v2 differ from each other and from the CPU in rounding.
+// run orders give identical bits; the rungs differ from each other and from the CPU in rounding.
 //
 // CPU twins: cpu::sum_accumulate, cpu::max_accumulate, cpu::sum_exp_accumulate (with the lse
 // finish in logsumexp_into_shape), cpu::max_count_ties + cpu::max_backward and
 // cpu::logsumexp_backward, all in ops/reduce.cpp.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
+#include "core/storage.h"
 #include "cuda/runtime.h"
 #include "cuda/strided_index.h"
 #include "ops/elementwise_math.h"
@@ -258,8 +274,124 @@ __global__ void logsumexp_backward_kernel(T* dx, const T* x, const T* lse, const
     }
 }
 
+// ---- v3 (columns) and v4 (split groups): a stage 1 into partials, then one combine -----------
+
+constexpr int kColumnLanes = 8;           // v3: row lanes per block of 32 columns
+constexpr int64_t kFillBlocks = 1056;     // 8 × an H100's 132 SMs: a grid at least this large
+constexpr int64_t kMinChunk = 64;         // v3: rows per chunk, at least
+constexpr int64_t kMinSplitChunk = 4096;  // v4: elements per chunk, at least
+
+// Stage 1 of v3. partial: (chunks, n_out). grid (ceil(n_out / 32), chunks), block (32, 8):
+// lane (x, y) of block (bx, c) reduces elements y, y + 8, ... of chunk c of output 32·bx + x.
+template <class T, class Op>
+__global__ void reduce_columns_kernel(T* partial, const T* x, Groups g, int64_t per_chunk) {
+    __shared__ T lanes[kColumnLanes][32];
+    const Op op{};
+    const int64_t r = int64_t(blockIdx.x) * 32 + threadIdx.x;
+    const int64_t j0 = int64_t(blockIdx.y) * per_chunk;
+    const int64_t j1 = j0 + per_chunk < g.group ? j0 + per_chunk : g.group;
+    T acc = Op::template identity<T>();
+    if (r < g.n_out) {
+        int64_t base[2], off[2];
+        g.outer.offsets(r, base);
+        for (int64_t j = j0 + threadIdx.y; j < j1; j += kColumnLanes) {
+            g.inner.offsets(j, off);
+            acc = op(acc, x[base[0] + off[0]]);
+        }
+    }
+    lanes[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();  // every lane's value is in before lane row 0 combines them
+    if (threadIdx.y != 0 || r >= g.n_out) return;
+    for (int y = 1; y < kColumnLanes; ++y) acc = op(acc, lanes[y][threadIdx.x]);
+    partial[int64_t(blockIdx.y) * g.n_out + r] = acc;
+}
+
+// Stage 1 of v4. partial: (chunks, n_out). grid (n_out, chunks), block (v2's size): block (r, c)
+// reduces chunk c of output r as v2 reduces a whole group.
+template <class T, class Op>
+__global__ void reduce_split_kernel(T* partial, const T* x, Groups g, int64_t per_chunk) {
+    const Op op{};
+    const int64_t r = blockIdx.x, j0 = int64_t(blockIdx.y) * per_chunk;
+    const int64_t j1 = j0 + per_chunk < g.group ? j0 + per_chunk : g.group;
+    int64_t base[2], off[2];
+    g.outer.offsets(r, base);
+    T acc = Op::template identity<T>();
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+        g.inner.offsets(j, off);
+        acc = op(acc, x[base[0] + off[0]]);
+    }
+    acc = block_reduce(acc, op);
+    if (threadIdx.x == 0) partial[int64_t(blockIdx.y) * g.n_out + r] = acc;
+}
+
+// Stage 2 of v3 and v4. out: (n_out); partial: (chunks, n_out). grid (ceil(n_out / 32)),
+// block (32, 8): lane (x, y) combines chunks y, y + 8, ... of output 32·bx + x, then row 0 the 8.
+template <class T, class Op>
+__global__ void reduce_partials_kernel(T* out, const T* partial, int64_t chunks, int64_t n_out) {
+    __shared__ T lanes[kColumnLanes][32];
+    const Op op{};
+    const int64_t r = int64_t(blockIdx.x) * 32 + threadIdx.x;
+    T acc = Op::template identity<T>();
+    if (r < n_out)
+        for (int64_t c = threadIdx.y; c < chunks; c += kColumnLanes)
+            acc = op(acc, partial[c * n_out + r]);
+    lanes[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y != 0 || r >= n_out) return;
+    for (int y = 1; y < kColumnLanes; ++y) acc = op(acc, lanes[y][threadIdx.x]);
+    out[r] = acc;
+}
+
+// Whether the outputs sit next to each other in x while a group's elements do not: v3's case.
+bool columns_layout(const Groups& g) {
+    const int inner_last = g.inner.rank - 1, outer_last = g.outer.rank - 1;
+    return g.n_out >= 32 && g.group >= kMinChunk && outer_last >= 0 && inner_last >= 0 &&
+           g.outer.strides[0][outer_last] == 1 && g.inner.strides[0][inner_last] != 1;
+}
+bool few_huge_groups(const Groups& g) {
+    return g.n_out < kFillBlocks && g.group >= 4 * kMinSplitChunk;
+}
+
+unsigned v2_threads(const Groups& g);
+
+// v3 or v4 (`columns`): stage 1 into scratch partials, then stage 2 into out.
+template <class T, class Op>
+void reduce_in_chunks(T* out, const T* x, const Groups& g, bool columns) {
+    const int64_t tiles = columns ? (g.n_out + 31) / 32 : g.n_out;
+    const int64_t min_chunk = columns ? kMinChunk : kMinSplitChunk;
+    const int64_t wanted = std::max<int64_t>(1, (kFillBlocks + tiles - 1) / tiles);
+    const int64_t most = std::max<int64_t>(1, g.group / min_chunk);
+    const int64_t per_chunk = (g.group + std::min(wanted, most) - 1) / std::min(wanted, most);
+    const int64_t chunks = (g.group + per_chunk - 1) / per_chunk;
+    QK_CHECK(tiles <= 0x7fffffff && chunks <= 65535,
+             "reduce: {} outputs of {} elements cannot be "
+             "split on one grid",
+             g.n_out, g.group);
+    Storage scratch(sizeof(T) * size_t(chunks * g.n_out), Device::cuda);
+    T* partial = static_cast<T*>(scratch.data());
+    ledger::declare(
+        double(sizeof(T)) * (double(g.n_out) * double(g.group) + double(chunks * g.n_out)),
+        double(g.n_out) * double(g.group), 0, sizeof(T) == 8);
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
+    if (columns) {
+        QK_LAUNCH((reduce_columns_kernel<T, Op>), grid, dim3(32, kColumnLanes), 0, stream(),
+                  partial, x, g, per_chunk);
+        QK_CUDA_CHECK_LAUNCH("reduce_columns_kernel");
+    } else {
+        QK_LAUNCH((reduce_split_kernel<T, Op>), grid, v2_threads(g), 0, stream(), partial, x, g,
+                  per_chunk);
+        QK_CUDA_CHECK_LAUNCH("reduce_split_kernel");
+    }
+    ledger::declare_elements<T>(chunks * g.n_out, g.n_out, chunks * g.n_out);
+    QK_LAUNCH((reduce_partials_kernel<T, Op>), static_cast<unsigned>((g.n_out + 31) / 32),
+              dim3(32, kColumnLanes), 0, stream(), out, partial, chunks, g.n_out);
+    QK_CUDA_CHECK_LAUNCH("reduce_partials_kernel");
+}
+
 // Which version runs, and v2's block size: the group rounded up to a power of two in [32, 256].
-bool use_v2(const Groups& g) { return forced_version ? forced_version == 2 : g.group >= 32; }
+bool use_v2(const Groups& g) {
+    return forced_version == 1 || forced_version == 2 ? forced_version == 2 : g.group >= 32;
+}
 unsigned v2_threads(const Groups& g) {
     unsigned threads = 32;
     while (threads < 256 && static_cast<int64_t>(threads) < g.group) threads *= 2;
@@ -274,10 +406,16 @@ void reduce(T* out, const T* x, const Shape& x_strides, const Shape& shape, cons
             const char* op) {
     const Groups g = make_groups(shape, x_strides, kept, op);
     if (g.n_out == 0) return;
-    if (use_v2(g)) {
+    const bool v3 = forced_version ? forced_version == 3 : columns_layout(g);
+    const bool v4 = forced_version ? forced_version == 4 : !v3 && few_huge_groups(g);
+    if ((v3 || v4) && g.group > 0) {
+        reduce_in_chunks<T, Op>(out, x, g, v3);
+    } else if (use_v2(g)) {
+        ledger::declare_elements<T>(g.n_out * g.group, g.n_out, g.n_out * g.group);
         QK_LAUNCH((reduce_v2_kernel<T, Op>), v2_blocks(g), v2_threads(g), 0, stream(), out, x, g);
         QK_CUDA_CHECK_LAUNCH("reduce_v2_kernel");
     } else {
+        ledger::declare_elements<T>(g.n_out * g.group, g.n_out, g.n_out * g.group);
         QK_LAUNCH((reduce_v1_kernel<T, Op>), grid_for(g.n_out), kThreads, 0, stream(), out, x, g);
         QK_CUDA_CHECK_LAUNCH("reduce_v1_kernel");
     }
@@ -286,7 +424,8 @@ void reduce(T* out, const T* x, const Shape& x_strides, const Shape& shape, cons
 }  // namespace
 
 void set_reduce_version(int version) {
-    QK_CHECK(version >= 0 && version <= 2, "set_reduce_version: 0 (auto), 1 or 2, got {}", version);
+    QK_CHECK(version >= 0 && version <= 4, "set_reduce_version: 0 (auto), 1, 2, 3 or 4, got {}",
+             version);
     forced_version = version;
 }
 
@@ -306,9 +445,11 @@ void logsumexp_reduce(T* lse, const T* x, const Shape& x_strides, const Shape& s
     const Groups g = make_groups(shape, x_strides, kept, "logsumexp");
     if (g.n_out == 0) return;
     if (use_v2(g)) {
+        ledger::declare_elements<T>(2 * g.n_out * g.group, g.n_out, 4 * g.n_out * g.group);
         QK_LAUNCH((logsumexp_v2_kernel<T>), v2_blocks(g), v2_threads(g), 0, stream(), lse, x, g);
         QK_CUDA_CHECK_LAUNCH("logsumexp_v2_kernel");
     } else {
+        ledger::declare_elements<T>(2 * g.n_out * g.group, g.n_out, 4 * g.n_out * g.group);
         QK_LAUNCH((logsumexp_v1_kernel<T>), grid_for(g.n_out), kThreads, 0, stream(), lse, x, g);
         QK_CUDA_CHECK_LAUNCH("logsumexp_v1_kernel");
     }
@@ -320,10 +461,14 @@ void max_backward(T* dx, const T* x, const Shape& x_strides, const T* y, const T
     const Groups g = make_groups(shape, x_strides, kept, "max backward");
     if (g.n_out == 0 || g.group == 0) return;
     if (use_v2(g)) {
+        ledger::declare_elements<T>(g.n_out * (2 * g.group + 2), g.n_out * g.group,
+                                    g.n_out * g.group);
         QK_LAUNCH((max_backward_v2_kernel<T>), v2_blocks(g), v2_threads(g), 0, stream(), dx, x, y,
                   dy, g);
         QK_CUDA_CHECK_LAUNCH("max_backward_v2_kernel");
     } else {
+        ledger::declare_elements<T>(g.n_out * (2 * g.group + 2), g.n_out * g.group,
+                                    g.n_out * g.group);
         QK_LAUNCH((max_backward_v1_kernel<T>), grid_for(g.n_out), kThreads, 0, stream(), dx, x, y,
                   dy, g);
         QK_CUDA_CHECK_LAUNCH("max_backward_v1_kernel");
@@ -339,6 +484,7 @@ void logsumexp_backward(T* dx, const T* x, const Shape& x_strides, const T* lse,
     for (size_t d = 0; d < kept.size(); ++d)
         if (kept[d] == 1) k_strides[d] = 0;
     const auto index = make_strided_index<2>(shape, {&x_strides, &k_strides}, "logsumexp backward");
+    ledger::declare_elements<T>(2 * n, n, 3 * n);
     QK_LAUNCH((logsumexp_backward_kernel<T>), grid_for(n), kThreads, 0, stream(), dx, x, lse, dy,
               index, n);
     QK_CUDA_CHECK_LAUNCH("logsumexp_backward_kernel");

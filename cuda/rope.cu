@@ -37,6 +37,7 @@ void rope_rotate(T* y, const T* x, const T* cos, const T* sin, int64_t G, int64_
                  int direction) {
     const int64_t n_pairs = G * P * (D / 2);
     if (n_pairs == 0) return;
+    ledger::declare_elements<T>(4 * n_pairs, 2 * n_pairs, 6 * n_pairs);
     QK_LAUNCH((rope_rotate_kernel<T>), grid_for(n_pairs), kThreads, 0, stream(), y, x, cos, sin, P,
               D, n_pairs, T(direction));
     QK_CUDA_CHECK_LAUNCH("rope_rotate_kernel");

@@ -149,6 +149,7 @@ void softmax_forward(T* y, T* lse, const T* x, int64_t rows, int64_t Tq, int64_t
                      T cap, bool is_log) {
     if (rows == 0) return;
     const unsigned blocks = blocks_for(rows, kWarpsPerBlock);
+    ledger::declare_elements<T>(rows * Tk, rows * Tk + rows, 6 * rows * Tk);
     if (is_log) {
         QK_LAUNCH((softmax_forward_kernel<T, true>), blocks, kThreads, 0, stream(), y, lse, x, rows,
                   Tq, Tk, causal, cap);
@@ -164,6 +165,7 @@ void softmax_backward(T* dx, const T* dy, const T* y, const T* lse, int64_t rows
                       int64_t Tk, bool causal, T cap, bool is_log) {
     if (rows == 0) return;
     const unsigned blocks = blocks_for(rows, kWarpsPerBlock);
+    ledger::declare_elements<T>(2 * rows * Tk + rows, rows * Tk, 6 * rows * Tk);
     if (is_log) {
         QK_LAUNCH((softmax_backward_kernel<T, true>), blocks, kThreads, 0, stream(), dx, dy, y, lse,
                   rows, Tq, Tk, causal, cap);

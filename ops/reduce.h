@@ -38,7 +38,8 @@ template <class T>  // dx[i] = dy[r] · exp(x[i] − lse[r])  (0 where lse = −
 void logsumexp_backward(T* dx, const T* x, const Shape& x_strides, const T* lse, const T* dy,
                         const Shape& shape, const Shape& kept);
 // The kernel ladder's switch, for tests: 1 = one thread per output, 2 = one block per output,
-// 0 = choose by group size (the default).
+// 3 = column tiles in row chunks, 4 = groups split into chunks (3 and 4: sum and max), 0 = choose
+// by layout and size (the default).
 void set_reduce_version(int version);
 }  // namespace cuda
 

@@ -2,6 +2,7 @@
 // against the cpu (OpenBLAS), forward and both gradients: every transpose combination, batched,
 // broadcast batch, the Linear case as one GEMM, float32 and float64; and the tiled teaching
 // kernel against cuBLAS and the cpu. Sizes are ragged (not multiples of 16 or 32).
+#include "cuda/ledger.h"
 #include "cuda_parity.h"
 
 using namespace qk;
@@ -50,6 +51,13 @@ TEST_CASE("batched and broadcast-batch matmul on cuda match the cpu") {
         check_cuda_parity(
             "q kT", [](const Inputs& in) { return matmul(in[0], in[1].transpose(-2, -1)); },
             {randn_seeded({2, 3, 19, 13}, 7, dt), randn_seeded({2, 3, 21, 13}, 8, dt)});
+        // the same with a broadcast inner batch dim: b's heads (2, 1, ...) expanded, no merge
+        check_cuda_parity(
+            "q kT, b broadcast over heads",
+            [](const Inputs& in) {
+                return matmul(in[0], in[1].expand({2, 3, 21, 13}).transpose(-2, -1));
+            },
+            {randn_seeded({2, 3, 19, 13}, 7, dt), randn_seeded({2, 1, 21, 13}, 8, dt)});
         // the Linear case: (B, T, C) times a shared 2-D matrix, one GEMM over all rows
         check_cuda_parity("rows times shared",
                           [](const Inputs& in) { return matmul(in[0], in[1].t()); },
@@ -61,6 +69,25 @@ TEST_CASE("batched and broadcast-batch matmul on cuda match the cpu") {
                           },
                           {randn_seeded({1, K}, 11, dt), randn_seeded({K, N}, 12, dt)});
     }
+}
+
+TEST_CASE("batch dims that step evenly merge into one cuBLAS call; a broadcast one does not") {
+    if (!cuda_runnable()) return;
+    auto calls = [](const Tensor& a, const Tensor& b) {
+        cuda::ledger::open();
+        (void)matmul(a, b);
+        std::vector<std::string> names;
+        for (const auto& e : cuda::ledger::close()) names.push_back(e.name);
+        return names;
+    };
+    const Tensor q = randn_seeded({2, 3, 19, 13}, 7, kF32).to(Device::cuda);
+    const Tensor k = randn_seeded({2, 3, 21, 13}, 8, kF32).to(Device::cuda);
+    const auto merged = calls(q, k.transpose(-2, -1));  // (2, 3) heads: one call of 6 matrices
+    REQUIRE(merged.size() == 1);
+    CHECK(merged[0] == "cublas:SgemmStridedBatched 19x21x13 x6");
+    const Tensor k1 = randn_seeded({2, 1, 21, 13}, 8, kF32).to(Device::cuda);
+    const auto split = calls(q, k1.expand({2, 3, 21, 13}).transpose(-2, -1));
+    CHECK(split.size() == 2);  // stride 0 over heads: a call per batch of 3
 }
 
 TEST_CASE("linear on cuda matches the cpu, with and without bias") {

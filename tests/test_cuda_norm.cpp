@@ -3,7 +3,8 @@
 // (p = 1, 2, integer and fractional p), forward and backward with dweight/dbias, in float32 and
 // float64, under every run order of the emulator. dweight/dbias come from a two-stage sum over
 // rows (no atomics), so every output must be bit-identical across orders. Sizes are ragged
-// (C = 37, 100, 259) and span several blocks (4 rows per block; 32 rows per parameter chunk).
+// (C = 37, 100, 259) and span several blocks (4 rows per block; parameter gradients in chunks of
+// at least 32 rows, and one case with hundreds of chunks).
 #include "cuda_kernel_check.h"
 #include "cuda_parity.h"
 #include "helpers.h"
@@ -141,6 +142,13 @@ TEST_CASE_TEMPLATE("cuda layer_norm matches the cpu, forward and backward", T, f
     for (Size s : kSizes)
         for (bool has_bias : {true, false}) check_layer_norm<T>(s, has_bias, seed += 10, 0.0);
     check_layer_norm<T>({9, 100}, true, 7, 100.0);  // mean 100, std 2
+}
+
+TEST_CASE("cuda layer_norm's parameter gradients over many row chunks") {
+    if (!cuda_device_or_skip()) return;
+    // 8,500 rows of 3 columns: one column tile wants 1,056 chunks, but none may be under 32 rows:
+    // 258 chunks of 33 rows, the last one 14.
+    check_layer_norm<float>({8500, 3}, true, 900, 0.0);
 }
 
 TEST_CASE_TEMPLATE("cuda rms_norm v1 and v2 match the cpu, forward and backward", T, float,

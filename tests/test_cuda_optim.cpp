@@ -1,9 +1,14 @@
 // The `cuda_optim` suite: AdamW's fused update on cuda (cuda/adamw.cu) against the cpu loop of
-// nn/optim/optim.cpp, and SGD and Muon (tensor ops, so they run wherever their parameters live), float32
-// and float64, under every run order of the emulator. The same parameters and the same sequence of
-// gradients are fed to a cpu and a cuda optimiser for several steps: the weights and moments must
-// agree within the dtype's tolerance (not bitwise: nvcc contracts to fma where g++ does not).
-// Parameter sizes are ragged (37, 3 x 45, 1) and the largest spans several 256-thread blocks.
+// nn/optim/optim.cpp, and SGD and Muon (tensor ops, so they run wherever their parameters live),
+// float32 and float64, under every run order of the emulator. The same parameters and the same
+// sequence of gradients are fed to a cpu and a cuda optimiser for several steps: the weights and
+// moments must agree within the dtype's tolerance (not bitwise: nvcc contracts to fma where g++
+// does not). Parameter sizes are ragged (37, 3 x 45, 1) and the largest spans several 256-thread
+// blocks. The multi-tensor passes (cuda/multi_tensor.cu: AdamW, the sum of squares and scaling
+// behind clip_grad_norm) are checked against the one-tensor kernel bit for bit and against the cpu.
+#include <memory>
+#include <utility>
+
 #include "cuda_kernel_check.h"
 #include "cuda_parity.h"
 #include "nn/optim/muon.h"
@@ -160,5 +165,113 @@ TEST_CASE("Muon on cuda parameters matches the cpu: Newton-Schulz on cuBLAS, row
             CHECK(p_dev[i].device() == Device::cuda);
             check_close(p_dev[i].detach(), p_cpu[i].detach(), fmt::format("p{}", i));
         }
+    }
+}
+
+// ---- the multi-tensor passes (cuda/multi_tensor.cu) -------------------------------------------
+
+namespace {
+
+// Ragged tensor sizes: a scalar, a tensor inside one block, one that spans two 32k-element chunks
+// with a ragged tail, and one of 255 (not a multiple of 32).
+const std::vector<int64_t> kMultiSizes = {1, 37, 32768 + 45, 255};
+
+template <class T>
+std::vector<std::vector<T>> multi_values(uint64_t seed, double scale = 1.0) {
+    std::vector<std::vector<T>> values;
+    for (size_t k = 0; k < kMultiSizes.size(); ++k)
+        values.push_back(qk::test::random_values<T>(kMultiSizes[k], seed + k, scale));
+    return values;
+}
+
+}  // namespace
+
+TEST_CASE("multi-tensor AdamW equals the one-tensor kernel bit for bit, chunks crossing tensors") {
+    if (!qk::test::cuda_device_or_skip()) return;
+    const float lr = 0.01f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, bias1 = 0.271f, bias2 = 0.142625f;
+    const auto p0 = multi_values<float>(10), g = multi_values<float>(20),
+               m0 = multi_values<float>(30, 0.1);
+    auto v0 = multi_values<float>(40);
+    for (auto& v : v0)
+        for (float& x : v) x *= x;
+    std::vector<std::unique_ptr<qk::test::DeviceBuffer<float>>> one, all;  // p, g, m, v per tensor
+    std::vector<nn::AdamWSlot<float>> slots;
+    for (size_t k = 0; k < kMultiSizes.size(); ++k) {
+        for (auto* list : {&one, &all})
+            for (const std::vector<float>* host : {&p0[k], &g[k], &m0[k], &std::as_const(v0)[k]})
+                list->push_back(std::make_unique<qk::test::DeviceBuffer<float>>(*host));
+        const float decay = k % 2 ? 0.1f : 0.0f;
+        cuda::adamw_update(one[4 * k]->ptr, one[4 * k + 1]->ptr, one[4 * k + 2]->ptr,
+                           one[4 * k + 3]->ptr, kMultiSizes[k], lr, b1, b2, eps, decay, bias1,
+                           bias2);
+        slots.push_back({all[4 * k]->ptr, all[4 * k + 1]->ptr, all[4 * k + 2]->ptr,
+                         all[4 * k + 3]->ptr, kMultiSizes[k], decay});
+    }
+    cuda::adamw_update_all(slots, lr, b1, b2, eps, bias1, bias2);
+    for (size_t i = 0; i < one.size(); ++i) {
+        CAPTURE(i);
+        CHECK(one[i]->download() == all[i]->download());
+    }
+}
+
+TEST_CASE("multi-tensor sum of squares and scale match the cpu, the same bits in every run order") {
+    if (!cuda_runnable()) return;
+    qk::test::RunOrderReset reset;
+    const auto f32 = multi_values<float>(50);
+    const auto f64_values = multi_values<double>(60);
+    double want32 = 0, want64 = 0;
+    for (size_t k = 0; k < kMultiSizes.size(); ++k)
+        for (int64_t i = 0; i < kMultiSizes[k]; ++i) {
+            want32 += double(f32[k][i]) * double(f32[k][i]);
+            want64 += f64_values[k][i] * f64_values[k][i];
+        }
+    std::vector<double> got32;
+    for (const std::string& order : qk::test::parity_run_orders()) {
+        CAPTURE(order);
+        qk::test::set_parity_run_order(order);
+        std::vector<std::unique_ptr<qk::test::DeviceBuffer<float>>> d32;
+        std::vector<std::unique_ptr<qk::test::DeviceBuffer<double>>> d64;
+        std::vector<const float*> p32;
+        std::vector<const double*> p64;
+        for (size_t k = 0; k < kMultiSizes.size(); ++k) {
+            d32.push_back(std::make_unique<qk::test::DeviceBuffer<float>>(f32[k]));
+            d64.push_back(std::make_unique<qk::test::DeviceBuffer<double>>(f64_values[k]));
+            p32.push_back(d32.back()->ptr);
+            p64.push_back(d64.back()->ptr);
+        }
+        got32.push_back(cuda::sum_of_squares(p32, kMultiSizes));
+        // Float squares summed in float within a chunk (128 per thread, then a tree): a few ulps.
+        CHECK(got32.back() == doctest::Approx(want32).epsilon(1e-6));
+        CHECK(cuda::sum_of_squares(p64, kMultiSizes) == doctest::Approx(want64).epsilon(1e-14));
+        CHECK(got32.back() == got32.front());  // a fixed tree: no run order changes a bit
+        std::vector<float*> scaled = {d32[1]->ptr, d32[2]->ptr};
+        cuda::scale_all(scaled, {kMultiSizes[1], kMultiSizes[2]}, 0.5f);
+        for (size_t k : {1, 2}) {
+            const auto after = d32[k]->download();
+            for (int64_t i = 0; i < kMultiSizes[k]; ++i) REQUIRE(after[i] == f32[k][i] * 0.5f);
+        }
+        CHECK(d32[0]->download() == f32[0]);  // not in the list: untouched
+    }
+}
+
+TEST_CASE("clip_grad_norm on cuda gradients matches the cpu: the norm, the clip, the loss scale") {
+    if (!cuda_runnable()) return;
+    for (DType dt : {kF32, kF64}) {
+        CAPTURE(dt);
+        std::vector<Tensor> p_cpu = make_params(dt, Device::cpu),
+                            p_dev = make_params(dt, Device::cuda);
+        for (size_t i = 0; i < p_cpu.size(); ++i) {
+            const Tensor g = gradient(p_cpu[i], 1, i);
+            p_cpu[i].set_grad(g);
+            p_dev[i].set_grad(g.to(Device::cuda));
+        }
+        // A strided gradient takes the tensor-op path on both devices.
+        p_cpu[1].set_grad(gradient(p_cpu[1], 2, 1).t().contiguous().t());
+        p_dev[1].set_grad(p_cpu[1].grad().to(Device::cuda));
+        const double norm_cpu = nn::clip_grad_norm(p_cpu, 1.0, true, 4.0);
+        const double norm_dev = nn::clip_grad_norm(p_dev, 1.0, true, 4.0);
+        CHECK(norm_dev == doctest::Approx(norm_cpu).epsilon(dt == kF64 ? 1e-14 : 1e-6));
+        for (size_t i = 0; i < p_cpu.size(); ++i)
+            check_close(p_dev[i].grad(), p_cpu[i].grad(), fmt::format("clipped g{}", i));
     }
 }

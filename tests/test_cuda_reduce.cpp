@@ -1,8 +1,10 @@
 // Reductions on cuda (cuda/reduce.cu) against the cpu, forward and backward, float32 and float64,
-// under every run order of the emulator, for both rungs of the kernel ladder (v1: one thread per
-// output; v2: one block per output with shuffle + shared-memory trees) and the automatic choice:
+// under every run order of the emulator, for every rung of the kernel ladder (v1: one thread per
+// output; v2: one block per output with shuffle + shared-memory trees; v3: column tiles in row
+// chunks; v4: groups split into chunks; both then combined per output) and the automatic choice:
 // sum, mean, max (with ties and NaN), logsumexp (with -inf groups), var and sum_to, over first,
 // middle, last, several and all dims, of contiguous and strided inputs.
+#include "cuda/ledger.h"
 #include "cuda_parity.h"
 
 using namespace qk;
@@ -35,8 +37,8 @@ Tensor with_ties(const Shape& shape, uint64_t seed, DType dt) {
 
 }  // namespace
 
-TEST_CASE("sum, mean, max, logsumexp and var over dims: cuda matches the cpu, both rungs") {
-    for (int version : {0, 1, 2}) {
+TEST_CASE("sum, mean, max, logsumexp and var over dims: cuda matches the cpu, every rung") {
+    for (int version : {0, 1, 2, 3, 4}) {
         ReduceVersion forced(version);
         for (DType dt : {kF32, kF64})
             for (size_t d = 0; d < kDims.size(); ++d) {
@@ -82,7 +84,7 @@ TEST_CASE("long groups: a row of 300 (v2 with 256 threads, several strides per t
 }
 
 TEST_CASE("sum_to (the backward of broadcasting) matches the cpu") {
-    for (int version : {0, 1, 2}) {
+    for (int version : {0, 1, 2, 3, 4}) {
         ReduceVersion forced(version);
         for (DType dt : {kF32, kF64}) {
             const Tensor x = randn_seeded({2, 37, 45}, 7, dt);
@@ -96,7 +98,7 @@ TEST_CASE("sum_to (the backward of broadcasting) matches the cpu") {
 
 TEST_CASE("max with NaN and logsumexp with -inf groups behave as on the cpu") {
     if (!cuda_runnable()) return;
-    for (int version : {1, 2}) {
+    for (int version : {1, 2, 3, 4}) {
         ReduceVersion forced(version);
         std::vector<double> v(4 * 35);
         for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(double(i));
@@ -132,4 +134,34 @@ TEST_CASE("the two rungs agree with each other on a long sum (tree vs serial rou
     }
     CHECK(max_abs_diff(v1, v2) < 1e-11);
     CHECK(max_abs_diff(v2, sum(x.to(Device::cpu), {1})) < 1e-11);
+}
+
+TEST_CASE("column sums take v3 and long full sums v4 by themselves, with grids that fill a GPU") {
+    if (!cuda_runnable()) return;
+    auto kernels = [](const Tensor& x, const Dims& dims) {
+        cuda::ledger::open();
+        (void)sum(x, dims);
+        std::vector<std::string> names;
+        for (const auto& e : cuda::ledger::close())
+            names.push_back(fmt::format("{} {}", e.name, e.blocks()));
+        return names;
+    };
+    for (DType dt : {kF32, kF64}) {
+        // (200, 40) over rows: 40 contiguous columns, rows 40 apart: 2 column tiles x 3 chunks.
+        const Tensor columns = randn_seeded({200, 40}, 8, dt);
+        const auto v3 = kernels(columns.to(Device::cuda), {0});
+        REQUIRE(v3.size() == 2);
+        CHECK(v3[0] == "(reduce_columns_kernel<T, Op>) 6");
+        CHECK(v3[1] == "(reduce_partials_kernel<T, Op>) 2");
+        check_cuda_parity("column sums", [](const Inputs& in) { return sum(in[0], {0}); },
+                          {columns});
+        // 70,000 values to one: 17 chunks of 4,118 (at least 4,096 each), not one block.
+        const Tensor flat = randn_seeded({70000}, 9, dt);
+        const auto v4 = kernels(flat.to(Device::cuda), {});
+        REQUIRE(v4.size() == 2);
+        CHECK(v4[0] == "(reduce_split_kernel<T, Op>) 17");
+        check_cuda_parity("a long full sum", [](const Inputs& in) { return sum(in[0]); }, {flat});
+        check_cuda_parity("a long full max", [](const Inputs& in) { return max(in[0], {0}); },
+                          {flat});
+    }
 }

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "cuda/emu/emu_internal.h"
+#include "cuda/ledger.h"
 
 namespace qk::emu {
 namespace {
@@ -85,7 +86,8 @@ class Arena {
         }
         const uintptr_t user = block + kAlign;
         fill_canary(block, user);
-        std::memset(reinterpret_cast<void*>(user), 0xFF, size);
+        // A dry-run ledger (cuda/ledger.h) leaves the pages untouched: a 124M model's step fits.
+        if (!qk::cuda::ledger::dry_run()) std::memset(reinterpret_cast<void*>(user), 0xFF, size);
         fill_canary(user + size, block + block_size);
         live[user] = {block, block_size, size};
         live_bytes += size;
@@ -97,7 +99,7 @@ class Arena {
         const auto [user, a] = *it;
         live.erase(it);
         live_bytes -= a.size;
-        std::memset(reinterpret_cast<void*>(user), 0xFF, a.size);
+        if (!qk::cuda::ledger::dry_run()) std::memset(reinterpret_cast<void*>(user), 0xFF, a.size);
         freed[user] = a;
         quarantine_.push_back(user);
         quarantine_bytes_ += a.block_size;

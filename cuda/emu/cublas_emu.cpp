@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/float16.h"
 #include "cuda/emu/emu_internal.h"
+#include "cuda/ledger.h"
 
 struct cublasContext {
     cudaStream_t stream = nullptr;
@@ -156,6 +157,7 @@ cublasStatus_t gemm_batched(const char* api, cublasHandle_t handle, cublasOperat
         require_batch(api, "B", B, static_cast<long long>(ldb) * (cols_b - 1) + rows_b, sb, batch);
     }
     require_batch(api, "C", C, static_cast<long long>(ldc) * (n - 1) + m, sc, batch);
+    if (qk::cuda::ledger::dry_run()) return CUBLAS_STATUS_SUCCESS;  // checked, not computed
     const T a = *alpha, b = *beta;
     for (int i = 0; i < batch; ++i) {
         T* c = C + i * sc;

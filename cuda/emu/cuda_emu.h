@@ -311,13 +311,21 @@ void launch(const char* kernel_name, Call call, dim3 grid, dim3 block, std::size
 // QK_LAUNCH(kernel, grid, block, smem_bytes, stream, args...): runs the whole grid before it
 // returns (streams are no-ops); launch-time reports (bad configuration, host pointer argument,
 // deadlock, divergent barrier, out-of-bounds write) are thrown as qk::Error.
-#define QK_LAUNCH(kernel, grid, block, smem_bytes, stream, ...)                       \
-    ::qk::emu::detail::launch(                                                        \
-        #kernel, [](auto&&... qk_emu_args) { kernel(qk_emu_args...); }, ::dim3(grid), \
-        ::dim3(block), static_cast<std::size_t>(smem_bytes), stream __VA_OPT__(, ) __VA_ARGS__)
+// An open launch ledger (cuda/ledger.h) records it, as under nvcc.
+#define QK_LAUNCH(kernel, grid, block, smem_bytes, stream, ...)                                \
+    do {                                                                                       \
+        const ::dim3 qk_grid = ::dim3(grid), qk_block = ::dim3(block);                         \
+        const ::qk::cuda::ledger::Scope qk_ledger_scope(                                       \
+            #kernel, {qk_grid.x, qk_grid.y, qk_grid.z}, {qk_block.x, qk_block.y, qk_block.z},  \
+            static_cast<std::size_t>(smem_bytes));                                             \
+        ::qk::emu::detail::launch(                                                             \
+            #kernel, [](auto&&... qk_emu_args) { kernel(qk_emu_args...); }, qk_grid, qk_block, \
+            static_cast<std::size_t>(smem_bytes), stream __VA_OPT__(, ) __VA_ARGS__);          \
+    } while (0)
 // Inside a kernel body: `name` points at this block's dynamic shared memory (smem_bytes of the
 // launch), filled with 0xFF bytes (NaN as float) before each block so reads before writes show.
 #define QK_DYNAMIC_SHARED(T, name) \
     T* const name = static_cast<T*>(::qk::emu::detail::dynamic_shared_memory())
 
 #include "cuda/emu/device_functions.h"
+#include "cuda/ledger.h"

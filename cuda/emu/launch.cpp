@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "cuda/emu/emu_internal.h"
 #include "cuda/emu/scheduler.h"
+#include "cuda/ledger.h"
 
 namespace qk::emu {
 namespace {
@@ -124,6 +125,7 @@ namespace detail {
 
 void launch_erased(const LaunchSpec& spec) {
     validate(spec);
+    if (qk::cuda::ledger::dry_run()) return;  // recorded by the ledger, not run
     QK_CHECK(!in_kernel(),
              "cuda emulation: kernel '{}' launched from inside a kernel (dynamic parallelism is "
              "not emulated)",

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "cuda/emu/emu_internal.h"
+#include "cuda/ledger.h"
 
 struct CUstream_st {
     int id;
@@ -89,6 +90,7 @@ cudaError_t copy(const char* api, void* dst, const void* src, std::size_t bytes,
         return detail::record_error(
             cudaErrorInvalidValue,
             fmt::format("{}({}, {} bytes): {}", api, kind_name(kind), bytes, problem));
+    if (dst_device && src_device && qk::cuda::ledger::dry_run()) return cudaSuccess;
     std::memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -98,6 +100,7 @@ cudaError_t set(const char* api, void* dst, int value, std::size_t bytes) {
     if (auto problem = check_side("destination", dst, bytes, true); !problem.empty())
         return detail::record_error(cudaErrorInvalidValue,
                                     fmt::format("{}({} bytes): {}", api, bytes, problem));
+    if (qk::cuda::ledger::dry_run()) return cudaSuccess;
     std::memset(dst, value, bytes);
     return cudaSuccess;
 }

@@ -7,8 +7,8 @@
 //   p = p − lr · (m̂ / (sqrt(v̂) + ε) + λ p)    decoupled decay (λ = wd, or wd / lr_max for the
 //                                               independent variant, so lr · λ = (lr/lr_max)·wd)
 // One fused pass over every parameter (one parallel region for all of them): read p, g, m, v;
-// write p, m, v. A parameter on cuda takes the
-// same pass on the device (cuda/adamw.cu); the moments live on the parameter's device.
+// write p, m, v. Parameters on cuda take the same pass on the device, all of them in one launch
+// (cuda/multi_tensor.cu); the moments live on the parameter's device.
 // SGD is written with tensor ops, so it runs on whichever device the parameters live on.
 #include "nn/optim/optim.h"
 
@@ -37,16 +37,6 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta
         p[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + decay * p[i]);
     }
 }
-
-// One parameter's update as the kernel sees it.
-template <class T>
-struct AdamWSlot {
-    T* p;
-    const T* g;
-    T *m, *v;
-    int64_t n;
-    T decay;
-};
 
 // Tensors laid end to end, as one index space for the threads to share: element i of tensor k is
 // element start[k] + i overall. One parallel region then serves a whole list of parameters, each
@@ -144,12 +134,24 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options, std::vector<bool>
     }
 }
 
+// The slots of one step, by device and float type: one pass (one launch on cuda) for each list.
+struct AdamWSlots {
+    std::vector<AdamWSlot<float>> cpu_f32, cuda_f32;
+    std::vector<AdamWSlot<double>> cpu_f64, cuda_f64;
+    template <class T>
+    void add(Device device, const AdamWSlot<T>& slot) {
+        if constexpr (std::is_same_v<T, float>)
+            (device == Device::cpu ? cpu_f32 : cuda_f32).push_back(slot);
+        else
+            (device == Device::cpu ? cpu_f64 : cuda_f64).push_back(slot);
+    }
+};
+
 void AdamW::step(double lr) {
     ++step_;
     const double bias1 = 1 - std::pow(options_.beta1, step_);
     const double bias2 = 1 - std::pow(options_.beta2, step_);
-    std::vector<cpu::AdamWSlot<float>> cpu_f32;
-    std::vector<cpu::AdamWSlot<double>> cpu_f64;
+    AdamWSlots slots;
     std::vector<Tensor> keep_alive;  // contiguous copies of strided gradients, until the update
     for (size_t i = 0; i < params_.size(); ++i) {
         Tensor& p = params_[i];
@@ -157,42 +159,28 @@ void AdamW::step(double lr) {
         if (!g.defined()) continue;
         g = g.contiguous();
         keep_alive.push_back(g);
+        QK_CHECK(g.device() == p.device() && m_[i].device() == p.device(),
+                 "AdamW: parameter {} of shape {} is on {} but its gradient is on {} and its "
+                 "moments on {}",
+                 i, p.shape(), p.device(), g.device(), m_[i].device());
         double decay = decayed_[i] ? options_.weight_decay : 0.0;
         if (options_.independent_weight_decay) decay /= options_.lr_max;
-        switch (p.device()) {
-            case Device::cpu:
-                dispatch_float(p.dtype(), [&](auto tag) {
-                    using T = decltype(tag);
-                    const cpu::AdamWSlot<T> slot{p.data<T>(),     g.data<T>(), m_[i].data<T>(),
-                                                 v_[i].data<T>(), p.numel(),   T(decay)};
-                    if constexpr (std::is_same_v<T, float>)
-                        cpu_f32.push_back(slot);
-                    else
-                        cpu_f64.push_back(slot);
-                });
-                break;
-            case Device::cuda:
-#ifdef QK_WITH_CUDA
-                QK_CHECK(g.device() == Device::cuda && m_[i].device() == Device::cuda,
-                         "AdamW: parameter {} of shape {} is on cuda but its gradient is on {} and "
-                         "its moments on {}",
-                         i, p.shape(), g.device(), m_[i].device());
-                dispatch_float(p.dtype(), [&](auto tag) {
-                    using T = decltype(tag);
-                    qk::cuda::adamw_update<T>(p.data<T>(), g.data<T>(), m_[i].data<T>(),
-                                              v_[i].data<T>(), p.numel(), T(lr), T(options_.beta1),
-                                              T(options_.beta2), T(options_.eps), T(decay),
-                                              T(bias1), T(bias2));
-                });
-#else
-                throw_built_without_cuda("AdamW");
-#endif
-                break;
-        }
+        dispatch_float(p.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            slots.add(p.device(), AdamWSlot<T>{p.data<T>(), g.data<T>(), m_[i].data<T>(),
+                                               v_[i].data<T>(), p.numel(), T(decay)});
+        });
     }
     const auto& o = options_;
-    cpu::adamw_update_all<float>(cpu_f32, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
-    cpu::adamw_update_all<double>(cpu_f64, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
+    cpu::adamw_update_all<float>(slots.cpu_f32, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
+    cpu::adamw_update_all<double>(slots.cpu_f64, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
+    if (slots.cuda_f32.empty() && slots.cuda_f64.empty()) return;
+#ifdef QK_WITH_CUDA
+    qk::cuda::adamw_update_all<float>(slots.cuda_f32, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
+    qk::cuda::adamw_update_all<double>(slots.cuda_f64, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
+#else
+    throw_built_without_cuda("AdamW");
+#endif
 }
 
 void AdamW::zero_grad() {
@@ -256,9 +244,10 @@ double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, dou
 
 namespace {
 
-// The cpu gradients of one float type, contiguous, as raw pointers for the end-to-end kernels.
+// The contiguous gradients of one float type on one device, as raw pointers for the multi-tensor
+// passes (cpu::sum_of_squares and cpu::scale_all, or their cuda twins: one launch each).
 template <class T>
-struct CpuGrads {
+struct GradList {
     std::vector<T*> data;
     std::vector<int64_t> sizes;
     void add(const Tensor& g) {
@@ -267,41 +256,75 @@ struct CpuGrads {
     }
 };
 
+// Every gradient of a parameter list, sorted into the lists the passes take.
+struct Grads {
+    GradList<float> cpu_f32, cuda_f32;
+    GradList<double> cpu_f64, cuda_f64;
+    std::vector<Tensor> others;  // strided ones: the tensor-op path
+
+    explicit Grads(const std::vector<Tensor>& params) {
+        for (const Tensor& p : params) {
+            const Tensor& g = p.grad();
+            if (!g.defined()) continue;
+            const bool cpu = g.device() == Device::cpu;
+            if (!g.is_contiguous())
+                others.push_back(g);
+            else if (g.dtype() == kF32)
+                (cpu ? cpu_f32 : cuda_f32).add(g);
+            else
+                (cpu ? cpu_f64 : cuda_f64).add(g);
+        }
+    }
+
+    double sum_of_squares() const {
+        double total = cpu::sum_of_squares<float>(cpu_f32.data, cpu_f32.sizes) +
+                       cpu::sum_of_squares<double>(cpu_f64.data, cpu_f64.sizes);
+        if (!cuda_f32.data.empty() || !cuda_f64.data.empty()) {
+#ifdef QK_WITH_CUDA
+            total += qk::cuda::sum_of_squares<float>(as_const(cuda_f32.data), cuda_f32.sizes) +
+                     qk::cuda::sum_of_squares<double>(as_const(cuda_f64.data), cuda_f64.sizes);
+#else
+            throw_built_without_cuda("clip_grad_norm");
+#endif
+        }
+        for (const Tensor& g : others) {  // summed where it lives, in double; one number comes back
+            const Tensor g64 = g.to(kF64);
+            total += sum(g64 * g64).item();
+        }
+        return total;
+    }
+
+    void scale(double by) const {
+        cpu::scale_all<float>(cpu_f32.data, cpu_f32.sizes, float(by));
+        cpu::scale_all<double>(cpu_f64.data, cpu_f64.sizes, by);
+#ifdef QK_WITH_CUDA
+        if (!cuda_f32.data.empty())
+            qk::cuda::scale_all<float>(cuda_f32.data, cuda_f32.sizes, float(by));
+        if (!cuda_f64.data.empty()) qk::cuda::scale_all<double>(cuda_f64.data, cuda_f64.sizes, by);
+#endif
+        for (const Tensor& g : others) copy_into(g, g * by);
+    }
+
+    template <class T>
+    static std::vector<const T*> as_const(const std::vector<T*>& data) {
+        return {data.begin(), data.end()};
+    }
+};
+
 }  // namespace
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, bool throw_on_nonfinite,
                       double loss_scale) {
     NoGradGuard no_grad;
-    CpuGrads<float> f32;
-    CpuGrads<double> f64;
-    std::vector<Tensor> others;  // on a device, or strided: the tensor-op path
-    for (const Tensor& p : params) {
-        const Tensor& g = p.grad();
-        if (!g.defined()) continue;
-        if (g.device() != Device::cpu || !g.is_contiguous())
-            others.push_back(g);
-        else if (g.dtype() == kF32)
-            f32.add(g);
-        else
-            f64.add(g);
-    }
-    double total = cpu::sum_of_squares<float>(f32.data, f32.sizes) +
-                   cpu::sum_of_squares<double>(f64.data, f64.sizes);
-    for (const Tensor& g : others) {  // summed where it lives, in double; one number comes back
-        const Tensor g64 = g.to(kF64);
-        total += sum(g64 * g64).item();
-    }
-    const double norm = std::sqrt(total) / loss_scale;
+    const Grads grads(params);
+    const double norm = std::sqrt(grads.sum_of_squares()) / loss_scale;
     if (!std::isfinite(norm)) {
         QK_CHECK(!throw_on_nonfinite,
                  "clip_grad_norm: the gradient norm is {} (a NaN or Inf gradient)", norm);
         return norm;
     }
-    if (const double scale = clip_multiplier(norm, max_norm, loss_scale); scale != 1.0) {
-        cpu::scale_all<float>(f32.data, f32.sizes, float(scale));
-        cpu::scale_all<double>(f64.data, f64.sizes, scale);
-        for (const Tensor& g : others) copy_into(g, g * scale);
-    }
+    if (const double scale = clip_multiplier(norm, max_norm, loss_scale); scale != 1.0)
+        grads.scale(scale);
     return norm;
 }
 

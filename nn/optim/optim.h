@@ -75,11 +75,36 @@ inline double clip_multiplier(double norm, double max_norm, double loss_scale) {
 
 }  // namespace qk::nn
 
-// The CUDA twin of AdamW's fused update (cuda/adamw.cu; the cpu loop is nn::cpu::adamw_update in
-// nn/optim/optim.cpp): device pointers, contiguous. p, m, v: (n) updated in place; g: (n). bias1 and
-// bias2 are 1 − β1^t and 1 − β2^t. Instantiated for float and double.
+namespace qk::nn {
+// One parameter's AdamW update as the kernels see it: p, m, v (n) updated in place, g (n), all
+// contiguous on one device; decay is this parameter's λ (0 where weight decay does not apply).
+template <class T>
+struct AdamWSlot {
+    T* p;
+    const T* g;
+    T *m, *v;
+    int64_t n;
+    T decay;
+};
+}  // namespace qk::nn
+
+// The CUDA twins of the optimizer's passes (the cpu loops are in nn/optim/optim.cpp): device
+// pointers, contiguous, instantiated for float and double. bias1 and bias2 are 1 − β1^t and
+// 1 − β2^t.
 namespace qk::cuda {
+// One tensor's AdamW update (cuda/adamw.cu): the first rung of the ladder, one launch per tensor.
 template <class T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta2, T eps, T decay,
                   T bias1, T bias2);
+// Every slot's update in one launch (cuda/multi_tensor.cu), element by element the same result.
+template <class T>
+void adamw_update_all(const std::vector<nn::AdamWSlot<T>>& slots, T lr, T beta1, T beta2, T eps,
+                      T bias1, T bias2);
+// Σ x² over every tensor (sizes[k] elements at tensors[k]) in one pass of as many blocks as
+// 32k-element chunks, combined in double by a second one-block pass; one double comes back.
+template <class T>
+double sum_of_squares(const std::vector<const T*>& tensors, const std::vector<int64_t>& sizes);
+// x *= scale for every tensor, in one launch.
+template <class T>
+void scale_all(const std::vector<T*>& tensors, const std::vector<int64_t>& sizes, T scale);
 }  // namespace qk::cuda

@@ -1,0 +1,157 @@
+// The `cuda_ledger` suite: the launch ledger (cuda/ledger.h) and the GPU cost model
+// (cuda/cost_model.h), in the emulation build, where every launch is recorded as under nvcc.
+// Structural checks of a training step that fail on waste: the optimizer's passes take a fixed
+// number of launches whatever the number of parameters, every launch declares its cost, and the
+// cost model ranks a one-block pass over a large input far behind a full grid's.
+#include "cuda/cost_model.h"
+#include "cuda/ledger.h"
+#include "cuda_parity.h"
+#include "helpers.h"
+#include "nn/model/gpt.h"
+#include "nn/optim/optim.h"
+#include "nn_variants.h"
+
+using namespace qk;
+using qk::test::cuda_runnable;
+namespace ledger = qk::cuda::ledger;
+namespace cost = qk::cuda::cost;
+
+namespace {
+
+long count(const std::vector<ledger::Entry>& entries, const std::string& prefix) {
+    long n = 0;
+    for (const ledger::Entry& e : entries) n += e.name.rfind(prefix, 0) == 0 ? 1 : 0;
+    return n;
+}
+
+// The forward and backward of a tiny bf16 GPT on cuda, under a ledger (dry: recorded, not run).
+std::vector<ledger::Entry> forward_backward_ledger(bool dry_run) {
+    nn::GPTConfig config = test::tiny_config();
+    config.precision = Precision::bf16;
+    nn::GPT model(config, 3);
+    model.to(Device::cuda);
+    std::vector<int32_t> ids(2 * config.block_size);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 5 % config.vocab_size);
+    const Tensor x = from_ids(ids, {2, config.block_size}).to(Device::cuda);
+    ledger::open(false, dry_run);
+    model.forward(x, x).loss.backward();
+    return ledger::close();
+}
+
+// One bf16 training step of a tiny GPT on cuda, under the ledger.
+std::vector<ledger::Entry> step_ledger(nn::GPTConfig config, int64_t layers) {
+    config.n_layer = layers;
+    config.precision = Precision::bf16;
+    nn::GPT model(config, 3);
+    model.to(Device::cuda);
+    nn::AdamW opt(model.parameters(), {.lr = 1e-3});
+    std::vector<int32_t> ids(2 * config.block_size);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 7 % config.vocab_size);
+    const Tensor x = from_ids(ids, {2, config.block_size}).to(Device::cuda);
+    ledger::open();
+    nn::GPTOutput out = model.forward(x, x);
+    out.loss.backward();
+    nn::clip_grad_norm(model.parameters(), 1e-3);  // small: the clip scales every gradient
+    opt.step(1e-3);
+    opt.zero_grad();
+    return ledger::close();
+}
+
+}  // namespace
+
+TEST_CASE("the ledger records launches only while open, in order, with grid and block") {
+    if (!cuda_runnable()) return;
+    const Tensor a = full({1000}, 2.0, kF32).to(Device::cuda);
+    CHECK_FALSE(ledger::is_open());
+    (void)(a * 3.0);  // not recorded
+    ledger::open();
+    CHECK(ledger::is_open());
+    const Tensor b = a * 3.0;
+    const Tensor c = sum(b);
+    const auto entries = ledger::close();
+    CHECK_FALSE(ledger::is_open());
+    REQUIRE(entries.size() >= 2);
+    CHECK(entries.front().name.find("unary_forward_kernel") != std::string::npos);
+    CHECK(entries.front().blocks() >= 1);
+    CHECK(entries.front().declared);
+    CHECK(entries.front().bytes == doctest::Approx(8000.0));  // 1000 floats read, 1000 written
+    CHECK(entries.front().measured_us < 0);                   // no timing in the emulator
+    CHECK(ledger::close().empty());
+}
+
+TEST_CASE("a dry run records the launches a real run makes, without running them") {
+#ifndef QK_CUDA_EMULATION
+    CHECK(test::throws_with([] { ledger::open(false, true); }, {"dry run", "emulation build"}));
+    return;
+#endif
+    if (!cuda_runnable()) return;
+    const auto real = forward_backward_ledger(false), dry = forward_backward_ledger(true);
+    REQUIRE(real.size() == dry.size());
+    for (size_t i = 0; i < real.size(); ++i) {
+        CAPTURE(i);
+        CHECK(dry[i].name == real[i].name);
+        CHECK(dry[i].blocks() == real[i].blocks());
+        CHECK(dry[i].bytes == real[i].bytes);
+    }
+    CHECK_FALSE(ledger::dry_run());  // closed: launches run again
+}
+
+TEST_CASE("clipping and AdamW take the same launches for 2 layers and for 4: one pass each") {
+    if (!cuda_runnable()) return;
+    const nn::GPTConfig config = test::tiny_config();
+    const auto two = step_ledger(config, 2), four = step_ledger(config, 4);
+    for (const auto* entries : {&two, &four}) {
+        CHECK(count(*entries, "(sum_of_squares_kernel") == 1);
+        CHECK(count(*entries, "sum_partials_kernel") == 1);
+        CHECK(count(*entries, "(scale_kernel") == 1);
+        CHECK(count(*entries, "(adamw_update_all_kernel") == 1);
+        CHECK(count(*entries, "(adamw_update_kernel") == 0);  // not one launch per tensor
+        CHECK(count(*entries, "(reduce_v2_kernel<T, Op>)") <=
+              count(four, "(reduce_v2_kernel<T, Op>)"));
+    }
+    // Each layer adds the same launches: the step grows linearly in layers, and nothing else.
+    const long per_layer = long(four.size() - two.size()) / 2;
+    MESSAGE("tiny bf16 step: ", two.size(), " launches at 2 layers, ", per_layer, " per layer");
+    CHECK(long(four.size()) == long(two.size()) + 2 * per_layer);
+}
+
+TEST_CASE("every launch of a training step declares its cost; no float64 in the optimizer") {
+    if (!cuda_runnable()) return;
+    const auto entries = step_ledger(test::tiny_config(), 2);
+    for (const ledger::Entry& e : entries) {
+        CAPTURE(e.name);
+        CHECK(e.declared);
+        CHECK(e.bytes > 0);
+        if (e.name.find("adamw") != std::string::npos ||
+            e.name.find("scale_kernel") != std::string::npos)
+            CHECK_FALSE(e.float64);
+    }
+}
+
+TEST_CASE("the cost model: a one-block pass over 2.4 M floats costs far more than a full grid's") {
+    // 9.4 MB: one block of 256 threads is latency bound (Little's law, a few GB/s); 9,216 blocks
+    // (every SM full) stream at the HBM's rate, so the H100 is slower than the H200 there.
+    const cost::GpuSpec& h100 = cost::gpu("h100");
+    const cost::GpuSpec& h200 = cost::gpu("h200");
+    ledger::Entry one_block, full_grid;
+    one_block.declared = full_grid.declared = true;
+    one_block.bytes = full_grid.bytes = 4.0 * 768 * 3072;
+    one_block.block[0] = full_grid.block[0] = 256;
+    full_grid.grid[0] = 9216;
+    const double slow = cost::estimate_us(one_block, h200),
+                 fast = cost::estimate_us(full_grid, h200);
+    MESSAGE("one block: ", slow, " us, 9,216 blocks: ", fast, " us");
+    CHECK(slow > 50 * fast);
+    CHECK(fast < 10);  // 9.4 MB at the ~2.4 TB/s of the backend's kernels: ~4 us, plus the launch
+    CHECK(cost::estimate_us(full_grid, h100) > fast);  // less bandwidth
+    ledger::Entry undeclared;
+    CHECK(cost::estimate_us(undeclared, h200) == doctest::Approx(h200.launch_us));
+    ledger::Entry gemm;  // 8192 x 768 x 2304 in bf16 on tensor cores: ~0.06 ms
+    gemm.library = gemm.declared = true;
+    gemm.tensor_flops = 2.0 * 8192 * 768 * 2304;
+    gemm.bytes = 2.0 * (8192 * 768 + 768 * 2304) + 4.0 * 8192 * 2304;
+    CHECK(cost::estimate_us(gemm, h200) == doctest::Approx(62.8).epsilon(0.2));
+    CHECK(test::throws_with([] { cost::gpu("a100"); }, {"unknown GPU 'a100'", "h100", "h200"}));
+    const std::string table = cost::table({one_block, full_grid, gemm}, h200);
+    CHECK(table.find("| **all** | 3 |") != std::string::npos);
+}
