@@ -4,6 +4,7 @@
 // real GPU); sizes are ragged and span several 256-thread blocks.
 #include <algorithm>
 
+#include "cuda/ledger.h"
 #include "cuda_parity.h"
 
 using namespace qk;
@@ -272,4 +273,41 @@ TEST_CASE("bf16 on the device: copies and casts give the cpu's bits") {
     CHECK(t.to_vector<float>().size() == a.size());
     CHECK(t.at({4, 2}) == on_cpu.at({2, 4}));
     CHECK(full({5}, 1000.5, kBF16, Device::cuda).to(Device::cpu).at({4}) == 1000);
+}
+
+TEST_CASE("packed copies: four neighbours at a time where rows allow it, the same values") {
+    if (!cuda_runnable()) return;
+    auto kernel_of = [](auto make) {  // the one copy kernel that `make` launches
+        cuda::ledger::open();
+        const Tensor out = make();
+        const auto entries = cuda::ledger::close();
+        REQUIRE(entries.size() == 1);
+        return entries[0].name;
+    };
+    Generator gen(21);
+    Tensor x = normal({2, 5, 3, 8}, 0, 100, kF32, gen);  // (B, T, H, D): D = 8 packs twice
+    x.set({1, 4, 0, 7}, -INFINITY);
+    const Tensor d = x.to(Device::cuda);
+    // The heads regrouped, (B, H, T, D): D contiguous on both sides, every other stride 4k.
+    CHECK(kernel_of([&] { return d.transpose(1, 2).contiguous(); }).find("copy_packed") !=
+          std::string::npos);
+    check_same_values(d.transpose(1, 2).contiguous(), x.transpose(1, 2).contiguous());
+    // Casts: to bf16 (the cpu's bits, NaN and -inf included) and float64, packed too.
+    CHECK(kernel_of([&] { return d.to(kBF16); }).find("copy_packed") != std::string::npos);
+    Tensor with_nan = x.clone();
+    with_nan.set({0, 1, 2, 3}, NAN);
+    const auto want = with_nan.to(kBF16).to_vector<bf16>();
+    const auto got = with_nan.to(Device::cuda).to(kBF16).to_vector<bf16>();
+    bool same_bits = want.size() == got.size();
+    for (size_t i = 0; same_bits && i < want.size(); ++i) same_bits = want[i].bits == got[i].bits;
+    CHECK(same_bits);
+    check_same_values(d.transpose(1, 2).to(kF64), x.transpose(1, 2).to(kF64));
+    // Rows that start off a pack boundary, or a width that is not a multiple of 4: one at a time.
+    CHECK(kernel_of([&] { return d.narrow(3, 1, 4).contiguous(); }).find("copy_strided") !=
+          std::string::npos);
+    check_same_values(d.narrow(3, 1, 4).contiguous(), x.narrow(3, 1, 4).contiguous());
+    CHECK(kernel_of([&] { return d.narrow(3, 4, 4).contiguous(); }).find("copy_packed") !=
+          std::string::npos);
+    check_same_values(d.narrow(3, 4, 4).contiguous(), x.narrow(3, 4, 4).contiguous());
+    check_same_values(d.narrow(3, 0, 6).contiguous(), x.narrow(3, 0, 6).contiguous());
 }
