@@ -3,10 +3,10 @@
 // Installed as <qk/qk.h> (`pkg-config --cflags --libs qk`). The nn layer (modules, the QK-norm
 // GPT, optimisers, data, the trainer) is <qk/nn.h>, which includes this one. Kept apart so that
 // including qk.h brings none of the nn layer's names: under `using namespace qk::nn` a program's
-// own `Variant` would clash with qk::nn::Variant (nn/lab/sweep.h), a part it never asked for. Together
-// they gather every installed header; a program may also include only the parts it uses, e.g.
-// <qk/nn/model/gpt.h>. The headers left out of the install (the kernels' helpers, cuda/) are internal
-// and not reached from either.
+// own `Variant` would clash with qk::nn::Variant (nn/lab/sweep.h), a part it never asked for.
+// Together they gather every installed header; a program may also include only the parts it uses,
+// e.g. <qk/nn/model/gpt.h>. The headers left out of the install (the kernels' helpers, cuda/) are
+// internal and not reached from either.
 #pragma once
 
 #include "autograd/grad_mode.h"

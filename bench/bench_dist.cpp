@@ -15,8 +15,8 @@
 
 #include "core/distributed.h"
 #include "core/threading.h"
-#include "nn/optim/data_parallel.h"
 #include "nn/model/gpt.h"
+#include "nn/optim/data_parallel.h"
 #include "nn/optim/optim.h"
 #include "nn/optim/zero.h"
 #include "qk.h"

@@ -27,8 +27,8 @@
 
 #include "bench_util.h"
 #include "core/rng.h"
-#include "nn/model/gpt.h"
 #include "nn/hf/hf.h"
+#include "nn/model/gpt.h"
 #include "nn/model/sample.h"
 #include "nn/train/train_config.h"
 

@@ -25,8 +25,8 @@
 #include "bench_util.h"
 #include "core/factory.h"
 #include "core/rng.h"
-#include "nn/model/gpt.h"
 #include "nn/hf/hf.h"
+#include "nn/model/gpt.h"
 
 using namespace qk;
 

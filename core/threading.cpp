@@ -16,8 +16,8 @@
 //    2 ms         -        -                               865-880  32-41 (3)
 // A step's gaps between parallel jobs are shorter than ~100 µs once the serial stretches are gone
 // (a bias fill, a bias-gradient sum and the gradient-norm sum each were 0.2-1 ms on one thread:
-// ops/gemm.cpp, ops/reduce.cpp and nn/optim/optim.cpp now split them too); the voluntary switches left
-// at 200 µs are waits for a worker that the kernel preempted. The ~30 involuntary switches per
+// ops/gemm.cpp, ops/reduce.cpp and nn/optim/optim.cpp now split them too); the voluntary switches
+// left at 200 µs are waits for a worker that the kernel preempted. The ~30 involuntary switches per
 // config-B step are those preemptions: with both cores busy, every other runnable task (kernel
 // threads included) must take one of ours for a while; with one thread, a B step sees ~4.
 // bench_train measures that floor with two threads that only compute: 32-35 per second, 25-27 in

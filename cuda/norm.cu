@@ -42,7 +42,6 @@ constexpr int kWarpsPerBlock = 4;
 constexpr int kRowThreads = kWarpsPerBlock * kWarp;
 constexpr int64_t kMinRowsPerChunk = 32;  // parameter gradients: rows of one chunk, at least
 constexpr int64_t kFillBlocks = 1056;     // and about this many stage-1 blocks (8 per H100 SM)
-constexpr int kFinishWarps = 8;           // row lanes (warps) per block of 32 columns
 
 // The row this warp works on, or -1 past the end (the whole warp leaves together).
 __device__ __forceinline__ int64_t warp_row(int64_t rows) {
@@ -112,53 +111,41 @@ template <class T>
 __global__ void norm_param_partials_kernel(T* partial_dw, T* partial_db, const T* dy, const T* x,
                                            const T* mean, const T* rstd, int64_t rows, int64_t C,
                                            int64_t per_chunk) {
-    __shared__ T lanes_dw[kFinishWarps][kWarp];
-    __shared__ T lanes_db[kFinishWarps][kWarp];
     const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
     const int64_t r0 = int64_t(blockIdx.y) * per_chunk;
     const int64_t r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
     T dw = 0, db = 0;
     if (c < C)
-        for (int64_t r = r0 + threadIdx.y; r < r1; r += kFinishWarps) {
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += kLaneRows) {
             const T xhat = (x[r * C + c] - (mean ? mean[r] : T(0))) * rstd[r];
             dw += dy[r * C + c] * xhat;  // dweight = Σ_rows dy · xhat
             db += dy[r * C + c];         // dbias = Σ_rows dy
         }
-    lanes_dw[threadIdx.y][threadIdx.x] = dw;
-    lanes_db[threadIdx.y][threadIdx.x] = db;
-    __syncthreads();  // every lane's sums are in before row 0 adds them
+    const auto add = [](T a, T b) { return a + b; };
+    dw = combine_lane_rows(dw, add);
+    db = combine_lane_rows(db, add);
     if (threadIdx.y != 0 || c >= C) return;
-    for (int w = 1; w < kFinishWarps; ++w) {
-        dw += lanes_dw[w][threadIdx.x];
-        db += lanes_db[w][threadIdx.x];
-    }
     partial_dw[int64_t(blockIdx.y) * C + c] = dw;
     if (partial_db) partial_db[int64_t(blockIdx.y) * C + c] = db;
 }
 
 // Stage 2. dweight, dbias: (C) out (dbias may be null); partial_dw, partial_db: (chunks, C).
-// grid ceil(C / 32), block (32, kFinishWarps): lane x of warp w adds partials w, w + 8, ... of
+// grid ceil(C / 32), block (32, 8): lane x of warp w adds partials w, w + 8, ... of
 // column 32·blockIdx.x + x; warp 0 then adds the 8 sums in warp order.
 template <class T>
 __global__ void norm_param_finish_kernel(T* dweight, T* dbias, const T* partial_dw,
                                          const T* partial_db, int64_t chunks, int64_t C) {
-    __shared__ T sum_dw[kFinishWarps][kWarp];
-    __shared__ T sum_db[kFinishWarps][kWarp];
     const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
     T dw = 0, db = 0;
     if (c < C)
-        for (int64_t k = threadIdx.y; k < chunks; k += kFinishWarps) {
+        for (int64_t k = threadIdx.y; k < chunks; k += kLaneRows) {
             dw += partial_dw[k * C + c];
             if (dbias) db += partial_db[k * C + c];
         }
-    sum_dw[threadIdx.y][threadIdx.x] = dw;
-    sum_db[threadIdx.y][threadIdx.x] = db;
-    __syncthreads();  // every warp's sums are in before warp 0 adds them
+    const auto add = [](T a, T b) { return a + b; };
+    dw = combine_lane_rows(dw, add);
+    db = combine_lane_rows(db, add);
     if (threadIdx.y != 0 || c >= C) return;
-    for (int w = 1; w < kFinishWarps; ++w) {
-        dw += sum_dw[w][threadIdx.x];
-        db += sum_db[w][threadIdx.x];
-    }
     dweight[c] = dw;
     if (dbias) dbias[c] = db;
 }
@@ -185,12 +172,12 @@ void norm_param_grads(T* dweight, T* dbias, const T* dy, const T* x, const T* me
     ledger::declare_elements<T>(2 * rows * C + 2 * rows, (dbias ? 2 : 1) * chunks * C,
                                 5 * rows * C);
     QK_LAUNCH((norm_param_partials_kernel<T>), dim3(unsigned(tiles), unsigned(chunks)),
-              dim3(kWarp, kFinishWarps), 0, stream(), partial_dw, partial_db, dy, x, mean, rstd,
-              rows, C, per_chunk);
+              dim3(kWarp, kLaneRows), 0, stream(), partial_dw, partial_db, dy, x, mean, rstd, rows,
+              C, per_chunk);
     QK_CUDA_CHECK_LAUNCH("norm_param_partials_kernel");
     ledger::declare_elements<T>((dbias ? 2 : 1) * chunks * C, (dbias ? 2 : 1) * C,
                                 (dbias ? 2 : 1) * chunks * C);
-    QK_LAUNCH((norm_param_finish_kernel<T>), blocks_for(C, kWarp), dim3(kWarp, kFinishWarps), 0,
+    QK_LAUNCH((norm_param_finish_kernel<T>), blocks_for(C, kWarp), dim3(kWarp, kLaneRows), 0,
               stream(), dweight, dbias, partial_dw, partial_db, chunks, C);
     QK_CUDA_CHECK_LAUNCH("norm_param_finish_kernel");
 }

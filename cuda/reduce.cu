@@ -49,6 +49,7 @@
 #include "core/storage.h"
 #include "cuda/runtime.h"
 #include "cuda/strided_index.h"
+#include "cuda/warp_reduce.h"
 #include "ops/elementwise_math.h"
 #include "ops/reduce.h"
 
@@ -56,7 +57,6 @@ namespace qk::cuda {
 
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
 int forced_version = 0;  // 0: choose by group size
 
 struct SumOp {
@@ -276,7 +276,6 @@ __global__ void logsumexp_backward_kernel(T* dx, const T* x, const T* lse, const
 
 // ---- v3 (columns) and v4 (split groups): a stage 1 into partials, then one combine -----------
 
-constexpr int kColumnLanes = 8;           // v3: row lanes per block of 32 columns
 constexpr int64_t kFillBlocks = 1056;     // 8 × an H100's 132 SMs: a grid at least this large
 constexpr int64_t kMinChunk = 64;         // v3: rows per chunk, at least
 constexpr int64_t kMinSplitChunk = 4096;  // v4: elements per chunk, at least
@@ -285,7 +284,6 @@ constexpr int64_t kMinSplitChunk = 4096;  // v4: elements per chunk, at least
 // lane (x, y) of block (bx, c) reduces elements y, y + 8, ... of chunk c of output 32·bx + x.
 template <class T, class Op>
 __global__ void reduce_columns_kernel(T* partial, const T* x, Groups g, int64_t per_chunk) {
-    __shared__ T lanes[kColumnLanes][32];
     const Op op{};
     const int64_t r = int64_t(blockIdx.x) * 32 + threadIdx.x;
     const int64_t j0 = int64_t(blockIdx.y) * per_chunk;
@@ -294,16 +292,13 @@ __global__ void reduce_columns_kernel(T* partial, const T* x, Groups g, int64_t 
     if (r < g.n_out) {
         int64_t base[2], off[2];
         g.outer.offsets(r, base);
-        for (int64_t j = j0 + threadIdx.y; j < j1; j += kColumnLanes) {
+        for (int64_t j = j0 + threadIdx.y; j < j1; j += kLaneRows) {
             g.inner.offsets(j, off);
             acc = op(acc, x[base[0] + off[0]]);
         }
     }
-    lanes[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();  // every lane's value is in before lane row 0 combines them
-    if (threadIdx.y != 0 || r >= g.n_out) return;
-    for (int y = 1; y < kColumnLanes; ++y) acc = op(acc, lanes[y][threadIdx.x]);
-    partial[int64_t(blockIdx.y) * g.n_out + r] = acc;
+    acc = combine_lane_rows(acc, op);
+    if (threadIdx.y == 0 && r < g.n_out) partial[int64_t(blockIdx.y) * g.n_out + r] = acc;
 }
 
 // Stage 1 of v4. partial: (chunks, n_out). grid (n_out, chunks), block (v2's size): block (r, c)
@@ -328,18 +323,14 @@ __global__ void reduce_split_kernel(T* partial, const T* x, Groups g, int64_t pe
 // block (32, 8): lane (x, y) combines chunks y, y + 8, ... of output 32·bx + x, then row 0 the 8.
 template <class T, class Op>
 __global__ void reduce_partials_kernel(T* out, const T* partial, int64_t chunks, int64_t n_out) {
-    __shared__ T lanes[kColumnLanes][32];
     const Op op{};
     const int64_t r = int64_t(blockIdx.x) * 32 + threadIdx.x;
     T acc = Op::template identity<T>();
     if (r < n_out)
-        for (int64_t c = threadIdx.y; c < chunks; c += kColumnLanes)
+        for (int64_t c = threadIdx.y; c < chunks; c += kLaneRows)
             acc = op(acc, partial[c * n_out + r]);
-    lanes[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y != 0 || r >= n_out) return;
-    for (int y = 1; y < kColumnLanes; ++y) acc = op(acc, lanes[y][threadIdx.x]);
-    out[r] = acc;
+    acc = combine_lane_rows(acc, op);
+    if (threadIdx.y == 0 && r < n_out) out[r] = acc;
 }
 
 // Whether the outputs sit next to each other in x while a group's elements do not: v3's case.
@@ -374,8 +365,8 @@ void reduce_in_chunks(T* out, const T* x, const Groups& g, bool columns) {
         double(g.n_out) * double(g.group), 0, sizeof(T) == 8);
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
     if (columns) {
-        QK_LAUNCH((reduce_columns_kernel<T, Op>), grid, dim3(32, kColumnLanes), 0, stream(),
-                  partial, x, g, per_chunk);
+        QK_LAUNCH((reduce_columns_kernel<T, Op>), grid, dim3(32, kLaneRows), 0, stream(), partial,
+                  x, g, per_chunk);
         QK_CUDA_CHECK_LAUNCH("reduce_columns_kernel");
     } else {
         QK_LAUNCH((reduce_split_kernel<T, Op>), grid, v2_threads(g), 0, stream(), partial, x, g,
@@ -384,7 +375,7 @@ void reduce_in_chunks(T* out, const T* x, const Groups& g, bool columns) {
     }
     ledger::declare_elements<T>(chunks * g.n_out, g.n_out, chunks * g.n_out);
     QK_LAUNCH((reduce_partials_kernel<T, Op>), static_cast<unsigned>((g.n_out + 31) / 32),
-              dim3(32, kColumnLanes), 0, stream(), out, partial, chunks, g.n_out);
+              dim3(32, kLaneRows), 0, stream(), out, partial, chunks, g.n_out);
     QK_CUDA_CHECK_LAUNCH("reduce_partials_kernel");
 }
 

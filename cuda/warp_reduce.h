@@ -60,6 +60,24 @@ __device__ __forceinline__ T block_max(T v) {
     return block_reduce<T, true>(v, -INFINITY);
 }
 
+// The column kernels (cuda/norm.cu's parameter gradients, cuda/reduce.cu's v3 and its combine) run
+// blocks of 32 columns × kLaneRows row lanes: lane (x, y) holds a partial of column x. This
+// combines them down the lanes with `op` in lane order (a fixed tree), into lane row 0; the other
+// rows get their own value back. Every thread of the block must call it (it has barriers); the
+// first barrier keeps a previous call's readers from seeing this call's writes.
+inline constexpr int kLaneRows = 8;
+
+template <class T, class Op>
+__device__ __forceinline__ T combine_lane_rows(T v, Op op) {
+    __shared__ T lanes[kLaneRows][kWarp];
+    __syncthreads();
+    lanes[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    if (threadIdx.y == 0)
+        for (int y = 1; y < kLaneRows; ++y) v = op(v, lanes[y][threadIdx.x]);
+    return v;
+}
+
 // Math overloads that pick expf or exp by type: the C names exist in device code under nvcc and
 // on the host under the emulation alike.
 __device__ __forceinline__ float dev_exp(float x) { return expf(x); }

@@ -29,11 +29,11 @@
 #include "examples/qknorm_flags.h"
 #include "examples/qknorm_models.h"
 #include "examples/qknorm_tokens.h"
-#include "nn/train/checkpoint.h"
-#include "nn/text/data.h"
-#include "nn/optim/data_parallel.h"
-#include "nn/train/fine_tune.h"
 #include "nn/model/sample.h"
+#include "nn/optim/data_parallel.h"
+#include "nn/text/data.h"
+#include "nn/train/checkpoint.h"
+#include "nn/train/fine_tune.h"
 
 using namespace qk;
 using namespace qk::nn;

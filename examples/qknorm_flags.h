@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "nn/model/sample.h"
 #include "nn/lab/sweep.h"
+#include "nn/model/sample.h"
 #include "nn/train/trainer.h"
 
 namespace qk::cli {

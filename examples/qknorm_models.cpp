@@ -2,9 +2,9 @@
 
 #include "core/file_io.h"
 #include "core/safetensors.h"
-#include "nn/train/checkpoint.h"
 #include "nn/hf/hf.h"
 #include "nn/lab/inspect.h"
+#include "nn/train/checkpoint.h"
 #include "nn/train/trainer.h"
 
 namespace qk::cli {

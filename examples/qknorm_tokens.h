@@ -1,5 +1,5 @@
-// `qknorm tokenizer train|encode|decode` (nn/text/tokenizer.h) and `qknorm prepare` (token shards in
-// llm.c's format, nn/text/prepare.h).
+// `qknorm tokenizer train|encode|decode` (nn/text/tokenizer.h) and `qknorm prepare` (token shards
+// in llm.c's format, nn/text/prepare.h).
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -11,8 +11,8 @@
 // so a tensor whose values grow beyond anything in its history saturates at the format's largest
 // value: that is what the counts report. Both formats saturate by default, as Transformer
 // Engine's casts do (CUDA's __nv_fp8 conversions are satfinite); E5M2 can keep IEEE overflow to
-// Inf instead, which skips the step (nn/optim/loss_scale.h) whenever a gradient's amax grows by more
-// than ~7 % past its history: a third of the first 60 steps of a small model (docs).
+// Inf instead, which skips the step (nn/optim/loss_scale.h) whenever a gradient's amax grows by
+// more than ~7 % past its history: a third of the first 60 steps of a small model (docs).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +42,8 @@ class DelayedScaling {
     const std::vector<float>& history() const { return history_; }  // oldest first
     // The amaxes recorded since the last call (at most the history's length), oldest first,
     // taken out of the history; the scale stays until the next record(). Data-parallel training
-    // takes them after each step and records their max over the ranks instead (nn/signals/fp8_telemetry.h).
+    // takes them after each step and records their max over the ranks instead
+    // (nn/signals/fp8_telemetry.h).
     std::vector<float> take_recent();
     void forget_recent() { recent_ = 0; }  // what record() added so far is not recent any more
 

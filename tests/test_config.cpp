@@ -1,6 +1,6 @@
-// GPTConfig (nn/model/config.h): its string form, which checkpoints carry in __metadata__, round trips
-// every field (and older checkpoints, which lack the later fields, load with what they meant), and
-// validate / from_strings name the offending field.
+// GPTConfig (nn/model/config.h): its string form, which checkpoints carry in __metadata__, round
+// trips every field (and older checkpoints, which lack the later fields, load with what they
+// meant), and validate / from_strings name the offending field.
 #include <cmath>
 #include <functional>
 

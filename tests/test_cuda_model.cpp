@@ -10,9 +10,9 @@
 
 #include "cuda_parity.h"
 #include "helpers.h"
-#include "nn/train/checkpoint.h"
 #include "nn/model/gpt.h"
 #include "nn/optim/optim.h"
+#include "nn/train/checkpoint.h"
 #include "nn/train/trainer.h"
 
 using namespace qk;

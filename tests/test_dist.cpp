@@ -3,8 +3,8 @@
 // which each rank also trains on its own as the reference.
 #include "core/distributed.h"
 #include "helpers.h"
-#include "nn/optim/data_parallel.h"
 #include "nn/model/gpt.h"
+#include "nn/optim/data_parallel.h"
 #include "nn/optim/optim.h"
 #include "nn/optim/zero.h"
 #ifdef QK_WITH_CUDA

@@ -9,9 +9,9 @@
 
 #include "core/safetensors.h"
 #include "helpers.h"
-#include "nn/train/checkpoint.h"
-#include "nn/signals/plot.h"
 #include "nn/model/sample.h"
+#include "nn/signals/plot.h"
+#include "nn/train/checkpoint.h"
 #include "nn/train/trainer.h"
 #include "train_helpers.h"
 

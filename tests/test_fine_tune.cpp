@@ -12,10 +12,10 @@
 #include "cuda_parity.h"
 #include "helpers.h"
 #include "hf_fixtures.h"
-#include "nn/train/checkpoint.h"
-#include "nn/train/fine_tune.h"
 #include "nn/hf/hf.h"
 #include "nn/model/sample.h"
+#include "nn/train/checkpoint.h"
+#include "nn/train/fine_tune.h"
 #include "nn/train/trainer.h"
 #include "run_program.h"
 

@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda_parity.h"
-#include "nn/train/checkpoint.h"
 #include "nn/model/checkpoint_files.h"
-#include "nn/signals/fp8_telemetry.h"
 #include "nn/model/gpt.h"
 #include "nn/optim/loss_scale.h"
+#include "nn/signals/fp8_telemetry.h"
+#include "nn/train/checkpoint.h"
 #include "train_helpers.h"
 
 using namespace qk;

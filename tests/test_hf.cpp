@@ -15,9 +15,9 @@
 #include "cuda_parity.h"
 #include "helpers.h"
 #include "hf_fixtures.h"
-#include "nn/train/checkpoint.h"
 #include "nn/hf/hf.h"
 #include "nn/lab/inspect.h"
+#include "nn/train/checkpoint.h"
 #include "nn/train/trainer.h"
 #include "run_program.h"
 

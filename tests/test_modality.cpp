@@ -1,16 +1,16 @@
 // The image modality (nn/text/modality.h) and the signals split by modality
-// (nn/signals/modality_signals.h): the source's entropy against an independent plug-in estimate, the
-// mixed stream's layout (markers and sub-vocabularies never mix, the text intact), the mixed
+// (nn/signals/modality_signals.h): the source's entropy against an independent plug-in estimate,
+// the mixed stream's layout (markers and sub-vocabularies never mix, the text intact), the mixed
 // tokenizer, the split signals against a hand computation on a fixed batch, and training runs
 // that log them.
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "nn/text/data.h"
 #include "nn/model/gpt.h"
-#include "nn/text/modality.h"
 #include "nn/signals/modality_signals.h"
+#include "nn/text/data.h"
+#include "nn/text/modality.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "train_helpers.h"

@@ -1,5 +1,5 @@
-// The attention layer (nn/model/attention.cpp) of every variant and family block against plain loops
-// over b, h, i, j: its output and its stability signals, fused and naive, in float64.
+// The attention layer (nn/model/attention.cpp) of every variant and family block against plain
+// loops over b, h, i, j: its output and its stability signals, fused and naive, in float64.
 #include <cmath>
 #include <complex>
 #include <tuple>

@@ -9,10 +9,10 @@
 
 #include "error_in_child.h"
 #include "helpers.h"
-#include "nn/train/checkpoint.h"
-#include "nn/signals/plot.h"
-#include "nn/train/run_control.h"
 #include "nn/lab/sweep.h"
+#include "nn/signals/plot.h"
+#include "nn/train/checkpoint.h"
+#include "nn/train/run_control.h"
 #include "nn/train/trainer.h"
 #include "train_helpers.h"
 

@@ -1,6 +1,6 @@
-// Tokenizers (nn/text/tokenizer.h): ids equal to Hugging Face tokenizers' and SentencePiece's on the
-// committed fixtures (tools/make_tokenizer_fixtures.py), the trainer's merges equal to theirs and
-// to tools/bpe_reference.py's, round trips of arbitrary bytes, and hostile tokenizer files.
+// Tokenizers (nn/text/tokenizer.h): ids equal to Hugging Face tokenizers' and SentencePiece's on
+// the committed fixtures (tools/make_tokenizer_fixtures.py), the trainer's merges equal to theirs
+// and to tools/bpe_reference.py's, round trips of arbitrary bytes, and hostile tokenizer files.
 #include <nlohmann/json.hpp>
 
 #include <fstream>

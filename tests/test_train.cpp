@@ -10,9 +10,9 @@
 
 #include "core/safetensors.h"
 #include "helpers.h"
-#include "nn/train/checkpoint.h"
-#include "nn/optim/optim.h"
 #include "nn/model/sample.h"
+#include "nn/optim/optim.h"
+#include "nn/train/checkpoint.h"
 #include "nn/train/trainer.h"
 #include "train_helpers.h"
 

@@ -28,9 +28,9 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "nn/text/data.h"
 #include "nn/signals/metrics_file.h"
 #include "nn/signals/plot.h"
+#include "nn/text/data.h"
 #include "nn/train/run_control.h"
 
 extern char** environ;

@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
+#include "nn/lab/sweep.h"
 #include "nn/signals/metrics_file.h"
 #include "nn/signals/plot.h"
-#include "nn/lab/sweep.h"
 
 namespace qk::nn {
 

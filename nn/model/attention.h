@@ -25,10 +25,10 @@ struct AttentionStats {
     // dot product (after the QK-norm and RoPE, which keeps norms).
     std::vector<double> head_entropy, head_q_norm, head_k_norm, head_q_norm_after,
         head_k_norm_after;
-    // What signals split by position (nn/signals/modality_signals.h) are computed from, no gradient:
-    // q (B, H, T, D) and k (B, Hkv, T, D) before the QK-norm and as they enter the attention op,
-    // the precision it rounds them to (bf16, fp16) before the dot product, each head's logit
-    // scale (s = scale · q·k, before any cap) and the sliding window (0: none).
+    // What signals split by position (nn/signals/modality_signals.h) are computed from, no
+    // gradient: q (B, H, T, D) and k (B, Hkv, T, D) before the QK-norm and as they enter the
+    // attention op, the precision it rounds them to (bf16, fp16) before the dot product, each
+    // head's logit scale (s = scale · q·k, before any cap) and the sliding window (0: none).
     Tensor q_before, k_before, q_entering, k_entering;
     Precision precision = Precision::full;
     std::vector<double> head_logit_scale;

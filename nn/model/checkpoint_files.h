@@ -1,6 +1,7 @@
 // The names of a run directory's checkpoint files: "step-000042.model.safetensors" and
-// "step-000042.state.safetensors". Kept apart from the rest of the run directory (nn/train/run_dir.h)
-// so that readers of checkpoints (the tokenizer of a run directory, the sweep) need nothing else.
+// "step-000042.state.safetensors". Kept apart from the rest of the run directory
+// (nn/train/run_dir.h) so that readers of checkpoints (the tokenizer of a run directory, the sweep)
+// need nothing else.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,5 @@
-// Autoregressive sampling from a GPT through its KV cache (nn/model/kv_cache.h, docs/generation.md).
+// Autoregressive sampling from a GPT through its KV cache (nn/model/kv_cache.h,
+// docs/generation.md).
 #pragma once
 
 #include <functional>

@@ -1,5 +1,6 @@
 // The stability signals split by modality (docs/modalities.md#signals-by-modality), for runs on a
-// mixed text + image stream (nn/text/modality.h). Internal to the trainer: it speaks nlohmann::json.
+// mixed text + image stream (nn/text/modality.h). Internal to the trainer: it speaks
+// nlohmann::json.
 //
 // A position's modality is its token's: image for the codes, text for everything else (the
 // markers included). Attention signals split by the query's and the key's modality; output

@@ -1,4 +1,5 @@
-// Byte-level BPE training (nn/text/tokenizer.h, train_bpe), with the bookkeeping that makes it fast:
+// Byte-level BPE training (nn/text/tokenizer.h, train_bpe), with the bookkeeping that makes it
+// fast:
 //
 //   words   every distinct piece of the corpus (GPT-2's pre-tokenizer), as symbol ids, with its
 //           count; merging never crosses pieces, so a word's count carries every occurrence.

@@ -7,8 +7,8 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/safetensors.h"
-#include "nn/text/bpe.h"
 #include "nn/model/checkpoint_files.h"
+#include "nn/text/bpe.h"
 #include "nn/text/modality.h"
 #include "nn/text/sentencepiece.h"
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "nn/text/data.h"
 #include "nn/model/gpt.h"
+#include "nn/text/data.h"
 
 namespace qk::nn {
 

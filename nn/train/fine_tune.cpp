@@ -2,8 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "nn/optim/data_parallel.h"
 #include "nn/hf/hf.h"
+#include "nn/optim/data_parallel.h"
 
 namespace qk::nn {
 

@@ -13,8 +13,8 @@
 
 #include "core/distributed.h"
 #include "core/safetensors.h"
-#include "nn/train/checkpoint.h"
 #include "nn/signals/metrics_file.h"
+#include "nn/train/checkpoint.h"
 #include "nn/train/trainer.h"
 
 namespace qk::nn {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "nn/train/checkpoint.h"
 #include "nn/model/checkpoint_files.h"
+#include "nn/train/checkpoint.h"
 #include "nn/train/run_optimizer.h"
 #include "nn/train/train_config.h"
 

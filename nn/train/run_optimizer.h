@@ -2,9 +2,9 @@
 // rest, on one rank or many (docs/model.md#optimisers, docs/distributed.md).
 //
 // On one rank the parameters' gradients are used as backward left them. On several, a
-// GradientSync (nn/optim/data_parallel.h) averages them over the ranks first, so that every rank takes
-// the same step; with zero = 1 a ShardedAdamW (nn/optim/zero.h) keeps only this rank's shard of AdamW's
-// moments. The trainer drives every combination the same way, per step:
+// GradientSync (nn/optim/data_parallel.h) averages them over the ranks first, so that every rank
+// takes the same step; with zero = 1 a ShardedAdamW (nn/optim/zero.h) keeps only this rank's shard
+// of AdamW's moments. The trainer drives every combination the same way, per step:
 //     set_sync(last micro-batch) ... backward ... finish_gradients(); clip(); step(lr); zero_grad()
 #pragma once
 
@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "nn/train/checkpoint.h"
 #include "nn/optim/data_parallel.h"
 #include "nn/optim/muon.h"
 #include "nn/optim/optim.h"
 #include "nn/optim/zero.h"
+#include "nn/train/checkpoint.h"
 
 namespace qk::nn {
 

@@ -8,8 +8,8 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "nn/text/data.h"
 #include "nn/model/sample.h"
+#include "nn/text/data.h"
 
 namespace qk::nn {
 

@@ -43,15 +43,15 @@ struct TrainConfig {
     // (nn/train/run_optimizer.h). Both take the same lr schedule and weight decay.
     std::string optimizer = "adamw";
     double muon_momentum = 0.95;
-    // QK-Clip threshold τ (nn/optim/qk_clip.h): after each step, the q and k rows of every head whose
-    // max |s| in that step passed τ are scaled down. qk_norm none only; 0 = off.
+    // QK-Clip threshold τ (nn/optim/qk_clip.h): after each step, the q and k rows of every head
+    // whose max |s| in that step passed τ are scaled down. qk_norm none only; 0 = off.
     double qk_clip = 0;
     double grad_clip = 1.0;
     // A training loss above diverge_factor × the lowest loss of the run so far stops it as
     // diverged, as a NaN or Inf does; 0 = stop on non-finite losses only.
     double diverge_factor = 3.0;
-    // --precision fp16: dynamic loss scaling (nn/optim/loss_scale.h), from this scale, doubled after
-    // this many clean steps in a row.
+    // --precision fp16: dynamic loss scaling (nn/optim/loss_scale.h), from this scale, doubled
+    // after this many clean steps in a row.
     double loss_scale = 65536.0;
     int64_t loss_scale_interval = 2000;
     // Validation every N steps and at the end; 0 = auto, eval_interval(): about 20 points a run.
@@ -75,7 +75,7 @@ struct TrainConfig {
     double bucket_mb = 25;     // gradients are averaged in buckets of about this many MB
     bool overlap = true;       // start each bucket's average during backward, as soon as ready
     double dist_timeout = 60;  // seconds a collective waits for the other ranks, then the job ends
-    int64_t zero = 0;          // 1: ZeRO-1, AdamW's moments sharded over the ranks (nn/optim/zero.h)
+    int64_t zero = 0;  // 1: ZeRO-1, AdamW's moments sharded over the ranks (nn/optim/zero.h)
 
     // Every field finite, in range and consistent with the others, else a qk::Error that names
     // the flag, the value and what it accepts ("train: --lr must be > 0, got -0.003").

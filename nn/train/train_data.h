@@ -1,6 +1,6 @@
 // What a training run reads: its tokenizer and its dataset, from a text file or from a directory
-// of token shards (nn/text/shards.h), and the raw-text bytes per validation token that turn a loss in
-// nats per token into bits per byte (docs/tokenizers.md#bits-per-byte).
+// of token shards (nn/text/shards.h), and the raw-text bytes per validation token that turn a loss
+// in nats per token into bits per byte (docs/tokenizers.md#bits-per-byte).
 #pragma once
 
 #include <memory>

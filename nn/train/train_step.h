@@ -1,14 +1,14 @@
-// The gradients of one training step (nn/train/trainer.cpp's inner loop): the global batch drawn, this
-// rank's micro-batches run forward and backward, the gradients averaged over the ranks; the
+// The gradients of one training step (nn/train/trainer.cpp's inner loop): the global batch drawn,
+// this rank's micro-batches run forward and backward, the gradients averaged over the ranks; the
 // stability signals of the step gathered over micro-batches and ranks. Internal to the trainer.
 #pragma once
 
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "nn/text/data.h"
 #include "nn/model/gpt.h"
 #include "nn/signals/modality_signals.h"
+#include "nn/text/data.h"
 #include "nn/train/run_optimizer.h"
 #include "nn/train/train_config.h"
 

@@ -35,7 +35,8 @@ struct TrainHooks {
 // the step in progress, with a checkpoint (result.stop_signal).
 TrainResult train(const TrainConfig& config, bool resume = false, const TrainHooks& hooks = {});
 
-// plot.svg in cfg.run_dir, drawn from its metrics.jsonl under a title from cfg (nn/train/run_plot.cpp).
+// plot.svg in cfg.run_dir, drawn from its metrics.jsonl under a title from cfg
+// (nn/train/run_plot.cpp).
 void write_run_plot(const TrainConfig& cfg);
 
 // "4m05s" or "1h02m": the ETAs of the progress bar and of `qknorm sweep`.

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "nn/model/config.h"
 #include "nn/lab/config_file.h"
+#include "nn/model/config.h"
 #include "nn/text/data.h"
 #include "nn/train/trainer.h"
 
