@@ -147,7 +147,8 @@ CLI::App* add_prepare_command(CLI::App& app, PrepareArgs& args) {
         ->required();
     cmd->add_option("--out", args.options.out_dir, "the directory to write the shards to")
         ->required();
-    cmd->add_option("--name", args.options.name, "shard names: NAME_val_000000.bin, ...")
+    cmd->add_option("--name", args.options.name,
+                    "shard names: NAME_val_000000.bin, ... (a file name, written inside --out)")
         ->capture_default_str();
     cmd->add_option("--val-fraction", args.options.val_fraction,
                     "the last fraction of the input bytes, for validation")

@@ -1,6 +1,7 @@
 // Token files (nn/text/shards.h): llm.c's shards and nanoGPT's train.bin / val.bin as their own
 // scripts write them (tests/data/shards, made by tools/make_shard_fixtures.py), hostile files,
 // batches from memory-mapped shards, `prepare_token_shards`, and a run trained from shards.
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include <cstring>
@@ -194,6 +195,30 @@ TEST_CASE("prepare: shards of a corpus, split as --data FILE splits it") {
                           {"bad.jsonl line 2", "\"text\""}));
         CHECK(throws_with([&] { prepare_token_shards(tok, {dir / "missing.txt"}, prep); },
                           {"does not exist"}));
+    }
+    SUBCASE("--name is a file name: nothing is written outside --out") {
+        prep.out_dir = dir / "named";
+        for (const std::string name : {"../escaped", "/tmp/abs", "sub/data", "..", ".", ""}) {
+            CAPTURE(name);
+            prep.name = name;
+            CHECK(throws_with([&] { prepare_token_shards(tok, {dir / "corpus.txt"}, prep); },
+                              {"--name must be a file name", "inside --out"}));
+        }
+        CHECK_FALSE(std::filesystem::exists(dir / "escaped_val_000000.bin"));
+        CHECK_FALSE(std::filesystem::exists(dir / "named"));  // refused before anything is made
+    }
+    SUBCASE("a run that fails half way leaves no shard behind, and the rerun works") {
+        // Enough text for several train shards before the bad second input is reached.
+        write_file(dir, "bad.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
+        prep.out_dir = dir / "half";
+        CHECK(throws_with(
+            [&] {
+                prepare_token_shards(tok, {dir / "corpus.txt", dir / "bad.jsonl"}, prep);
+            },
+            {"bad.jsonl line 2"}));
+        CHECK(std::filesystem::is_empty(prep.out_dir));
+        const PrepareSummary again = prepare_token_shards(tok, {dir / "corpus.txt"}, prep);
+        CHECK(again.files.size() == s.files.size());
     }
 }
 

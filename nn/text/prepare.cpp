@@ -97,6 +97,12 @@ size_t safe_cut(std::string_view text, size_t from) {
     return at;
 }
 
+// --name names files inside --out and nothing else: no directory part, no "." or "..".
+bool is_file_name(const std::string& name) {
+    return !name.empty() && name != "." && name != ".." &&
+           name.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
+}
+
 }  // namespace
 
 PrepareSummary prepare_token_shards(const Tokenizer& tokenizer,
@@ -106,6 +112,10 @@ PrepareSummary prepare_token_shards(const Tokenizer& tokenizer,
              "prepare: --val-fraction must be in (0, 1), got {}", options.val_fraction);
     QK_CHECK(options.shard_tokens >= 1024, "prepare: --shard-tokens must be >= 1024, got {}",
              options.shard_tokens);
+    QK_CHECK(is_file_name(options.name),
+             "prepare: --name must be a file name, got '{}': shards go inside --out ({}) only, "
+             "so no '/', no '..' and not empty",
+             options.name, options.out_dir);
     const std::vector<Input> inputs = list_inputs(input_args);
     uint64_t total = 0;
     for (const Input& in : inputs) total += in.bytes;
@@ -119,63 +129,73 @@ PrepareSummary prepare_token_shards(const Tokenizer& tokenizer,
                  options.out_dir, entry.path().filename().string(), options.name);
 
     PrepareSummary summary;
-    summary.token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
-    ShardWriter writer(options, summary.token_bytes, summary);
-    const auto cut = static_cast<uint64_t>(static_cast<double>(total) * (1 - options.val_fraction));
-    const std::optional<int32_t> separator = tokenizer.document_separator();
-    uint64_t position = 0, done = 0;  // input bytes before the current file; read so far
-    // Text of one split, encoded in pieces cut where safe (progress moves, memory stays small).
-    auto encode_into = [&](std::string_view text, bool val) {
-        for (size_t begin = 0; begin < text.size();) {
-            const size_t end = safe_cut(text, begin);
-            writer.add(tokenizer.encode(text.substr(begin, end - begin), false), val);
-            (val ? summary.val_bytes : summary.train_bytes) += static_cast<int64_t>(end - begin);
-            done += end - begin;
-            if (options.progress)
-                options.progress(static_cast<int64_t>(done), static_cast<int64_t>(total));
-            begin = end;
-        }
-    };
-    auto separate = [&](bool val) {
-        ++summary.documents;
-        if (separator) writer.add({*separator}, val);
-    };
-    for (const Input& in : inputs) {
-        const std::string bytes = read_regular_file(in.path, "prepare", kMaxTextFileBytes);
-        if (!in.jsonl) {  // one document, cut at the split if it crosses it
-            const std::string_view text(bytes);
-            const size_t split =
-                position >= cut
-                    ? 0
-                    : static_cast<size_t>(std::min<uint64_t>(cut - position, bytes.size()));
-            separate(split == 0);
-            encode_into(text.substr(0, split), false);
-            encode_into(text.substr(split), true);
-        }
-        size_t line_begin = 0;
-        for (int64_t line = 1; in.jsonl && line_begin < bytes.size(); ++line) {
-            size_t line_end = bytes.find('\n', line_begin);
-            if (line_end == std::string::npos) line_end = bytes.size();
-            const std::string_view text(bytes.data() + line_begin, line_end - line_begin);
-            if (text.find_first_not_of(" \t\r") != std::string_view::npos) {
-                const auto j = nlohmann::json::parse(text, nullptr, false);
-                QK_CHECK(j.is_object() && j.contains(options.text_field) &&
-                             j[options.text_field].is_string(),
-                         "prepare: {} line {} is not a JSON object with a string \"{}\" field",
-                         in.path, line, options.text_field);
-                const bool val = position + line_end > cut;  // whole documents: past the cut
-                separate(val);
-                encode_into(j[options.text_field].get<std::string>(), val);
+    try {
+        summary.token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
+        ShardWriter writer(options, summary.token_bytes, summary);
+        const auto cut =
+            static_cast<uint64_t>(static_cast<double>(total) * (1 - options.val_fraction));
+        const std::optional<int32_t> separator = tokenizer.document_separator();
+        uint64_t position = 0, done = 0;  // input bytes before the current file; read so far
+        // Text of one split, encoded in pieces cut where safe (progress moves, memory stays small).
+        auto encode_into = [&](std::string_view text, bool val) {
+            for (size_t begin = 0; begin < text.size();) {
+                const size_t end = safe_cut(text, begin);
+                writer.add(tokenizer.encode(text.substr(begin, end - begin), false), val);
+                (val ? summary.val_bytes : summary.train_bytes) +=
+                    static_cast<int64_t>(end - begin);
+                done += end - begin;
+                if (options.progress)
+                    options.progress(static_cast<int64_t>(done), static_cast<int64_t>(total));
+                begin = end;
             }
-            line_begin = line_end + 1;
+        };
+        auto separate = [&](bool val) {
+            ++summary.documents;
+            if (separator) writer.add({*separator}, val);
+        };
+        for (const Input& in : inputs) {
+            const std::string bytes = read_regular_file(in.path, "prepare", kMaxTextFileBytes);
+            if (!in.jsonl) {  // one document, cut at the split if it crosses it
+                const std::string_view text(bytes);
+                const size_t split =
+                    position >= cut
+                        ? 0
+                        : static_cast<size_t>(std::min<uint64_t>(cut - position, bytes.size()));
+                separate(split == 0);
+                encode_into(text.substr(0, split), false);
+                encode_into(text.substr(split), true);
+            }
+            size_t line_begin = 0;
+            for (int64_t line = 1; in.jsonl && line_begin < bytes.size(); ++line) {
+                size_t line_end = bytes.find('\n', line_begin);
+                if (line_end == std::string::npos) line_end = bytes.size();
+                const std::string_view text(bytes.data() + line_begin, line_end - line_begin);
+                if (text.find_first_not_of(" \t\r") != std::string_view::npos) {
+                    const auto j = nlohmann::json::parse(text, nullptr, false);
+                    QK_CHECK(j.is_object() && j.contains(options.text_field) &&
+                                 j[options.text_field].is_string(),
+                             "prepare: {} line {} is not a JSON object with a string \"{}\" field",
+                             in.path, line, options.text_field);
+                    const bool val = position + line_end > cut;  // whole documents: past the cut
+                    separate(val);
+                    encode_into(j[options.text_field].get<std::string>(), val);
+                }
+                line_begin = line_end + 1;
+            }
+            position += in.bytes;
         }
-        position += in.bytes;
+        QK_CHECK(summary.val_tokens > 0 && summary.train_tokens > 0,
+                 "prepare: {} train and {} validation tokens: both splits need some (more text, or "
+                 "another --val-fraction)",
+                 summary.train_tokens, summary.val_tokens);
+        writer.finish();
+    } catch (...) {  // a half-written dataset is worse than none: the rerun would be refused
+        for (const std::string& file : summary.files) {
+            std::error_code ignored;
+            fs::remove(file, ignored);
+        }
+        throw;
     }
-    QK_CHECK(summary.val_tokens > 0 && summary.train_tokens > 0,
-             "prepare: {} train and {} validation tokens: both splits need some (more text, or "
-             "another --val-fraction)",
-             summary.train_tokens, summary.val_tokens);
-    writer.finish();
     return summary;
 }
 
