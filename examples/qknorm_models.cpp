@@ -19,6 +19,9 @@ CLI::App* add_export_command(CLI::App& app, ExportArgs& args) {
     cmd->add_option("--run-dir,--run", args.run_dir,
                     "run directory, its latest checkpoint is used");
     cmd->add_option("--ckpt", args.ckpt, "a model checkpoint file, instead of --run-dir");
+    cmd->add_flag("--force", args.force,
+                  "--hf may hold a model already: its config.json, model.safetensors, index and "
+                  "shards are replaced (other files stay; a run directory is always refused)");
     return cmd;
 }
 
@@ -29,7 +32,7 @@ int run_export(const ExportArgs& args) {
         args.ckpt.empty() ? nn::latest_model_checkpoint(args.run_dir) : args.ckpt;
     QK_CHECK(!path.empty(), "export: {} holds no checkpoint", args.run_dir);
     const nn::LoadedModel loaded = nn::load_model(path);
-    const nn::HFFamily family = nn::save_hf_model(*loaded.model, args.hf_dir);
+    const nn::HFFamily family = nn::save_hf_model(*loaded.model, args.hf_dir, args.force);
     fmt::print("{} -> {} ({}: config.json, model.safetensors)\n", path, args.hf_dir,
                nn::architecture_name(family));
     return 0;

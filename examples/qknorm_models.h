@@ -9,6 +9,7 @@ namespace qk::cli {
 
 struct ExportArgs {
     std::string run_dir, ckpt, hf_dir;
+    bool force = false;  // replace the model files of a non-empty --hf directory
 };
 
 CLI::App* add_export_command(CLI::App& app, ExportArgs& args);

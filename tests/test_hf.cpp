@@ -5,6 +5,7 @@
 // from the 4.x form of the same config; export writes back what transformers wrote; and every
 // hostile directory is a clean error naming the file and the key or tensor. Also the float16
 // reader those fixtures need.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -146,6 +147,45 @@ TEST_CASE("export writes the config transformers wrote, and tensors that load ba
             CHECK(a[i].second.to_vector<double>() == b[i].second.to_vector<double>());
         }
     }
+}
+
+TEST_CASE("export never replaces a user's files silently, nor leaves a stale index or shard") {
+    auto model = load_hf_model(fixture("qwen3"));
+    const test::TempDir dir("hf_export_target");
+    const fs::path own = dir.path / "own", sharded = dir.path / "sharded", run = dir.path / "run";
+    auto write = [](const fs::path& path, const std::string& text) {
+        fs::create_directories(path.parent_path());
+        std::ofstream(path) << text;
+    };
+    // A directory holding a user's own files: refused, untouched; with overwrite, only the
+    // model's files are replaced.
+    write(own / "model.safetensors", "mine");
+    write(own / "notes.txt", "keep me");
+    CHECK(throws_with([&] { save_hf_model(*model, own.string()); },
+                      {"export --hf", "is not empty", "model.safetensors, notes.txt", "--force"}));
+    CHECK(test::read_file((own / "model.safetensors").string()) == "mine");
+    save_hf_model(*model, own.string(), /*overwrite=*/true);
+    CHECK(test::read_file((own / "notes.txt").string()) == "keep me");
+    CHECK(load_hf_model(own.string())->named_parameters().size() ==
+          model->named_parameters().size());
+    // A sharded model directory: the index and the shards go, or the old weights would load.
+    write(sharded / "model.safetensors.index.json", "{}");
+    write(sharded / "model-00001-of-00002.safetensors", "old");
+    write(sharded / "model-00002-of-00002.safetensors", "old");
+    write(sharded / "config.json", "{}");
+    CHECK(throws_with([&] { save_hf_model(*model, sharded.string()); }, {"is not empty"}));
+    save_hf_model(*model, sharded.string(), true);
+    std::vector<std::string> left;
+    for (const auto& entry : fs::directory_iterator(sharded))
+        left.push_back(entry.path().filename().string());
+    std::sort(left.begin(), left.end());
+    CHECK(left == std::vector<std::string>{"config.json", "model.safetensors"});
+    // A qknorm run directory: refused even with overwrite, nothing touched.
+    write(run / "metrics.jsonl", "{}\n");
+    write(run / "config.json", "{\"run\": 1}");
+    CHECK(throws_with([&] { save_hf_model(*model, run.string(), true); },
+                      {"qknorm run directory", "never replaced"}));
+    CHECK(test::read_file((run / "config.json").string()) == "{\"run\": 1}");
 }
 
 TEST_CASE("export refuses a model no transformers class computes, naming what is missing") {

@@ -40,6 +40,10 @@ std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype = kF32);
 void load_hf_weights(GPT& model, const std::string& dir);
 // Writes config.json and model.safetensors (float32) for `model` into dir, for the family
 // hf_family_for(model.config()) picks, and returns it; transformers' from_pretrained loads it.
-HFFamily save_hf_model(const GPT& model, const std::string& dir);
+// dir must be new or empty: a user's own files are never replaced silently. With `overwrite`
+// (`qknorm export --force`) a model directory is replaced whole: its config.json and every
+// weights file (model.safetensors, the index and its shards) go first, so no stale shard or index
+// can outlive the export. A qknorm run directory (checkpoints, metrics.jsonl) is refused even so.
+HFFamily save_hf_model(const GPT& model, const std::string& dir, bool overwrite = false);
 
 }  // namespace qk::nn

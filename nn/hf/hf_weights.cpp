@@ -6,6 +6,7 @@
 // backwards, so the two cannot disagree. A checkpoint is hostile input like any other: each
 // tensor must be used exactly once, have the shape the config implies, and come from a shard
 // file inside the directory.
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "core/file_io.h"
 #include "core/safetensors.h"
 #include "nn/hf/hf.h"
+#include "nn/model/checkpoint_files.h"
 #include "ops/join.h"
 
 namespace qk::nn {
@@ -268,9 +270,44 @@ void load_hf_weights(GPT& model, const std::string& dir) {
     load_weights(model, dir, hf);
 }
 
-HFFamily save_hf_model(const GPT& model, const std::string& dir) {
+namespace {
+
+// The files of a Hugging Face model directory that an export replaces, and would otherwise leave
+// stale: the config, the single weights file, the index and its shards.
+bool model_file(const std::string& name) {
+    const bool shard = name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
+                       name.size() > 12 && name.substr(name.size() - 12) == ".safetensors";
+    return name == "config.json" || name == "model.safetensors" ||
+           name == "model.safetensors.index.json" || shard;
+}
+
+// Refuses what an export must not write into; with `overwrite`, clears the model's own files.
+void prepare_export_dir(const std::string& dir, bool overwrite) {
+    if (!fs::exists(dir)) return;
+    QK_CHECK(fs::is_directory(dir), "export --hf: {} exists and is not a directory", dir);
+    QK_CHECK(checkpoint_steps(dir).empty() && !fs::exists(fs::path(dir) / "metrics.jsonl"),
+             "export --hf: {} is a qknorm run directory (checkpoints, metrics.jsonl); its files "
+             "are never replaced: export into a directory of its own",
+             dir);
+    std::vector<std::string> present;
+    for (const auto& entry : fs::directory_iterator(dir))
+        present.push_back(entry.path().filename());
+    std::sort(present.begin(), present.end());
+    if (present.empty()) return;
+    QK_CHECK(overwrite,
+             "export --hf: {} is not empty (it holds {}); export into a new or empty directory, "
+             "or pass --force to replace the model in it (config.json and every weights file)",
+             dir, fmt::join(present, ", "));
+    for (const std::string& name : present)
+        if (model_file(name)) fs::remove(fs::path(dir) / name);
+}
+
+}  // namespace
+
+HFFamily save_hf_model(const GPT& model, const std::string& dir, bool overwrite) {
     const GPTConfig& c = model.config();
     const HFFamily family = hf_family_for(c);
+    prepare_export_dir(dir, overwrite);
     std::map<std::string, Tensor> params;
     for (const auto& [name, p] : model.named_parameters()) params[name] = p;
     std::vector<std::pair<std::string, Tensor>> tensors;
