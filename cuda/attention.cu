@@ -25,9 +25,11 @@
 //             the same Σ ds·r grouped by rows.
 // The inner products over D read k and v from global memory (cached) where shared memory is
 // short; D is at most 128 (float) or 64 (double), so that each block fits in 48 KB.
+#include <algorithm>
 #include <cstdint>
 
 #include "core/minifloat.h"
+#include "core/storage.h"
 #include "cuda/runtime.h"
 #include "cuda/warp_reduce.h"
 #include "ops/attention.h"
@@ -333,19 +335,34 @@ __global__ void attention_dq_kernel(T* dq_unscaled, const T* dout, const T* q, c
     }
 }
 
-// One block per head: dscale[bh] = Σ_i q_i · dq'_i (when wanted), then dq = g · dq' in place.
+// Block (bh, s) takes slice s of head bh's Tq·D values: partial[bh, s] = Σ q · dq' over the slice
+// (when wanted), then dq = g · dq' in place. Slices, not one block per head: B·H blocks (96-192
+// at the 124M shape) could not fill an H100's 132 SMs twice over.
 template <class T>
-__global__ void attention_scale_kernel(T* dq, T* dscale, const T* q, const T* scale,
-                                       int64_t scale_stride, AttentionShape sh) {
+__global__ void attention_scale_kernel(T* dq, T* partial, const T* q, const T* scale,
+                                       int64_t scale_stride, AttentionShape sh, int64_t per_slice) {
     const int64_t bh = blockIdx.x, n = sh.Tq * sh.D, first = bh * n;
+    const int64_t begin = int64_t(blockIdx.y) * per_slice;
+    const int64_t end = begin + per_slice < n ? begin + per_slice : n;
     const T g = scale[(bh % sh.heads) * scale_stride];
     T acc = 0;
-    for (int64_t idx = threadIdx.x; idx < n; idx += kThreads) {
+    for (int64_t idx = begin + threadIdx.x; idx < end; idx += kThreads) {
         acc += q[first + idx] * dq[first + idx];
         dq[first + idx] *= g;
     }
     acc = block_sum(acc);
-    if (dscale && threadIdx.x == 0) dscale[bh] = acc;
+    if (partial && threadIdx.x == 0) partial[bh * gridDim.y + blockIdx.y] = acc;
+}
+
+// dscale: (BH) out; partial: (BH, slices). One thread per head adds its slices in order.
+template <class T>
+__global__ void attention_scale_combine_kernel(T* dscale, const T* partial, int64_t heads,
+                                               int64_t slices) {
+    const int64_t bh = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (bh >= heads) return;
+    T acc = 0;
+    for (int64_t s = 0; s < slices; ++s) acc += partial[bh * slices + s];
+    dscale[bh] = acc;
 }
 
 }  // namespace
@@ -417,11 +434,23 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
                   delta, scale, scale_stride, cap, sh);
         QK_CUDA_CHECK_LAUNCH("attention_dq_kernel");
     }
-    ledger::declare_elements<T>(2 * sh.batch_heads * sh.Tq * sh.D, sh.batch_heads * sh.Tq * sh.D,
-                                3 * sh.batch_heads * sh.Tq * sh.D);
-    QK_LAUNCH((attention_scale_kernel<T>), static_cast<unsigned>(sh.batch_heads), kThreads, 0,
-              stream(), dq, dscale, q, scale, scale_stride, sh);
+    // Slices of at least 4,096 values, enough of them for ~1,056 blocks in all.
+    const int64_t n = sh.Tq * sh.D;
+    const int64_t wanted = std::max<int64_t>(1, (1056 + sh.batch_heads - 1) / sh.batch_heads);
+    const int64_t slices = std::max<int64_t>(1, std::min(wanted, n / 4096));
+    const int64_t per_slice = (n + slices - 1) / slices;
+    Storage scratch(dscale ? sizeof(T) * size_t(sh.batch_heads * slices) : 0, Device::cuda);
+    T* partial = dscale ? static_cast<T*>(scratch.data()) : nullptr;
+    ledger::declare_elements<T>(2 * sh.batch_heads * n, sh.batch_heads * n, 3 * sh.batch_heads * n);
+    QK_LAUNCH((attention_scale_kernel<T>),
+              dim3(static_cast<unsigned>(sh.batch_heads), static_cast<unsigned>(slices)), kThreads,
+              0, stream(), dq, partial, q, scale, scale_stride, sh, per_slice);
     QK_CUDA_CHECK_LAUNCH("attention_scale_kernel");
+    if (!dscale) return;
+    ledger::declare_elements<T>(sh.batch_heads * slices, sh.batch_heads, sh.batch_heads * slices);
+    QK_LAUNCH((attention_scale_combine_kernel<T>), blocks_for(sh.batch_heads, kThreads), kThreads,
+              0, stream(), dscale, partial, sh.batch_heads, slices);
+    QK_CUDA_CHECK_LAUNCH("attention_scale_combine_kernel");
 }
 
 template void attention_forward<float>(float*, double*, float*, float*, float*, const float*,

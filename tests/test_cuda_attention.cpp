@@ -184,6 +184,8 @@ TEST_CASE("cuda attention kernels match the cpu's, float32, D = 16, 32, 64") {
         check_case<float>({2, 1, 45, 45, D, false, 5.0, false}, seed += 10);
     }
     check_case<double>({2, 2, 33, 33, 64, true, 3.0, true}, seed += 10);  // the double limit
+    // 130 x 64 values a head: dq's scaling and dscale run in two slices per head, combined.
+    check_case<float>({2, 2, 130, 130, 64, true, 0.0, true}, seed += 10);
 }
 
 TEST_CASE("cuda attention kernels with FP8 logits: the same rounding, the same saturation counts") {

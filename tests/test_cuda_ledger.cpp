@@ -3,6 +3,8 @@
 // Structural checks of a training step that fail on waste: the optimizer's passes take a fixed
 // number of launches whatever the number of parameters, every launch declares its cost, and the
 // cost model ranks a one-block pass over a large input far behind a full grid's.
+#include <set>
+
 #include "cuda/cost_model.h"
 #include "cuda/ledger.h"
 #include "cuda_parity.h"
@@ -125,6 +127,48 @@ TEST_CASE("every launch of a training step declares its cost; no float64 in the 
         if (e.name.find("adamw") != std::string::npos ||
             e.name.find("scale_kernel") != std::string::npos)
             CHECK_FALSE(e.float64);
+    }
+}
+
+TEST_CASE("a GPT-2-wide bf16 step (dry run): big launches fill the GPU, float64 only to combine") {
+    if (!cuda_runnable()) return;
+#ifndef QK_CUDA_EMULATION
+    return;  // a dry run is the emulator's
+#endif
+    // GPT-2 small's width and context, two layers, B = 8: every per-layer launch at full size
+    // (a 6.3 M-element activation, 8 x 12 x 1024 x 1024 attention logits), recorded, not run.
+    for (bool fused : {false, true}) {
+        CAPTURE(fused);
+        nn::GPTConfig config;
+        config.vocab_size = 65, config.block_size = 1024, config.n_layer = 2;
+        config.n_head = 12, config.n_embd = 768;
+        config.qk_norm = nn::QKNorm::layernorm, config.pos_emb = nn::PosEmb::rope;
+        config.precision = Precision::bf16, config.fused_attention = fused;
+        nn::GPT model(config, 5);
+        model.to(Device::cuda);
+        nn::AdamW opt(model.parameters(), {.lr = 1e-3});
+        std::vector<int32_t> ids(8 * 1024);
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i % 65);
+        const Tensor x = from_ids(ids, {8, 1024}).to(Device::cuda);
+        ledger::open(false, /*dry_run=*/true);
+        model.forward(x, x).loss.backward();
+        nn::clip_grad_norm(model.parameters(), 1.0, /*throw_on_nonfinite=*/false);
+        opt.step(1e-3);
+        const auto entries = ledger::close();
+        // The final combines of two-stage reductions are small by design, and sum in double.
+        const std::set<std::string> combines = {
+            "sum_partials_kernel", "(reduce_partials_kernel<T, Op>)",
+            "(norm_param_finish_kernel<T>)", "(cross_entropy_mean_kernel<T>)",
+            "(attention_scale_combine_kernel<T>)"};
+        for (const ledger::Entry& e : entries) {
+            CAPTURE(e.name);
+            CAPTURE(e.bytes);
+            if (e.library || combines.count(e.name)) continue;
+            if (e.bytes >= 4e6) CHECK(e.blocks() >= 264);  // >= ~1 M values: 2 blocks per SM
+            CHECK_FALSE(e.float64);
+        }
+        const std::string kind = fused ? "fused" : "naive";
+        MESSAGE(kind, " attention: ", entries.size(), " launches for 2 layers");
     }
 }
 
