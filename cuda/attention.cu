@@ -434,11 +434,9 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
                   delta, scale, scale_stride, cap, sh);
         QK_CUDA_CHECK_LAUNCH("attention_dq_kernel");
     }
-    // Slices of at least 4,096 values, enough of them for ~1,056 blocks in all.
+    // Slices of at least 4,096 values, enough of them to fill the GPU.
     const int64_t n = sh.Tq * sh.D;
-    const int64_t wanted = std::max<int64_t>(1, (1056 + sh.batch_heads - 1) / sh.batch_heads);
-    const int64_t slices = std::max<int64_t>(1, std::min(wanted, n / 4096));
-    const int64_t per_slice = (n + slices - 1) / slices;
+    const auto [per_slice, slices] = pieces_for(n, sh.batch_heads, 4096);
     Storage scratch(dscale ? sizeof(T) * size_t(sh.batch_heads * slices) : 0, Device::cuda);
     T* partial = dscale ? static_cast<T*>(scratch.data()) : nullptr;
     ledger::declare_elements<T>(2 * sh.batch_heads * n, sh.batch_heads * n, 3 * sh.batch_heads * n);

@@ -48,7 +48,7 @@ __global__ void unary_backward_kernel(T* dx, const T* dy, const T* saved, int64_
     unrolled_grid_loop(
         n,
         [&](int64_t i) {
-            return Pair{dy[i], saved ? saved[i] : T(0)};
+            return Pair{dy[i], saved[i]};
         },
         [&](int64_t i, Pair p) { dx[i] = f(p.dy, p.saved, s); });
 }
@@ -104,7 +104,7 @@ void unary_forward(T* y, const T* x, int64_t n, T s) {
 template <class T, class F>
 void unary_backward(T* dx, const T* dy, const T* saved, int64_t n, T s) {
     if (n == 0) return;
-    ledger::declare_elements<T>(saved ? 2 * n : n, n, 2 * n);
+    ledger::declare_elements<T>(2 * n, n, 2 * n);
     QK_LAUNCH((unary_backward_kernel<T, F>), grid_for_unrolled(n), kThreads, 0, stream(), dx, dy,
               saved, n, s);
     QK_CUDA_CHECK_LAUNCH("unary_backward_kernel");

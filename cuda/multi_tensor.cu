@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <vector>
 
 #include "core/storage.h"
@@ -123,8 +124,7 @@ double sum_of_squares(const std::vector<const T*>& tensors, const std::vector<in
     Storage scratch(sizeof(double) * size_t(blocks + 1), Device::cuda);
     double* partial = static_cast<double*>(scratch.data());
     double* total = partial + blocks;
-    int64_t elements = 0;
-    for (int64_t n : sizes) elements += n;
+    const int64_t elements = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
     ledger::declare(double(sizeof(T)) * double(elements) + 8.0 * double(blocks),
                     2.0 * double(elements), 0, sizeof(T) == 8);
     QK_LAUNCH((sum_of_squares_kernel<T>), static_cast<unsigned>(blocks), kThreads, 0, stream(),
@@ -145,8 +145,7 @@ void scale_all(const std::vector<T*>& tensors, const std::vector<int64_t>& sizes
     });
     if (table.empty()) return;
     const auto chunks = upload(table);
-    int64_t elements = 0;
-    for (int64_t n : sizes) elements += n;
+    const int64_t elements = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
     ledger::declare_elements<T>(elements, elements, elements);
     QK_LAUNCH((scale_kernel<T>), static_cast<unsigned>(table.size()), kThreads, 0, stream(),
               static_cast<const Chunk<T>*>(chunks->data()), scale);
@@ -164,8 +163,7 @@ void adamw_update_all(const std::vector<nn::AdamWSlot<T>>& slots, T lr, T beta1,
         });
     if (table.empty()) return;
     const auto device_slots = upload(table);
-    int64_t elements = 0;
-    for (int64_t n : sizes) elements += n;
+    const int64_t elements = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
     ledger::declare_elements<T>(4 * elements, 3 * elements, 12 * elements);
     QK_LAUNCH((adamw_update_all_kernel<T>), static_cast<unsigned>(table.size()), kThreads, 0,
               stream(), static_cast<const nn::AdamWSlot<T>*>(device_slots->data()), lr, beta1,

@@ -41,7 +41,6 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kRowThreads = kWarpsPerBlock * kWarp;
 constexpr int64_t kMinRowsPerChunk = 32;  // parameter gradients: rows of one chunk, at least
-constexpr int64_t kFillBlocks = 1056;     // and about this many stage-1 blocks (8 per H100 SM)
 
 // The row this warp works on, or -1 past the end (the whole warp leaves together).
 __device__ __forceinline__ int64_t warp_row(int64_t rows) {
@@ -159,12 +158,8 @@ void norm_param_grads(T* dweight, T* dbias, const T* dy, const T* x, const T* me
         if (dbias) fill_zero(dbias, sizeof(T) * size_t(C));
         return;
     }
-    // Enough chunks for ~kFillBlocks blocks in all, none shorter than kMinRowsPerChunk rows.
     const int64_t tiles = (C + kWarp - 1) / kWarp;
-    const int64_t wanted = std::max<int64_t>(1, (kFillBlocks + tiles - 1) / tiles);
-    const int64_t most = std::max<int64_t>(1, rows / kMinRowsPerChunk);
-    const int64_t per_chunk = (rows + std::min(wanted, most) - 1) / std::min(wanted, most);
-    const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+    const auto [per_chunk, chunks] = pieces_for(rows, tiles, kMinRowsPerChunk);
     // Scratch from the caching allocator; freed at return, safe as the stream orders its reuse.
     Storage scratch(sizeof(T) * size_t(chunks * C) * (dbias ? 2 : 1), Device::cuda);
     T* partial_dw = static_cast<T*>(scratch.data());

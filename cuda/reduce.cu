@@ -276,7 +276,6 @@ __global__ void logsumexp_backward_kernel(T* dx, const T* x, const T* lse, const
 
 // ---- v3 (columns) and v4 (split groups): a stage 1 into partials, then one combine -----------
 
-constexpr int64_t kFillBlocks = 1056;     // 8 × an H100's 132 SMs: a grid at least this large
 constexpr int64_t kMinChunk = 64;         // v3: rows per chunk, at least
 constexpr int64_t kMinSplitChunk = 4096;  // v4: elements per chunk, at least
 
@@ -349,15 +348,10 @@ unsigned v2_threads(const Groups& g);
 template <class T, class Op>
 void reduce_in_chunks(T* out, const T* x, const Groups& g, bool columns) {
     const int64_t tiles = columns ? (g.n_out + 31) / 32 : g.n_out;
-    const int64_t min_chunk = columns ? kMinChunk : kMinSplitChunk;
-    const int64_t wanted = std::max<int64_t>(1, (kFillBlocks + tiles - 1) / tiles);
-    const int64_t most = std::max<int64_t>(1, g.group / min_chunk);
-    const int64_t per_chunk = (g.group + std::min(wanted, most) - 1) / std::min(wanted, most);
-    const int64_t chunks = (g.group + per_chunk - 1) / per_chunk;
+    const auto [per_chunk, chunks] =
+        pieces_for(g.group, tiles, columns ? kMinChunk : kMinSplitChunk);
     QK_CHECK(tiles <= 0x7fffffff && chunks <= 65535,
-             "reduce: {} outputs of {} elements cannot be "
-             "split on one grid",
-             g.n_out, g.group);
+             "reduce: {} outputs of {} elements cannot be split on one grid", g.n_out, g.group);
     Storage scratch(sizeof(T) * size_t(chunks * g.n_out), Device::cuda);
     T* partial = static_cast<T*>(scratch.data());
     ledger::declare(

@@ -7,6 +7,7 @@
 //   none        cuda/stub.cpp only: every cuda entry point throws "built without CUDA support".
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -51,6 +52,21 @@ void empty_cache();  // cudaFree everything cached (not what is live)
 // Launch geometry helpers: enough blocks of `threads` to cover n items (at least 1).
 inline unsigned blocks_for(int64_t n, unsigned threads) {
     return static_cast<unsigned>(n <= 0 ? 1 : (n + threads - 1) / threads);
+}
+
+// How the two-stage kernels (column sums, split reductions, norm gradients, attention's scale
+// pass) cut n items into pieces: enough for about kFillBlocks blocks in all when `tiles` blocks
+// share each piece, none under min_piece items, at least one. The count depends on the shape
+// only, never on the GPU, so results are the same bits everywhere.
+inline constexpr int64_t kFillBlocks = 1056;  // 8 blocks on each of an H100's 132 SMs
+struct Pieces {
+    int64_t size, count;
+};
+inline Pieces pieces_for(int64_t n, int64_t tiles, int64_t min_piece) {
+    const int64_t wanted = std::max<int64_t>(1, (kFillBlocks + tiles - 1) / tiles);
+    const int64_t count = std::min(wanted, std::max<int64_t>(1, n / min_piece));
+    const int64_t size = std::max<int64_t>(1, (n + count - 1) / count);
+    return {size, std::max<int64_t>(1, (n + size - 1) / size)};
 }
 
 }  // namespace qk::cuda

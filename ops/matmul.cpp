@@ -170,8 +170,8 @@ Tensor matmul_forward(const Tensor& a_in, const Tensor& b_in) {
 
     auto [a, la] = gemm_operand(a_in);
     auto [b, lb] = gemm_operand(b_in);
-    if (a_in.device() ==
-        Device::cuda) {  // one cuBLAS call for the whole batch where a copy buys it
+    // On cuda, one cuBLAS call for the whole batch where a copy buys it.
+    if (a_in.device() == Device::cuda) {
         if (!batch_steps_evenly(a, batch)) std::tie(a, la) = gemm_operand(a.detach().contiguous());
         if (!batch_steps_evenly(b, batch)) std::tie(b, lb) = gemm_operand(b.detach().contiguous());
     }

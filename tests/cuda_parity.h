@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/ledger.h"
 #include "cuda/runtime.h"
 #include "helpers.h"
 
@@ -167,6 +168,14 @@ inline void check_cuda_parity(const std::string& name, const DeviceFn& f, const 
 }
 
 // Seeded inputs for parity tests (drawn on the cpu).
+// The launches `run` makes, from a launch ledger opened around it (cuda/ledger.h).
+template <class F>
+std::vector<cuda::ledger::Entry> launches_of(F&& run) {
+    cuda::ledger::open();
+    run();
+    return cuda::ledger::close();
+}
+
 inline Tensor randn_seeded(const Shape& shape, uint64_t seed, DType dtype = kF32,
                            double scale = 1.0) {
     Generator gen(seed);

@@ -4,7 +4,6 @@
 // real GPU); sizes are ragged and span several 256-thread blocks.
 #include <algorithm>
 
-#include "cuda/ledger.h"
 #include "cuda_parity.h"
 
 using namespace qk;
@@ -278,9 +277,7 @@ TEST_CASE("bf16 on the device: copies and casts give the cpu's bits") {
 TEST_CASE("packed copies: four neighbours at a time where rows allow it, the same values") {
     if (!cuda_runnable()) return;
     auto kernel_of = [](auto make) {  // the one copy kernel that `make` launches
-        cuda::ledger::open();
-        const Tensor out = make();
-        const auto entries = cuda::ledger::close();
+        const auto entries = qk::test::launches_of([&] { (void)make(); });
         REQUIRE(entries.size() == 1);
         return entries[0].name;
     };
