@@ -14,6 +14,7 @@
 #   QK_TORCH_PEER  PyTorch's peer of the step (a script taking `train VOCAB BATCH eager` and
 #                  printing a RESULT line); skipped when unset or without PyTorch
 #   QK_QUICK=1     the step benchmarks only, no test suites
+#   QK_ATTENTION=0 no attention benchmark (bench_gpu_attention beside torch_peer.py attn)
 #   QK_GPU         h100 or h200: print the launch ledger of one naive step (V = 65 and 50257,
 #                  B = 16) with each launch's measured time beside the cost model's estimate
 #   QK_OUT         where the ledgers' CSV files go (default: the current directory)
@@ -71,7 +72,17 @@ else
     echo "gpu_check: no PyTorch peer (QK_TORCH_PEER): qknorm's figures only"
 fi
 
-# 3. The table: tokens/s against PyTorch eager at the same vocabulary and batch.
+# 3. The fused attention against PyTorch's scaled_dot_product_attention (FlashAttention-2) on
+#    the same shapes, causal, bf16 (QK_ATTENTION=0 skips it).
+if [ "${QK_ATTENTION:-1}" = 1 ] && [ -x "$build/bench/bench_gpu_attention" ]; then
+    timeout 300 "$build/bench/bench_gpu_attention" | tee -a "$results"
+    if [ -n "$peer" ] && [ -f "$peer" ] && python3 -c 'import torch' 2>/dev/null; then
+        timeout 150 python3 "$peer" attn 2>&1 | grep RESULT | tee -a "$results"
+    fi
+fi
+
+# 4. The tables: tokens/s against PyTorch eager at the same vocabulary and batch; attention
+#    TFLOP/s against SDPA's.
 echo
 echo "| program | vocab | batch | step ms | tokens/s | vs PyTorch eager |"
 echo "|---|---|---|---|---|---|"
@@ -87,6 +98,28 @@ torch = {(v, b): t for who, v, b, _, t in rows if who.startswith("PyTorch")}
 for who, v, b, ms, tok in rows:
     ratio = f"{tok / torch[(v, b)]:.2f}x" if (v, b) in torch else "-"
     print(f"| {who} | {v} | {b} | {ms:.1f} | {tok:,.0f} | {ratio} |")
+EOF
+python3 - "$results" <<'EOF'
+import re, sys
+ours, sdpa = {}, {}
+for line in open(sys.argv[1]):
+    shape = re.search(r"B=(\d+) H=(\d+) T=(\d+) D=(\d+)", line)
+    if not shape or ("attn" not in line and "sdpa" not in line):
+        continue
+    rates = dict(re.findall(r"(kernel fwd|fused fwd\+bwd|fused fwd|naive fwd\+bwd|naive fwd|"
+                            r"fwd\+bwd|fwd) [\d.]+ ms ([\d.]+) TFLOP/s", line))
+    (sdpa if "sdpa" in line else ours)[shape.groups()] = {k: float(v) for k, v in rates.items()}
+if ours:
+    print("\n| B, H, T, D | kernel fwd | SDPA fwd | kernel / SDPA | fused fwd+bwd | naive fwd+bwd "
+          "| SDPA fwd+bwd | fused / SDPA |")
+    print("|---|---|---|---|---|---|---|---|")
+    ratio = lambda a, b: f"{a / b:.2f}" if b else "-"
+    for shape, r in ours.items():
+        t = sdpa.get(shape, {})
+        print(f"| {', '.join(shape)} | {r.get('kernel fwd', 0):.1f} | {t.get('fwd', 0):.1f} | "
+              f"{ratio(r.get('kernel fwd', 0), t.get('fwd'))} | {r.get('fused fwd+bwd', 0):.1f} | "
+              f"{r.get('naive fwd+bwd', 0):.1f} | {t.get('fwd+bwd', 0):.1f} | "
+              f"{ratio(r.get('fused fwd+bwd', 0), t.get('fwd+bwd'))} |")
 EOF
 # The fixed cost of a step: what does not shrink with the batch (B = 4 minus a quarter of B = 16).
 python3 - "$results" <<'EOF'

@@ -28,11 +28,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/minifloat.h"
 #include "core/storage.h"
+#include "cuda/attention_common.h"
 #include "cuda/runtime.h"
-#include "cuda/warp_reduce.h"
-#include "ops/attention.h"
 
 namespace qk::cuda {
 
@@ -45,22 +43,6 @@ constexpr int kMaxD = 128;
 constexpr int kPairsPerThread = kRows * kCols / kThreads;       // 4
 constexpr int kRowOutputsPerThread = kRows * kMaxD / kThreads;  // 16: (row, d) entries
 constexpr int kKeyOutputsPerThread = kCols * kMaxD / kThreads;  // 32: (key, d) entries
-
-// Whether row i sees key j (AttentionShape: the causal mask and the sliding window).
-__device__ __forceinline__ bool sees(int64_t i, int64_t j, const AttentionShape& sh) {
-    return j >= sh.first_key(i) && j < sh.end_key(i);
-}
-
-template <class T>
-__device__ __forceinline__ T capped(T s, T cap) {
-    return cap > T(0) ? cap * dev_tanh(s / cap) : s;
-}
-
-// z̃: z rounded to E4M3 (saturating at ±448) with FP8 logits, else z (as on the cpu).
-template <class T>
-__device__ __forceinline__ T logit_used(T z, bool fp8) {
-    return fp8 ? T(FastRounder(MiniFormat::e4m3, Overflow::saturate)(float(z))) : z;
-}
 
 // dst: (kTileRows, D) shared = rows [first, first + n) of src: (·, D) global; zeros past n.
 template <class T>

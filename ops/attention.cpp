@@ -178,12 +178,112 @@ Tensor reduce_scale_grad(const Tensor& partials, const Tensor& scale, int64_t B,
     return scale.numel() == 1 ? sum(per_head).reshape({1}) : per_head;
 }
 
+// What the fused backward reads: q, k, v (float32 or float64) or, from the tensor-core forward,
+// their bf16/fp16 copies (widened to float32 when the backward runs), and the forward's results.
+struct FusedSaved {
+    Tensor q, k, v, scale, lse, out;
+    AttentionShape sh;
+    int64_t stride;  // 0: one scale, 1: one per head
+    bool scale_grad;
+    double cap;
+};
+
+Grads fused_backward(const FusedSaved& saved, const Tensor& dout_in) {
+    const AttentionShape& sh = saved.sh;
+    const auto widened = [](const Tensor& t) {
+        return t.dtype() == kBF16 || t.dtype() == kF16 ? t.to(kF32) : t;
+    };
+    const Tensor q = widened(saved.q), k = widened(saved.k), v = widened(saved.v);
+    const Tensor &scale = saved.scale, &lse = saved.lse, &out = saved.out;
+    const Tensor dout = dout_in.contiguous();
+    Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.device());
+    Tensor dk = Tensor::empty(k.shape(), k.dtype(), k.device());
+    Tensor dv = Tensor::empty(v.shape(), v.dtype(), v.device());
+    Tensor delta = Tensor::empty(lse.shape(), q.dtype(), q.device());  // D_i
+    Tensor dscale =
+        saved.scale_grad ? Tensor::empty({sh.batch_heads}, q.dtype(), q.device()) : Tensor();
+    dispatch_float(q.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        auto args = std::tuple(dq.data<T>(), dk.data<T>(), dv.data<T>(),
+                               saved.scale_grad ? dscale.data<T>() : nullptr, delta.data<T>(),
+                               dout.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(),
+                               lse.data<double>(), scale.data<T>(), saved.stride, T(saved.cap), sh);
+        switch (q.device()) {
+            case Device::cpu:
+                std::apply(cpu::attention_backward<T>, args);
+                break;
+            case Device::cuda:
+#ifdef QK_WITH_CUDA
+                std::apply(cuda::attention_backward<T>, args);
+#else
+                throw_built_without_cuda("attention");
+#endif
+                break;
+        }
+    });
+    Grads grads{dq, dk, dv};
+    if (saved.scale_grad) grads.push_back(reduce_scale_grad(dscale, scale, q.size(0), q.size(1)));
+    return grads;
+}
+
+Tensor record_fused(const char* op, const Tensor& out, const Tensor& q_in, const Tensor& k_in,
+                    const Tensor& v_in, const AttentionOptions& o, FusedSaved saved) {
+    std::vector<Tensor> inputs{q_in, k_in, v_in};
+    if (o.scale_tensor.defined()) inputs.push_back(o.scale_tensor);
+    return autograd::record(op, out, inputs, [saved = std::move(saved)](const Tensor& dout) {
+        return fused_backward(saved, dout);
+    });
+}
+
+#ifdef QK_WITH_CUDA
+// bf16 and fp16 attention on a GPU's tensor cores (cuda/attention_mma.cu): q, k, v rounded to the
+// half type once, which is what the kernel reads and what the backward keeps. P is rounded too
+// before P·V, the one change from the float32 kernels (docs/fused-attention.md).
+bool on_tensor_cores(const Tensor& q, const AttentionOptions& o) {
+    return q.device() == Device::cuda && o.dropout == 0 &&
+           (o.precision == Precision::bf16 || o.precision == Precision::fp16) &&
+           cuda::attention_mma_supports(q.size(3));
+}
+
+Tensor attention_on_tensor_cores(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                 const AttentionOptions& o, AttentionSignals* signals) {
+    const DType half = o.precision == Precision::bf16 ? kBF16 : kF16;
+    const Tensor q = autograd::saved(q_in).to(half).contiguous(),
+                 k = autograd::saved(k_in).to(half).contiguous(),
+                 v = autograd::saved(v_in).to(half).contiguous(), scale = scale_as_tensor(q_in, o);
+    const AttentionShape sh = shape_of(q, k, o);
+    const int64_t stride = scale.numel() == 1 ? 0 : 1;
+    Tensor out = Tensor::empty(q.shape(), kF32, q.device());
+    Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, kF64, q.device());
+    if (signals) {
+        signals->max_abs_logit = Tensor::empty(lse.shape(), kF32, q.device());
+        signals->entropy = Tensor::empty(lse.shape(), kF32, q.device());
+        if (o.fp8_logits) signals->saturated = Tensor::empty(lse.shape(), kF32, q.device());
+    }
+    float* max_abs = signals ? signals->max_abs_logit.data<float>() : nullptr;
+    float* entropy = signals ? signals->entropy.data<float>() : nullptr;
+    float* saturated = signals && o.fp8_logits ? signals->saturated.data<float>() : nullptr;
+    auto launch = [&](auto tag) {
+        using H = decltype(tag);
+        cuda::attention_forward_mma<H>(out.data<float>(), lse.data<double>(), max_abs, entropy,
+                                       saturated, q.data<H>(), k.data<H>(), v.data<H>(),
+                                       scale.data<float>(), stride, float(o.softcap), sh);
+    };
+    half == kBF16 ? launch(bf16{}) : launch(f16{});
+    return record_fused("attention", out, q_in, k_in, v_in, o,
+                        FusedSaved{q, k, v, autograd::saved(scale), lse, autograd::saved(out), sh,
+                                   stride, o.scale_tensor.defined(), o.softcap});
+}
+#endif
 }  // namespace
 
 Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                  const AttentionOptions& o, AttentionSignals* signals) {
     constexpr const char* op = "attention";
     check_args(op, q_in, k_in, v_in, o);
+#ifdef QK_WITH_CUDA
+    if (on_tensor_cores(q_in, o)) return attention_on_tensor_cores(q_in, k_in, v_in, o, signals);
+#endif
     if (o.precision != Precision::full)
         return attention(round_to_half(q_in, o.precision), round_to_half(k_in, o.precision),
                          round_to_half(v_in, o.precision), full_precision(o), signals);
@@ -230,44 +330,11 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
         }
     });
 
-    const bool scale_grad = o.scale_tensor.defined();
-    std::vector<Tensor> inputs{q_in, k_in, v_in};
-    if (scale_grad) inputs.push_back(o.scale_tensor);
-    auto backward = [q = autograd::saved(q), k = autograd::saved(k), v = autograd::saved(v),
-                     scale = autograd::saved(scale), lse = autograd::saved(lse),
-                     out = autograd::saved(out), sh, stride, scale_grad,
-                     cap = o.softcap](const Tensor& dout_in) {
-        const Tensor dout = dout_in.contiguous();
-        Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.device());
-        Tensor dk = Tensor::empty(k.shape(), k.dtype(), k.device());
-        Tensor dv = Tensor::empty(v.shape(), v.dtype(), v.device());
-        Tensor delta = Tensor::empty(lse.shape(), q.dtype(), q.device());  // D_i
-        Tensor dscale =
-            scale_grad ? Tensor::empty({sh.batch_heads}, q.dtype(), q.device()) : Tensor();
-        dispatch_float(q.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            auto args = std::tuple(
-                dq.data<T>(), dk.data<T>(), dv.data<T>(), scale_grad ? dscale.data<T>() : nullptr,
-                delta.data<T>(), dout.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(),
-                out.data<T>(), lse.data<double>(), scale.data<T>(), stride, T(cap), sh);
-            switch (q.device()) {
-                case Device::cpu:
-                    std::apply(cpu::attention_backward<T>, args);
-                    break;
-                case Device::cuda:
-#ifdef QK_WITH_CUDA
-                    std::apply(cuda::attention_backward<T>, args);
-#else
-                    throw_built_without_cuda("attention");
-#endif
-                    break;
-            }
-        });
-        Grads grads{dq, dk, dv};
-        if (scale_grad) grads.push_back(reduce_scale_grad(dscale, scale, q.size(0), q.size(1)));
-        return grads;
-    };
-    return autograd::record(op, out, inputs, std::move(backward));
+    return record_fused(
+        op, out, q_in, k_in, v_in, o,
+        FusedSaved{autograd::saved(q), autograd::saved(k), autograd::saved(v),
+                   autograd::saved(scale), autograd::saved(lse), autograd::saved(out), sh, stride,
+                   o.scale_tensor.defined(), o.softcap});
 }
 
 // ---- v1: the unfused composition ---------------------------------------------------------------

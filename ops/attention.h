@@ -114,6 +114,14 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout, const T* q,
                         const T* k, const T* v, const T* out, const double* lse, const T* scale,
                         int64_t scale_stride, T cap, const AttentionShape& shape);
+// The forward on tensor cores (cuda/attention_mma.cu), for bf16 and fp16 precision: q, k, v in
+// H = bf16 or f16, everything else float32 (lse float64), the contract above otherwise; P is
+// rounded to H before P·V. Head dims 64 and 128 (attention_mma_supports).
+bool attention_mma_supports(int64_t D);
+template <class H>
+void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* entropy,
+                           float* saturated, const H* q, const H* k, const H* v, const float* scale,
+                           int64_t scale_stride, float cap, const AttentionShape& shape);
 }  // namespace cuda
 
 }  // namespace qk

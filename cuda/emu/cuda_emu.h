@@ -197,7 +197,7 @@ struct ThreadState {
 #define QK_EMU_TLS __attribute__((tls_model("initial-exec")))
 extern QK_EMU_TLS thread_local constinit ThreadState tl_state;
 
-enum class WarpOp { sync, idx, up, down, bfly, ballot, any, all };
+enum class WarpOp { sync, idx, up, down, bfly, ballot, any, all, collective };
 
 void sync_threads(Site site);
 int sync_threads_count(Site site, int predicate);
@@ -206,6 +206,12 @@ void sync_warp(Site site, unsigned mask = 0xffffffffu);
 // source lane, delta or lane mask. Returns the bits of the value this lane receives.
 uint64_t warp_exchange(Site site, WarpOp op, unsigned mask, uint64_t bits, unsigned size, int arg,
                        int width);
+// A warp-wide instruction computed once for the whole warp (the matrix instructions of
+// cuda/mma.h): each lane passes a pointer to its own operands and results; when every lane of the
+// mask has arrived, the last one calls fn with the 32 lanes' pointers (null outside the mask),
+// before any lane resumes, so no lane's registers change while fn reads them.
+using WarpCollective = void (*)(void* const* lanes);
+void warp_collective(Site site, unsigned mask, void* lane_data, WarpCollective fn);
 unsigned active_mask();
 void* dynamic_shared_memory();
 

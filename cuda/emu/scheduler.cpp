@@ -83,6 +83,7 @@ struct Fiber {
     unsigned size = 4;
     uint64_t value = 0;
     uint64_t result = 0;
+    detail::WarpCollective collective = nullptr;
     int pred = 0;
     void* fake_stack = nullptr;  // ASan's fake stack while switched out
 };
@@ -95,7 +96,7 @@ class BlockRunner {
     void run(const LaunchSpec& spec, uint3 block, RunOrder order, Rng& rng);
     int sync_threads(const Site& site, int pred);
     uint64_t warp_exchange(const Site& site, WarpOp op, unsigned mask, uint64_t bits, unsigned size,
-                           int arg, int width);
+                           int arg, int width, detail::WarpCollective collective = nullptr);
     unsigned active_mask() const {
         const unsigned w = current_ / 32;
         return ~(warp_exited_[w] | absent_lanes(w));
@@ -291,7 +292,8 @@ int BlockRunner::sync_threads(const Site& site, int pred) {
 }
 
 uint64_t BlockRunner::warp_exchange(const Site& site, WarpOp op, unsigned mask, uint64_t bits,
-                                    unsigned size, int arg, int width) {
+                                    unsigned size, int arg, int width,
+                                    detail::WarpCollective collective) {
     const unsigned self = current_, w = self / 32, lane = self % 32, base = w * 32;
     const bool shuffle =
         op == WarpOp::idx || op == WarpOp::up || op == WarpOp::down || op == WarpOp::bfly;
@@ -320,6 +322,7 @@ uint64_t BlockRunner::warp_exchange(const Site& site, WarpOp op, unsigned mask, 
     f.arg = arg;
     f.width = width;
     f.size = size;
+    f.collective = collective;
     uint32_t& waiting = warp_waiting_[w];
     waiting |= 1u << lane;
     // Every waiting lane in this lane's group, and every waiting lane whose group names this lane,
@@ -327,7 +330,7 @@ uint64_t BlockRunner::warp_exchange(const Site& site, WarpOp op, unsigned mask, 
     // each other as they arrived, so the lowest of them stands for all.
     auto agree = [&](unsigned j) {
         const Fiber& g = fibers_[base + j];
-        QK_CHECK(g.mask == mask && g.op == op && g.width == width,
+        QK_CHECK(g.mask == mask && g.op == op && g.width == width && g.collective == collective,
                  "{}: warp {} lanes disagree: lane {} is at {} with mask 0x{:08x} (width {}) "
                  "while lane {} is at {} with mask 0x{:08x} (width {})",
                  where(), w, lane, site_text(site), mask, width, j, site_text(g.site), g.mask,
@@ -336,7 +339,16 @@ uint64_t BlockRunner::warp_exchange(const Site& site, WarpOp op, unsigned mask, 
     if (const uint32_t in = waiting & mask & ~(1u << lane)) agree(std::countr_zero(in));
     for (uint32_t b = waiting & ~mask; b; b &= b - 1)
         if ((fibers_[base + std::countr_zero(b)].mask >> lane) & 1u) agree(std::countr_zero(b));
-    if ((waiting & mask) == mask) {
+    if ((waiting & mask) == mask && op == WarpOp::collective) {
+        void* lanes[32] = {};
+        for (uint32_t b = mask; b; b &= b - 1)
+            lanes[std::countr_zero(b)] =
+                reinterpret_cast<void*>(fibers_[base + std::countr_zero(b)].value);
+        collective(lanes);
+        for (uint32_t b = mask; b; b &= b - 1)
+            fibers_[base + std::countr_zero(b)].state = State::ready;
+        waiting &= ~mask;
+    } else if ((waiting & mask) == mask) {
         uint32_t ballot = 0;
         for (uint32_t b = mask; b; b &= b - 1) {
             const unsigned j = std::countr_zero(b);
@@ -461,6 +473,10 @@ void sync_warp(Site site, unsigned mask) {
 uint64_t warp_exchange(Site site, WarpOp op, unsigned mask, uint64_t bits, unsigned size, int arg,
                        int width) {
     return current_runner(site.what).warp_exchange(site, op, mask, bits, size, arg, width);
+}
+void warp_collective(Site site, unsigned mask, void* lane_data, WarpCollective fn) {
+    current_runner(site.what).warp_exchange(site, WarpOp::collective, mask,
+                                            reinterpret_cast<uint64_t>(lane_data), 8, 0, 32, fn);
 }
 unsigned active_mask() { return current_runner("__activemask").active_mask(); }
 void* dynamic_shared_memory() { return current_runner("QK_DYNAMIC_SHARED").smem(); }

@@ -1,0 +1,266 @@
+// CUDA fused attention on tensor cores: FlashAttention-2's forward with bf16 or fp16 q, k, v,
+// float32 softmax statistics and output. The math (r, s, z, p, the online softmax, the signals)
+// is derived in ops/attention.cpp; cuda/attention.cu is the CUDA-core twin it is tested against,
+// and docs/fused-attention.md draws the tiles and fragments.
+//
+// Work split. A block is 4 warps and owns 64 query rows of one head (blockIdx.y); warp w owns rows
+// 16w … 16w + 15, whose q stays in registers as mma A fragments for the whole kernel. The block
+// walks the key tiles of 64 keys that its rows see; per tile, each warp
+//   1. S = Q Kᵀ: 16 × 64 logits, D/16 · 8 mma.m16n8k16 (K's rows are B's columns: ldmatrix without
+//      .trans), accumulated in float32 registers, 32 per lane;
+//   2. the online softmax on those registers: lane (g, t) holds columns 2t, 2t + 1 of every 8-key
+//      block of rows g and g + 8 (cuda/mma.h), so a row's max is a max over the 4 lanes of group g
+//      (two xor shuffles); m moves, l, w and the output are rescaled by α = exp(m − m'), and each
+//      logit becomes e = exp(z − m');
+//   3. O += P V: the e of two adjacent 8-key blocks are exactly an A fragment of P (16 rows × 16
+//      keys) once rounded to H — no trip through shared memory — and V's rows are keys, so its B
+//      fragments come from ldmatrix .trans; D/8 · 4 mma.
+// The row sums l and w stay per lane (each lane's 16 columns) and meet in one quad sum at the end.
+//
+// Memory. Shared memory holds the q tile (read once into fragments), one key tile and one value
+// tile, 64 × D each in H (24 KB at D = 64, 48 KB at D = 128), filled by cp.async: the value tile's
+// copy runs under step 1-2, the next key tile's under step 3. Each row of a tile is D/8 chunks of
+// 16 bytes, stored at chunk ^ (row % 8): the 8 rows one ldmatrix reads at one column then sit in
+// 8 different bank groups instead of one (an 8-way conflict unswizzled).
+//
+// Precision. Products of H values are exact in float32 and the mma sums them in float32, so S is
+// the CUDA-core kernel's r up to the order of the sum; P is rounded to H before O += P V (l is
+// summed from the unrounded e), which moves o_i by at most 2^-9 Σ_j p_ij |v_j| in bf16 (2^-12 in
+// fp16): the tolerance tests/test_cuda_attention.cpp derives and holds the kernel to.
+#include <cstdint>
+
+#include "core/error.h"
+#include "cuda/attention_common.h"
+#include "cuda/mma.h"
+#include "cuda/runtime.h"
+
+namespace qk::cuda {
+
+namespace {
+
+constexpr int kWarps = 4, kThreads = kWarps * kWarp;
+constexpr int kBlockRows = 16 * kWarps;  // query rows per block
+constexpr int kKeys = 64;                // keys per tile
+static_assert(kBlockRows == kKeys, "one tile loader for q, k and v tiles");
+
+// The element offset of 16-byte chunk `chunk` of row `row` in a (64, D) tile, swizzled.
+template <int D>
+__device__ __forceinline__ int chunk_at(int row, int chunk) {
+    return row * D + ((chunk ^ (row % 8)) * 8);
+}
+
+// tile: (64, D) shared = rows [0, valid) of src: (·, D) global, zeros after; asynchronous.
+template <int D>
+__device__ void load_tile_async(uint16_t* tile, const uint16_t* src, int64_t valid) {
+    constexpr int kChunks = D / 8;
+    for (int idx = threadIdx.x; idx < kKeys * kChunks; idx += kThreads) {
+        const int row = idx / kChunks, chunk = idx % kChunks;
+        const bool in = row < valid;
+        mma::cp_async_16(tile + chunk_at<D>(row, chunk), src + (in ? row * D + chunk * 8 : 0), in);
+    }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    for (int offset = 1; offset < 4; offset *= 2) {
+        const float other = __shfl_xor_sync(kFullMask, x, offset);
+        x = other > x ? other : x;
+    }
+    return x;
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+    for (int offset = 1; offset < 4; offset *= 2) x += __shfl_xor_sync(kFullMask, x, offset);
+    return x;
+}
+
+// One row's running softmax state, as in cuda/attention.cu: max, Σ e, Σ e·z, max |s|, saturated.
+struct RowState {
+    float m = -INFINITY, l = 0, w = 0, max_abs = 0, saturated = 0;
+};
+
+// Step 2 on one key tile: s holds the warp's 16 × 64 raw dots r (this lane's share) and leaves
+// holding e = exp(z − m') (0 where masked); o is rescaled by α. row: this lane's two rows;
+// masked: whether any (row, key) pair of the block's tile is hidden (else none is tested).
+template <int kDTiles>
+__device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4], RowState (&st)[2],
+                               const int64_t (&row)[2], int64_t j0, bool masked, float gain,
+                               float cap, const AttentionShape& sh) {
+    const int t = threadIdx.x % 4;
+    float tile_max[2] = {-INFINITY, -INFINITY}, tile_abs[2] = {0, 0};
+    for (int j = 0; j < kKeys / 8; ++j)
+        for (int i = 0; i < 4; ++i) {
+            const int r = i / 2;
+            const int64_t key = j0 + 8 * j + 2 * t + i % 2;
+            const bool visible = !masked || (row[r] < sh.Tq && sees(row[r], key, sh));
+            const float sv = gain * s[j][i];
+            const float z = logit_used(capped(sv, cap), sh.fp8_logits);
+            const float abs_s = sv < 0 ? -sv : sv;
+            if (visible) {
+                tile_max[r] = z > tile_max[r] ? z : tile_max[r];
+                tile_abs[r] = abs_s > tile_abs[r] ? abs_s : tile_abs[r];
+                if (sh.fp8_logits && (z < 0 ? -z : z) >= 448.0f) st[r].saturated += 1;
+            }
+            s[j][i] = visible ? z : -INFINITY;
+        }
+    float m_ref[2], alpha[2];
+    for (int r = 0; r < 2; ++r) {
+        const float m_tile = quad_max(tile_max[r]), abs_tile = quad_max(tile_abs[r]);
+        const float m_new = m_tile > st[r].m ? m_tile : st[r].m;
+        m_ref[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing finite yet: e = 0, not NaN
+        alpha[r] = dev_exp(st[r].m - m_ref[r]);
+        st[r].m = m_new;
+        st[r].max_abs = abs_tile > st[r].max_abs ? abs_tile : st[r].max_abs;
+        st[r].l *= alpha[r];
+        st[r].w *= alpha[r];
+    }
+    for (int j = 0; j < kKeys / 8; ++j)
+        for (int i = 0; i < 4; ++i) {
+            RowState& rs = st[i / 2];
+            const float z = s[j][i], e = dev_exp(z - m_ref[i / 2]);  // masked: exp(−inf) = 0
+            rs.l += e;
+            rs.w += e > 0.0f ? e * z : 0.0f;
+            s[j][i] = e;
+        }
+    for (int d = 0; d < kDTiles; ++d)
+        for (int i = 0; i < 4; ++i) o[d][i] *= alpha[i / 2];
+}
+
+template <class H, int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_mma_kernel(float* out, double* lse, float* max_abs_s, float* entropy,
+                                 float* saturated, const uint16_t* q, const uint16_t* k,
+                                 const uint16_t* v, const float* scale, int64_t scale_stride,
+                                 float cap, AttentionShape sh) {
+    constexpr int kSteps = D / 16, kDTiles = D / 8;
+    QK_DYNAMIC_SHARED(double, smem);                    // double: 16-byte chunks stay aligned
+    uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);  // (64, D) swizzled
+    uint16_t* k_s = q_s + kBlockRows * D;               // (64, D)
+    uint16_t* v_s = k_s + kKeys * D;                    // (64, D)
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kBlockRows;
+    const int64_t rows = sh.Tq - i0 < kBlockRows ? sh.Tq - i0 : kBlockRows;
+    const float gain = scale[(bh % sh.heads) * scale_stride];
+    const int64_t kv_first = sh.kv_head(bh) * sh.Tk;
+    const int64_t key_begin = sh.first_key(i0) / kKeys * kKeys, key_end = sh.end_key(i0 + rows - 1);
+    const int64_t row[2] = {i0 + 16 * warp + lane / 4, i0 + 16 * warp + lane / 4 + 8};
+    auto load_keys = [&](uint16_t* tile, const uint16_t* src, int64_t j0) {
+        const int64_t valid = key_end - j0 < kKeys ? key_end - j0 : kKeys;
+        load_tile_async<D>(tile, src + (kv_first + j0) * D, valid);
+        mma::cp_async_commit();
+    };
+    load_tile_async<D>(q_s, q + (bh * sh.Tq + i0) * D, rows);
+    if (key_begin < key_end) load_keys(k_s, k, key_begin);  // one group: q and the first keys
+    if (key_begin < key_end) load_keys(v_s, v, key_begin);
+
+    uint32_t q_frag[kSteps][4];
+    float o[kDTiles][4] = {};
+    RowState st[2];
+    for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeys) {
+        const bool last = j0 + kKeys >= key_end;
+        mma::cp_async_wait<1>();  // q and this key tile are in (the value tile may not be)
+        __syncthreads();
+        if (j0 == key_begin)
+            for (int kk = 0; kk < kSteps; ++kk)
+                mma::ldmatrix<4>(q_frag[kk],
+                                 q_s + chunk_at<D>(16 * warp + lane % 16, 2 * kk + lane / 16));
+        float s[kKeys / 8][4] = {};  // step 1: S = Q Kᵀ, two 8-key blocks per ldmatrix
+        for (int kk = 0; kk < kSteps; ++kk)
+            for (int j = 0; j < kKeys / 8; j += 2) {
+                uint32_t b[4];
+                mma::ldmatrix<4>(b, k_s + chunk_at<D>(8 * j + 8 * (lane / 16) + lane % 8,
+                                                      2 * kk + (lane / 8) % 2));
+                const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+                mma::mma_m16n8k16<H>(s[j], q_frag[kk], b_lo, s[j]);
+                mma::mma_m16n8k16<H>(s[j + 1], q_frag[kk], b_hi, s[j + 1]);
+            }
+        // Pairs hidden from some row of the block: a ragged end, the causal diagonal, a window.
+        const bool masked = i0 + kBlockRows > sh.Tq || j0 + kKeys > sh.end_key(i0) ||
+                            j0 < sh.first_key(i0 + kBlockRows - 1);
+        online_softmax(s, o, st, row, j0, masked, gain, cap, sh);  // step 2
+        mma::cp_async_wait<0>();
+        __syncthreads();  // the value tile is in; every warp is done with the key tile
+        if (!last) load_keys(k_s, k, j0 + kKeys);
+        for (int kk = 0; kk < kKeys / 16; ++kk) {  // step 3: O += P V
+            const uint32_t p[4] = {mma::pack<H>(s[2 * kk][0], s[2 * kk][1]),
+                                   mma::pack<H>(s[2 * kk][2], s[2 * kk][3]),
+                                   mma::pack<H>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                   mma::pack<H>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            for (int d = 0; d < kDTiles; d += 2) {
+                uint32_t b[4];
+                mma::ldmatrix<4, true>(
+                    b, v_s + chunk_at<D>(16 * kk + 8 * ((lane / 8) % 2) + lane % 8, d + lane / 16));
+                const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+                mma::mma_m16n8k16<H>(o[d], p, b_lo, o[d]);
+                mma::mma_m16n8k16<H>(o[d + 1], p, b_hi, o[d + 1]);
+            }
+        }
+        __syncthreads();  // every warp is done with the value tile
+        if (!last) load_keys(v_s, v, j0 + kKeys);
+    }
+    mma::cp_async_wait<0>();  // nothing left in flight at exit (a block that saw no key)
+
+    const int t = lane % 4;
+    for (int r = 0; r < 2; ++r) {
+        st[r].l = quad_sum(st[r].l);
+        st[r].w = quad_sum(st[r].w);
+        st[r].saturated = quad_sum(st[r].saturated);
+        if (row[r] >= sh.Tq) continue;
+        const int64_t at = bh * sh.Tq + row[r];
+        const float l = st[r].l;
+        for (int d = 0; d < kDTiles; ++d)
+            for (int h = 0; h < 2; ++h)
+                out[at * D + 8 * d + 2 * t + h] = l > 0.0f ? o[d][2 * r + h] / l : 0.0f;
+        if (t != 0) continue;
+        const bool nan_row = l != l;
+        const double row_lse =
+            l > 0.0f ? double(st[r].m) + log(double(l)) : (nan_row ? double(l) : -INFINITY);
+        lse[at] = row_lse;
+        if (max_abs_s) {
+            max_abs_s[at] = nan_row ? l : st[r].max_abs;
+            entropy[at] =
+                l > 0.0f ? float(row_lse - double(st[r].w) / double(l)) : (nan_row ? l : 0.0f);
+        }
+        if (saturated) saturated[at] = st[r].saturated;
+    }
+}
+
+}  // namespace
+
+bool attention_mma_supports(int64_t D) { return D == 64 || D == 128; }
+
+template <class H>
+void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* entropy,
+                           float* saturated, const H* q, const H* k, const H* v, const float* scale,
+                           int64_t scale_stride, float cap, const AttentionShape& sh) {
+    QK_CHECK(attention_mma_supports(sh.D),
+             "attention on tensor cores: head dim D must be 64 or 128, got {}", sh.D);
+    if (sh.batch_heads == 0 || sh.Tq == 0) return;
+    const dim3 grid(static_cast<unsigned>((sh.Tq + kBlockRows - 1) / kBlockRows),
+                    static_cast<unsigned>(sh.batch_heads));
+    const size_t smem = sizeof(uint16_t) * size_t(kBlockRows + 2 * kKeys) * size_t(sh.D);
+    const double pairs = attention_pairs(sh), rows = double(sh.batch_heads * sh.Tq);
+    // q once in H, k and v per query tile, out in float; S and P·V on tensor cores, ~12 FLOPs of
+    // softmax per pair on CUDA cores.
+    ledger::declare(2 * tiles_bytes(sh, sizeof(H), kBlockRows, sh.Tq) +
+                        rows * double(sh.D) * (sizeof(H) + sizeof(float)),
+                    12 * pairs, 4 * double(sh.D) * pairs);
+    const auto* q16 = reinterpret_cast<const uint16_t*>(q);
+    const auto* k16 = reinterpret_cast<const uint16_t*>(k);
+    const auto* v16 = reinterpret_cast<const uint16_t*>(v);
+    if (sh.D == 64)
+        QK_LAUNCH((attention_forward_mma_kernel<H, 64>), grid, kThreads, smem, stream(), out, lse,
+                  max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap, sh);
+    else
+        QK_LAUNCH((attention_forward_mma_kernel<H, 128>), grid, kThreads, smem, stream(), out, lse,
+                  max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap, sh);
+    QK_CUDA_CHECK_LAUNCH("attention_forward_mma_kernel");
+}
+
+template void attention_forward_mma<bf16>(float*, double*, float*, float*, float*, const bf16*,
+                                          const bf16*, const bf16*, const float*, int64_t, float,
+                                          const AttentionShape&);
+template void attention_forward_mma<f16>(float*, double*, float*, float*, float*, const f16*,
+                                         const f16*, const f16*, const float*, int64_t, float,
+                                         const AttentionShape&);
+
+}  // namespace qk::cuda

@@ -1,0 +1,318 @@
+// The `cuda_attention_mma` suite: the tensor-core forward (cuda/attention_mma.cu) against the
+// cpu's fused kernel on the same bf16 (or fp16) inputs, under every run order of the emulator,
+// and the attention op at bf16 precision on cuda (which takes that path) against the cpu's,
+// forward and every gradient.
+//
+// The tolerance, derived. Both sides read the same rounded q, k, v and sum exact products, so the
+// logits, lse, max |s| and entropy differ only by float32's summation order (tolerance<float>).
+// The output differs by one more rounding: the kernel rounds each e_ij = exp(z_ij − m) to H before
+// O += P V. With u the unit roundoff of H (2^-8 for bf16, 2^-11 for fp16), |Δe| <= u·e (+ 2^-25
+// for fp16, whose subnormals stop below 2^-14), so, dividing by l = Σ e,
+//     |Δo_id| <= u · Σ_j p_ij |v_jd|  (+ 2^-25 · Σ_j |v_jd| in fp16).
+// The backward (the float32 kernel) then reads this o in D_i = dO_i · o_i:
+//     |ΔD_i| <= δ_i = Σ_d |dO_id| · bound(o_id),   |Δds_ij| <= p_ij δ_i   (the cap factor is <= 1)
+//     |Δdq_id| <= g δ_i Σ_j p_ij |k_jd|,   |Δdk_jd| <= g Σ_i p_ij δ_i |q_id|,
+//     |Δdg| <= Σ_ij p_ij δ_i |r_ij|,       dv = Σ_i p_ij dO_i is unchanged.
+// Each bound is computed here per element in float64 from the cpu's own p, plus float32's slack.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "core/bfloat16.h"
+#include "core/float16.h"
+#include "core/minifloat.h"
+#include "cuda_kernel_check.h"
+#include "cuda_parity.h"
+#include "helpers.h"
+#include "qk.h"
+
+using namespace qk;
+using namespace qk::test;
+
+namespace {
+
+struct Case {
+    int64_t batch_heads, heads, kv_heads, Tq, Tk, D;
+    bool causal = true;
+    int64_t window = 0;
+    double cap = 0;
+    bool per_head_scale = false;
+    bool fp8_logits = false;
+    double qk_range = 1.0;
+};
+
+std::string describe(const Case& c) {
+    return fmt::format(
+        "BH={} H={} Hkv={} Tq={} Tk={} D={} causal={} window={} cap={} per-head "
+        "scale={} fp8 logits={} |q|,|k| ~ {}",
+        c.batch_heads, c.heads, c.kv_heads, c.Tq, c.Tk, c.D, c.causal, c.window, c.cap,
+        c.per_head_scale, c.fp8_logits, c.qk_range);
+}
+
+template <class H>
+constexpr double unit_roundoff() {
+    return std::is_same_v<H, bf16> ? 0x1p-8 : 0x1p-11;
+}
+
+// Values rounded to H, as float (what both kernels compute with) and as H (what the mma reads).
+template <class H>
+struct Rounded {
+    std::vector<float> value;
+    std::vector<H> half;
+    Rounded(size_t n, uint64_t seed, double scale, bool eighths = false) {
+        for (float x : random_values<float>(n, seed, scale)) {
+            if (eighths) x = std::round(x * 8) / 8;  // FP8 logits: every dot exact in any order
+            half.push_back(H(x));
+            value.push_back(float(half.back()));
+        }
+    }
+};
+
+// p_ij of every (row, key) pair from the cpu's lse, in float64: (BH, Tq, Tk), 0 where hidden.
+std::vector<double> probabilities(const Case& c, const AttentionShape& sh,
+                                  const std::vector<float>& q, const std::vector<float>& k,
+                                  const std::vector<float>& scale, const std::vector<double>& lse) {
+    std::vector<double> p(size_t(c.batch_heads * c.Tq * c.Tk), 0.0);
+    for (int64_t bh = 0; bh < c.batch_heads; ++bh) {
+        const double g = scale[c.per_head_scale ? bh % c.heads : 0];
+        const int64_t kv = sh.kv_head(bh);
+        for (int64_t i = 0; i < c.Tq; ++i)
+            for (int64_t j = sh.first_key(i); j < sh.end_key(i); ++j) {
+                double r = 0;
+                for (int64_t d = 0; d < c.D; ++d)
+                    r += double(q[(bh * c.Tq + i) * c.D + d]) * k[(kv * c.Tk + j) * c.D + d];
+                double z = c.cap > 0 ? c.cap * std::tanh(g * r / c.cap) : g * r;
+                if (c.fp8_logits) z = FastRounder(MiniFormat::e4m3, Overflow::saturate)(float(z));
+                p[(bh * c.Tq + i) * c.Tk + j] = std::exp(z - lse[bh * c.Tq + i]);
+            }
+    }
+    return p;
+}
+
+// The bound on |Δo| above, per output element.
+template <class H>
+std::vector<double> output_bound(const Case& c, const AttentionShape& sh,
+                                 const std::vector<double>& p, const std::vector<float>& v) {
+    std::vector<double> bound(size_t(c.batch_heads * c.Tq * c.D), 0.0);
+    const bool fp16 = std::is_same_v<H, f16>;
+    for (int64_t bh = 0; bh < c.batch_heads; ++bh)
+        for (int64_t i = 0; i < c.Tq; ++i)
+            for (int64_t d = 0; d < c.D; ++d) {
+                double pv = 0, sum_v = 0;
+                for (int64_t j = sh.first_key(i); j < sh.end_key(i); ++j) {
+                    const double vj = std::abs(v[(sh.kv_head(bh) * c.Tk + j) * c.D + d]);
+                    pv += p[(bh * c.Tq + i) * c.Tk + j] * vj;
+                    sum_v += vj;
+                }
+                bound[(bh * c.Tq + i) * c.D + d] =
+                    unit_roundoff<H>() * pv + (fp16 ? 0x1p-25 * sum_v : 0.0);
+            }
+    return bound;
+}
+
+// Whether every element keeps |got − want| <= bound + slack · max(1, max |want|); a failure
+// shows the worst ratio of an error to its bound.
+template <class G, class W>
+bool within_bound(const std::vector<G>& got, const std::vector<W>& want,
+                  const std::vector<double>& bound, double slack) {
+    REQUIRE(got.size() == want.size());
+    double scale = 1, worst = 0;
+    for (W w : want) scale = std::max(scale, std::abs(double(w)));
+    int64_t beyond = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double allowed = bound[i] + slack * scale;
+        const double error = std::abs(double(got[i]) - double(want[i]));
+        beyond += !(error <= allowed);
+        worst = std::max(worst, error / allowed);
+    }
+    CAPTURE(worst);
+    CHECK(beyond == 0);
+    return beyond == 0;
+}
+
+double max_abs_value(const std::vector<double>& x) {
+    double m = 1;
+    for (double v : x)
+        if (std::isfinite(v)) m = std::max(m, std::abs(v));
+    return m;
+}
+
+template <class H>
+void check_forward(const Case& c, uint64_t seed) {
+    CAPTURE(describe(c));
+    const AttentionShape sh{c.batch_heads, c.heads,  c.kv_heads, c.Tq,        c.Tk,
+                            c.D,           c.causal, c.window,   c.fp8_logits};
+    const size_t nq = size_t(c.batch_heads * c.Tq * c.D),
+                 nk = size_t(c.batch_heads / c.heads * c.kv_heads * c.Tk * c.D),
+                 rows = size_t(c.batch_heads * c.Tq);
+    const double qk_scale = c.qk_range / std::sqrt(std::sqrt(double(c.D)));
+    const Rounded<H> q(nq, seed, qk_scale, c.fp8_logits), k(nk, seed + 1, qk_scale, c.fp8_logits),
+        v(nk, seed + 2, 1.0);
+    std::vector<float> scale = random_values<float>(c.per_head_scale ? c.heads : 1, seed + 3, 0.1);
+    for (float& g : scale) g += 1.0f;
+    const int64_t stride = c.per_head_scale ? 1 : 0;
+    std::vector<float> out(nq), max_abs(rows), entropy(rows), saturated(rows);
+    std::vector<double> lse(rows);
+    cpu::attention_forward<float>(out.data(), lse.data(), max_abs.data(), entropy.data(),
+                                  c.fp8_logits ? saturated.data() : nullptr, q.value.data(),
+                                  k.value.data(), v.value.data(), scale.data(), stride,
+                                  float(c.cap), sh);
+    const auto bound =
+        output_bound<H>(c, sh, probabilities(c, sh, q.value, k.value, scale, lse), v.value);
+
+    DeviceBuffer<H> d_q(q.half), d_k(k.half), d_v(v.half);
+    DeviceBuffer<float> d_scale(scale), d_out(nq), d_max_abs(rows), d_entropy(rows),
+        d_saturated(rows);
+    DeviceBuffer<double> d_lse(rows);
+    std::optional<std::vector<float>> first;
+    for (Order order : kOrders) {
+        CAPTURE(order_name(order));
+        RunOrderScope scope(order);
+        cuda::attention_forward_mma<H>(d_out.ptr, d_lse.ptr, d_max_abs.ptr, d_entropy.ptr,
+                                       c.fp8_logits ? d_saturated.ptr : nullptr, d_q.ptr, d_k.ptr,
+                                       d_v.ptr, d_scale.ptr, stride, float(c.cap), sh);
+        const auto got = d_out.download();
+        CHECK(within_bound(got, out, bound, tolerance<float>()));
+        CHECK(max_rel_error(d_lse.download(), lse) <= tolerance<float>());
+        CHECK(max_rel_error(d_max_abs.download(), max_abs) <= tolerance<float>());
+        // H_i = lse_i − w_i / l_i: two terms of lse's size cancel (to ~1 when p is peaky and the
+        // logits reach 60), so float32's reordering shows at lse's scale, not H's.
+        const std::vector<double> entropy_bound(rows, tolerance<float>() * max_abs_value(lse));
+        CHECK(within_bound(d_entropy.download(), entropy, entropy_bound, 0));
+        if (c.fp8_logits) CHECK(d_saturated.download() == saturated);  // counts: exact
+        if (!first)
+            first = got;
+        else
+            CHECK(got == *first);  // bit-identical across run orders
+    }
+}
+
+}  // namespace
+
+TEST_CASE("tensor-core attention forward: tile edges, Tq < Tk, causal or not, D = 64 and 128") {
+    if (!cuda_device_or_skip()) return;
+    uint64_t seed = 100;
+    for (int64_t T : {1, 63, 65, 130}) check_forward<bf16>({2, 2, 2, T, T, 64}, seed += 10);
+    check_forward<bf16>({2, 2, 2, 70, 70, 64, false}, seed += 10);
+    check_forward<bf16>({2, 2, 2, 33, 100, 64}, seed += 10);  // the causal mask shifted
+    check_forward<bf16>({2, 2, 2, 3, 100, 64, false}, seed += 10);
+    check_forward<bf16>({2, 1, 1, 70, 70, 128}, seed += 10);
+}
+
+TEST_CASE("tensor-core attention forward: grouped-query heads, windows, caps, scales, FP8, fp16") {
+    if (!cuda_device_or_skip()) return;
+    uint64_t seed = 300;
+    check_forward<bf16>({4, 4, 1, 70, 70, 64}, seed += 10);                      // 4 heads read one
+    check_forward<bf16>({4, 4, 2, 130, 130, 64, true, 37}, seed += 10);          // window of 37
+    check_forward<bf16>({2, 2, 2, 70, 70, 64, true, 0, 5.0, true}, seed += 10);  // cap, per head
+    check_forward<bf16>({2, 2, 2, 70, 70, 64, true, 0, 0, false, false, 4.0}, seed += 10);  // peaky
+    Case fp8{2, 2, 2, 70, 70, 64, true, 0, 0, false, true, 3.0};  // large: some saturate
+    check_forward<bf16>(fp8, seed += 10);
+    check_forward<f16>({2, 2, 2, 70, 70, 64}, seed += 10);
+    check_forward<f16>({2, 1, 1, 65, 65, 128, false, 0, 3.0}, seed += 10);
+}
+
+namespace {
+
+std::vector<double> host_values(const Tensor& t) {
+    return t.detach().to(Device::cpu).to(kF64).contiguous().to_vector<double>();
+}
+
+struct OpResult {
+    std::vector<double> out, dq, dk, dv, dscale;
+};
+
+OpResult run_op(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
+                const Tensor& probe, AttentionOptions o, Device device) {
+    const auto leaf = [&](const Tensor& t) { return t.to(device).detach().requires_grad_(); };
+    Tensor qd = leaf(q), kd = leaf(k), vd = leaf(v), gd = leaf(g);
+    o.scale_tensor = gd;
+    const Tensor out = attention(qd, kd, vd, o);
+    out.backward(probe.to(device));
+    return {host_values(out), host_values(qd.grad()), host_values(kd.grad()),
+            host_values(vd.grad()), host_values(gd.grad())};
+}
+
+// The bounds of the header, from q, k, v rounded to bf16, g and the probe dO, in float64.
+struct GradBounds {
+    std::vector<double> out, dq, dk, dscale;
+};
+
+GradBounds bounds_for(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
+                      const std::vector<double>& v, const std::vector<double>& g,
+                      const std::vector<double>& dout) {
+    const AttentionShape sh{c.batch_heads, c.heads, c.kv_heads, c.Tq,
+                            c.Tk,          c.D,     c.causal,   c.window};
+    const int64_t D = c.D;
+    GradBounds b{std::vector<double>(q.size()), std::vector<double>(q.size()),
+                 std::vector<double>(k.size()), std::vector<double>(size_t(c.heads))};
+    std::vector<double> r(size_t(c.Tk)), p(size_t(c.Tk));
+    for (int64_t bh = 0; bh < c.batch_heads; ++bh) {
+        const int64_t h = bh % c.heads, kv = sh.kv_head(bh);
+        const double gh = g[size_t(h)];
+        const double* kh = k.data() + kv * c.Tk * D;
+        const double* vh = v.data() + kv * c.Tk * D;
+        for (int64_t i = 0; i < c.Tq; ++i) {
+            const int64_t row = bh * c.Tq + i, first = sh.first_key(i), end = sh.end_key(i);
+            double m = -INFINITY, l = 0;
+            for (int64_t j = first; j < end; ++j) {
+                r[j] = 0;
+                for (int64_t d = 0; d < D; ++d) r[j] += q[row * D + d] * kh[j * D + d];
+                const double s = gh * r[j];
+                p[j] = c.cap > 0 ? c.cap * std::tanh(s / c.cap) : s;  // z, for now
+                m = std::max(m, p[j]);
+            }
+            for (int64_t j = first; j < end; ++j) l += std::exp(p[j] - m);
+            for (int64_t j = first; j < end; ++j) p[j] = std::exp(p[j] - m) / l;
+            double delta = 0;  // δ_i
+            for (int64_t d = 0; d < D; ++d) {
+                double pv = 0;
+                for (int64_t j = first; j < end; ++j) pv += p[j] * std::abs(vh[j * D + d]);
+                b.out[row * D + d] = 0x1p-8 * pv;
+                delta += std::abs(dout[row * D + d]) * b.out[row * D + d];
+            }
+            for (int64_t j = first; j < end; ++j) {
+                b.dscale[size_t(h)] += p[j] * delta * std::abs(r[j]);
+                for (int64_t d = 0; d < D; ++d) {
+                    b.dq[row * D + d] += gh * delta * p[j] * std::abs(kh[j * D + d]);
+                    b.dk[(kv * c.Tk + j) * D + d] += gh * p[j] * delta * std::abs(q[row * D + d]);
+                }
+            }
+        }
+    }
+    return b;
+}
+
+void check_op(const Case& c, uint64_t seed) {
+    CAPTURE(describe(c));
+    const int64_t B = c.batch_heads / c.heads;
+    const Tensor q = randn_seeded({B, c.heads, c.Tq, c.D}, seed, kF32, c.qk_range),
+                 k = randn_seeded({B, c.kv_heads, c.Tk, c.D}, seed + 1, kF32, c.qk_range),
+                 v = randn_seeded({B, c.kv_heads, c.Tk, c.D}, seed + 2),
+                 probe = randn_seeded({B, c.heads, c.Tq, c.D}, seed + 3),
+                 g = randn_seeded({c.heads}, seed + 4, kF32, 0.02) + 0.125;
+    const AttentionOptions o{
+        .causal = c.causal, .window = c.window, .softcap = c.cap, .precision = Precision::bf16};
+    const OpResult want = run_op(q, k, v, g, probe, o, Device::cpu);
+    const OpResult got = run_op(q, k, v, g, probe, o, Device::cuda);
+    const auto rounded = [](const Tensor& t) { return host_values(t.to(kBF16)); };
+    const GradBounds b =
+        bounds_for(c, rounded(q), rounded(k), rounded(v), host_values(g), host_values(probe));
+    const double grad_slack = 10 * tolerance<float>();  // the float32 kernels' own reordering
+    CHECK(within_bound(got.out, want.out, b.out, tolerance<float>()));
+    CHECK(within_bound(got.dq, want.dq, b.dq, grad_slack));
+    CHECK(within_bound(got.dk, want.dk, b.dk, grad_slack));
+    CHECK(max_rel_error(got.dv, want.dv) <= grad_slack);
+    CHECK(within_bound(got.dscale, want.dscale, b.dscale, grad_slack));
+}
+
+}  // namespace
+
+TEST_CASE("the attention op at bf16 precision on cuda (tensor cores) against the cpu's gradients") {
+    if (!cuda_device_or_skip()) return;
+    check_op({4, 2, 2, 70, 70, 64, true, 0, 5.0}, 500);  // causal, capped, a scale per head
+    check_op({4, 4, 1, 65, 65, 64, true, 20}, 510);      // 4 heads read one, a window
+    check_op({2, 2, 2, 33, 80, 128, false, 0, 0, true, false, 2.0}, 520);  // Tq < Tk, D = 128
+}
