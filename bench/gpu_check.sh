@@ -62,7 +62,7 @@ ledger_step() {  # step ARGS..., with the ledger of one more step when QK_GPU na
 ledger_step 65 16 naive 20 8
 step 65 4 naive 20 8
 ledger_step 50257 16 naive 20 8
-step 65 16 fused 6 3
+ledger_step 65 16 fused 6 3
 if [ -n "$peer" ] && [ -f "$peer" ] && python3 -c 'import torch' 2>/dev/null; then
     for args in "65 16" "65 4" "50257 16"; do
         # shellcheck disable=SC2086

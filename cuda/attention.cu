@@ -181,14 +181,8 @@ __device__ void pair_grad(T& p, T& ds, bool visible, const T* q_row, const T* do
                           T lse_lo, T row_delta) {
     p = ds = 0;
     if (!visible || lse_hi == T(-INFINITY)) return;
-    const T z = capped(g * dot(q_row, k_row, D), cap);
-    // p from z̃ as in the forward; the cap factor below from z (the rounding is straight-through).
-    p = dev_exp((logit_used(z, fp8) - lse_hi) - lse_lo);
-    p = p < T(1) ? p : T(1);  // a p above 1 is rounding: see ops/attention.cpp
-    const T dp = dot(dout_row, v_row, D);
-    ds = p * (dp - row_delta);
-    if (cap > T(0)) ds *= T(1) - (z / cap) * (z / cap);
-    if (p == T(0)) ds = 0;  // 0 even where dp is not finite
+    probability_and_grad(p, ds, dot(q_row, k_row, D), dot(dout_row, v_row, D), g, cap, fp8, lse_hi,
+                         lse_lo, row_delta);
 }
 
 template <class T>
@@ -320,8 +314,8 @@ __global__ void attention_dq_kernel(T* dq_unscaled, const T* dout, const T* q, c
 // Block (bh, s) takes slice s of head bh's Tq·D values: partial[bh, s] = Σ q · dq' over the slice
 // (when wanted), then dq = g · dq' in place. Slices, not one block per head: B·H blocks (96-192
 // at the 124M shape) could not fill an H100's 132 SMs twice over.
-template <class T>
-__global__ void attention_scale_kernel(T* dq, T* partial, const T* q, const T* scale,
+template <class T, class Q>
+__global__ void attention_scale_kernel(T* dq, T* partial, const Q* q, const T* scale,
                                        int64_t scale_stride, AttentionShape sh, int64_t per_slice) {
     const int64_t bh = blockIdx.x, n = sh.Tq * sh.D, first = bh * n;
     const int64_t begin = int64_t(blockIdx.y) * per_slice;
@@ -329,7 +323,7 @@ __global__ void attention_scale_kernel(T* dq, T* partial, const T* q, const T* s
     const T g = scale[(bh % sh.heads) * scale_stride];
     T acc = 0;
     for (int64_t idx = begin + threadIdx.x; idx < end; idx += kThreads) {
-        acc += q[first + idx] * dq[first + idx];
+        acc += T(q[first + idx]) * dq[first + idx];
         dq[first + idx] *= g;
     }
     acc = block_sum(acc);
@@ -378,18 +372,47 @@ void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, T* saturat
     QK_CUDA_CHECK_LAUNCH("attention_forward_kernel");
 }
 
+// D_i = dO_i · O_i for every row (the backward's first step, both kernels).
+template <class T>
+void attention_delta(T* delta, const T* dout, const T* out, const AttentionShape& sh) {
+    const int64_t rows = sh.batch_heads * sh.Tq;
+    if (rows == 0) return;
+    ledger::declare_elements<T>(2 * rows * sh.D, rows, 2 * rows * sh.D);
+    QK_LAUNCH((attention_delta_kernel<T>), blocks_for(rows, kWarps), kThreads, 0, stream(), delta,
+              dout, out, rows, sh.D);
+    QK_CUDA_CHECK_LAUNCH("attention_delta_kernel");
+}
+
+// The backward's last step, both kernels: dq = g · dq' in place and ∂loss/∂g per head.
+template <class T, class Q>
+void attention_finish_dq(T* dq, T* dscale, const Q* q, const T* scale, int64_t scale_stride,
+                         const AttentionShape& sh) {
+    if (sh.batch_heads == 0) return;
+    // Slices of at least 4,096 values, enough of them to fill the GPU.
+    const int64_t n = sh.Tq * sh.D;
+    const auto [per_slice, slices] = pieces_for(n, sh.batch_heads, 4096);
+    Storage scratch(dscale ? sizeof(T) * size_t(sh.batch_heads * slices) : 0, Device::cuda);
+    T* partial = dscale ? static_cast<T*>(scratch.data()) : nullptr;
+    ledger::declare(double(sizeof(T)) * 2 * double(sh.batch_heads * n) +
+                        double(sizeof(Q)) * double(sh.batch_heads * n),
+                    3 * double(sh.batch_heads * n), 0, sizeof(T) == 8);
+    QK_LAUNCH((attention_scale_kernel<T, Q>),
+              dim3(static_cast<unsigned>(sh.batch_heads), static_cast<unsigned>(slices)), kThreads,
+              0, stream(), dq, partial, q, scale, scale_stride, sh, per_slice);
+    QK_CUDA_CHECK_LAUNCH("attention_scale_kernel");
+    if (!dscale) return;
+    ledger::declare_elements<T>(sh.batch_heads * slices, sh.batch_heads, sh.batch_heads * slices);
+    QK_LAUNCH((attention_scale_combine_kernel<T>), blocks_for(sh.batch_heads, kThreads), kThreads,
+              0, stream(), dscale, partial, sh.batch_heads, slices);
+    QK_CUDA_CHECK_LAUNCH("attention_scale_combine_kernel");
+}
+
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout, const T* q,
                         const T* k, const T* v, const T* out, const double* lse, const T* scale,
                         int64_t scale_stride, T cap, const AttentionShape& sh) {
     if (sh.batch_heads == 0) return;
-    const int64_t rows = sh.batch_heads * sh.Tq;
-    if (rows > 0) {
-        ledger::declare_elements<T>(2 * rows * sh.D, rows, 2 * rows * sh.D);
-        QK_LAUNCH((attention_delta_kernel<T>), blocks_for(rows, kWarps), kThreads, 0, stream(),
-                  delta, dout, out, rows, sh.D);
-        QK_CUDA_CHECK_LAUNCH("attention_delta_kernel");
-    }
+    attention_delta(delta, dout, out, sh);
     if (sh.Tk > 0) {
         const dim3 grid(static_cast<unsigned>((sh.Tk + kCols - 1) / kCols),
                         static_cast<unsigned>(sh.batch_heads / sh.heads * sh.kv_heads));
@@ -416,23 +439,14 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
                   delta, scale, scale_stride, cap, sh);
         QK_CUDA_CHECK_LAUNCH("attention_dq_kernel");
     }
-    // Slices of at least 4,096 values, enough of them to fill the GPU.
-    const int64_t n = sh.Tq * sh.D;
-    const auto [per_slice, slices] = pieces_for(n, sh.batch_heads, 4096);
-    Storage scratch(dscale ? sizeof(T) * size_t(sh.batch_heads * slices) : 0, Device::cuda);
-    T* partial = dscale ? static_cast<T*>(scratch.data()) : nullptr;
-    ledger::declare_elements<T>(2 * sh.batch_heads * n, sh.batch_heads * n, 3 * sh.batch_heads * n);
-    QK_LAUNCH((attention_scale_kernel<T>),
-              dim3(static_cast<unsigned>(sh.batch_heads), static_cast<unsigned>(slices)), kThreads,
-              0, stream(), dq, partial, q, scale, scale_stride, sh, per_slice);
-    QK_CUDA_CHECK_LAUNCH("attention_scale_kernel");
-    if (!dscale) return;
-    ledger::declare_elements<T>(sh.batch_heads * slices, sh.batch_heads, sh.batch_heads * slices);
-    QK_LAUNCH((attention_scale_combine_kernel<T>), blocks_for(sh.batch_heads, kThreads), kThreads,
-              0, stream(), dscale, partial, sh.batch_heads, slices);
-    QK_CUDA_CHECK_LAUNCH("attention_scale_combine_kernel");
+    attention_finish_dq(dq, dscale, q, scale, scale_stride, sh);
 }
 
+template void attention_delta<float>(float*, const float*, const float*, const AttentionShape&);
+template void attention_finish_dq<float, bf16>(float*, float*, const bf16*, const float*, int64_t,
+                                               const AttentionShape&);
+template void attention_finish_dq<float, f16>(float*, float*, const f16*, const float*, int64_t,
+                                              const AttentionShape&);
 template void attention_forward<float>(float*, double*, float*, float*, float*, const float*,
                                        const float*, const float*, const float*, int64_t, float,
                                        const AttentionShape&);

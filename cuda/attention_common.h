@@ -27,6 +27,30 @@ __device__ __forceinline__ T logit_used(T z, bool fp8) {
     return fp8 ? T(FastRounder(MiniFormat::e4m3, Overflow::saturate)(float(z))) : z;
 }
 
+// p_ij and ds_ij of one visible (row i, key j) pair from its dots r = q_i·k_j and dp = dO_i·v_j,
+// as on the cpu: p from z̃ (the rounded logit with FP8 logits) and the row's float64 lse split in
+// two T (lse_hi + lse_lo); the cap's factor from z (the rounding is straight-through).
+template <class T>
+__device__ __forceinline__ void probability_and_grad(T& p, T& ds, T r, T dp, T g, T cap, bool fp8,
+                                                     T lse_hi, T lse_lo, T row_delta) {
+    const T z = capped(g * r, cap);
+    p = dev_exp((logit_used(z, fp8) - lse_hi) - lse_lo);
+    p = p < T(1) ? p : T(1);  // a p above 1 is rounding: see ops/attention.cpp
+    ds = p * (dp - row_delta);
+    if (cap > T(0)) ds *= T(1) - (z / cap) * (z / cap);
+    if (p == T(0)) ds = 0;  // 0 even where dp is not finite
+}
+
+// The backward's first and last steps, shared by the two kernels (cuda/attention.cu):
+//   delta: (BH, Tq) out, D_i = dO_i · O_i;
+//   dq: (BH, Tq, D) in place, Σ_j ds_ij k_j in, g times that out; dscale: (BH) out (or null),
+//   Σ over the head of q · dq_in, with q in its own type Q (bf16 from the tensor-core kernels).
+template <class T>
+void attention_delta(T* delta, const T* dout, const T* out, const AttentionShape& sh);
+template <class T, class Q>
+void attention_finish_dq(T* dq, T* dscale, const Q* q, const T* scale, int64_t scale_stride,
+                         const AttentionShape& sh);
+
 // Ledger costs (cuda/ledger.h), in cuda/attention.cu: the (row, key) pairs the mask keeps, and
 // the bytes of the other side's tiles re-read by each of the `other` / tile_rows tiles.
 double attention_pairs(const AttentionShape& sh);

@@ -30,35 +30,15 @@
 #include <cstdint>
 
 #include "core/error.h"
-#include "cuda/attention_common.h"
-#include "cuda/mma.h"
-#include "cuda/runtime.h"
+#include "cuda/attention_mma.h"
 
 namespace qk::cuda {
 
 namespace {
 
-constexpr int kWarps = 4, kThreads = kWarps * kWarp;
-constexpr int kBlockRows = 16 * kWarps;  // query rows per block
-constexpr int kKeys = 64;                // keys per tile
-static_assert(kBlockRows == kKeys, "one tile loader for q, k and v tiles");
-
-// The element offset of 16-byte chunk `chunk` of row `row` in a (64, D) tile, swizzled.
-template <int D>
-__device__ __forceinline__ int chunk_at(int row, int chunk) {
-    return row * D + ((chunk ^ (row % 8)) * 8);
-}
-
-// tile: (64, D) shared = rows [0, valid) of src: (·, D) global, zeros after; asynchronous.
-template <int D>
-__device__ void load_tile_async(uint16_t* tile, const uint16_t* src, int64_t valid) {
-    constexpr int kChunks = D / 8;
-    for (int idx = threadIdx.x; idx < kKeys * kChunks; idx += kThreads) {
-        const int row = idx / kChunks, chunk = idx % kChunks;
-        const bool in = row < valid;
-        mma::cp_async_16(tile + chunk_at<D>(row, chunk), src + (in ? row * D + chunk * 8 : 0), in);
-    }
-}
+using tc::kThreads;
+constexpr int kBlockRows = tc::kTileRows;  // query rows per block, 16 per warp
+constexpr int kKeys = tc::kTileRows;       // keys per tile
 
 __device__ __forceinline__ float quad_max(float x) {
     for (int offset = 1; offset < 4; offset *= 2) {
@@ -78,60 +58,72 @@ struct RowState {
     float m = -INFINITY, l = 0, w = 0, max_abs = 0, saturated = 0;
 };
 
+// exp(x) as 2^(x·log2 e): one multiply before the hardware's exp2 (expf adds a careful range
+// reduction). x = z − m is formed first, so the rounding of the product is relative to the
+// difference, not to z: e keeps float32's accuracy to a few ulps.
+__device__ __forceinline__ float exp_of(float x) { return exp2f(x * 1.4426950408889634f); }
+
 // Step 2 on one key tile: s holds the warp's 16 × 64 raw dots r (this lane's share) and leaves
 // holding e = exp(z − m') (0 where masked); o is rescaled by α. row: this lane's two rows;
 // masked: whether any (row, key) pair of the block's tile is hidden (else none is tested).
-template <int kDTiles>
+// kSignals: also carry max |s|, w = Σ e·z (for the entropy) and the saturated count.
+template <bool kSignals, int kDTiles>
 __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4], RowState (&st)[2],
                                const int64_t (&row)[2], int64_t j0, bool masked, float gain,
                                float cap, const AttentionShape& sh) {
     const int t = threadIdx.x % 4;
     float tile_max[2] = {-INFINITY, -INFINITY}, tile_abs[2] = {0, 0};
-    for (int j = 0; j < kKeys / 8; ++j)
-        for (int i = 0; i < 4; ++i) {
-            const int r = i / 2;
-            const int64_t key = j0 + 8 * j + 2 * t + i % 2;
-            const bool visible = !masked || (row[r] < sh.Tq && sees(row[r], key, sh));
-            const float sv = gain * s[j][i];
-            const float z = logit_used(capped(sv, cap), sh.fp8_logits);
+    QK_UNROLL
+    for (int idx = 0; idx < kKeys / 2; ++idx) {  // this lane's 32: 8-key block j, register i
+        const int j = idx / 4, i = idx % 4;
+        const int r = i / 2;
+        const int64_t key = j0 + 8 * j + 2 * t + i % 2;
+        const bool visible = !masked || (row[r] < sh.Tq && sees(row[r], key, sh));
+        const float sv = gain * s[j][i];
+        const float z = logit_used(capped(sv, cap), sh.fp8_logits);
+        if (visible) tile_max[r] = z > tile_max[r] ? z : tile_max[r];
+        if (kSignals && visible) {
             const float abs_s = sv < 0 ? -sv : sv;
-            if (visible) {
-                tile_max[r] = z > tile_max[r] ? z : tile_max[r];
-                tile_abs[r] = abs_s > tile_abs[r] ? abs_s : tile_abs[r];
-                if (sh.fp8_logits && (z < 0 ? -z : z) >= 448.0f) st[r].saturated += 1;
-            }
-            s[j][i] = visible ? z : -INFINITY;
+            tile_abs[r] = abs_s > tile_abs[r] ? abs_s : tile_abs[r];
+            if (sh.fp8_logits && (z < 0 ? -z : z) >= 448.0f) st[r].saturated += 1;
         }
+        s[j][i] = visible ? z : -INFINITY;
+    }
     float m_ref[2], alpha[2];
+    QK_UNROLL
     for (int r = 0; r < 2; ++r) {
-        const float m_tile = quad_max(tile_max[r]), abs_tile = quad_max(tile_abs[r]);
+        const float m_tile = quad_max(tile_max[r]);
         const float m_new = m_tile > st[r].m ? m_tile : st[r].m;
         m_ref[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing finite yet: e = 0, not NaN
-        alpha[r] = dev_exp(st[r].m - m_ref[r]);
+        alpha[r] = exp_of(st[r].m - m_ref[r]);
         st[r].m = m_new;
-        st[r].max_abs = abs_tile > st[r].max_abs ? abs_tile : st[r].max_abs;
+        if (kSignals) {
+            const float abs_tile = quad_max(tile_abs[r]);
+            st[r].max_abs = abs_tile > st[r].max_abs ? abs_tile : st[r].max_abs;
+        }
         st[r].l *= alpha[r];
         st[r].w *= alpha[r];
     }
-    for (int j = 0; j < kKeys / 8; ++j)
-        for (int i = 0; i < 4; ++i) {
-            RowState& rs = st[i / 2];
-            const float z = s[j][i], e = dev_exp(z - m_ref[i / 2]);  // masked: exp(−inf) = 0
-            rs.l += e;
-            rs.w += e > 0.0f ? e * z : 0.0f;
-            s[j][i] = e;
-        }
-    for (int d = 0; d < kDTiles; ++d)
-        for (int i = 0; i < 4; ++i) o[d][i] *= alpha[i / 2];
+    QK_UNROLL
+    for (int idx = 0; idx < kKeys / 2; ++idx) {
+        const int j = idx / 4, i = idx % 4;
+        RowState& rs = st[i / 2];
+        const float z = s[j][i], e = exp_of(z - m_ref[i / 2]);  // masked: exp(−inf) = 0
+        rs.l += e;
+        if (kSignals) rs.w += e > 0.0f ? e * z : 0.0f;
+        s[j][i] = e;
+    }
+    QK_UNROLL
+    for (int idx = 0; idx < kDTiles * 4; ++idx) o[idx / 4][idx % 4] *= alpha[idx % 4 / 2];
 }
 
-template <class H, int D>
+template <class H, int D, bool kSignals>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_mma_kernel(float* out, double* lse, float* max_abs_s, float* entropy,
                                  float* saturated, const uint16_t* q, const uint16_t* k,
                                  const uint16_t* v, const float* scale, int64_t scale_stride,
                                  float cap, AttentionShape sh) {
-    constexpr int kSteps = D / 16, kDTiles = D / 8;
+    constexpr int kDTiles = D / 8;
     QK_DYNAMIC_SHARED(double, smem);                    // double: 16-byte chunks stay aligned
     uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);  // (64, D) swizzled
     uint16_t* k_s = q_s + kBlockRows * D;               // (64, D)
@@ -145,61 +137,36 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t row[2] = {i0 + 16 * warp + lane / 4, i0 + 16 * warp + lane / 4 + 8};
     auto load_keys = [&](uint16_t* tile, const uint16_t* src, int64_t j0) {
         const int64_t valid = key_end - j0 < kKeys ? key_end - j0 : kKeys;
-        load_tile_async<D>(tile, src + (kv_first + j0) * D, valid);
+        tc::load_tile_async<D>(tile, src + (kv_first + j0) * D, valid);
         mma::cp_async_commit();
     };
-    load_tile_async<D>(q_s, q + (bh * sh.Tq + i0) * D, rows);
+    tc::load_tile_async<D>(q_s, q + (bh * sh.Tq + i0) * D, rows);
     if (key_begin < key_end) load_keys(k_s, k, key_begin);  // one group: q and the first keys
     if (key_begin < key_end) load_keys(v_s, v, key_begin);
 
-    uint32_t q_frag[kSteps][4];
+    uint32_t q_frag[D / 16][4];
     float o[kDTiles][4] = {};
     RowState st[2];
     for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeys) {
         const bool last = j0 + kKeys >= key_end;
         mma::cp_async_wait<1>();  // q and this key tile are in (the value tile may not be)
         __syncthreads();
-        if (j0 == key_begin)
-            for (int kk = 0; kk < kSteps; ++kk)
-                mma::ldmatrix<4>(q_frag[kk],
-                                 q_s + chunk_at<D>(16 * warp + lane % 16, 2 * kk + lane / 16));
-        float s[kKeys / 8][4] = {};  // step 1: S = Q Kᵀ, two 8-key blocks per ldmatrix
-        for (int kk = 0; kk < kSteps; ++kk)
-            for (int j = 0; j < kKeys / 8; j += 2) {
-                uint32_t b[4];
-                mma::ldmatrix<4>(b, k_s + chunk_at<D>(8 * j + 8 * (lane / 16) + lane % 8,
-                                                      2 * kk + (lane / 8) % 2));
-                const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-                mma::mma_m16n8k16<H>(s[j], q_frag[kk], b_lo, s[j]);
-                mma::mma_m16n8k16<H>(s[j + 1], q_frag[kk], b_hi, s[j + 1]);
-            }
-        // Pairs hidden from some row of the block: a ragged end, the causal diagonal, a window.
-        const bool masked = i0 + kBlockRows > sh.Tq || j0 + kKeys > sh.end_key(i0) ||
-                            j0 < sh.first_key(i0 + kBlockRows - 1);
-        online_softmax(s, o, st, row, j0, masked, gain, cap, sh);  // step 2
+        if (j0 == key_begin) tc::load_row_fragments<D>(q_frag, q_s, 16 * warp);
+        float s[kKeys / 8][4] = {};
+        tc::mma_rows_by_tile<H, D>(s, q_frag, k_s);  // step 1: S = Q Kᵀ
+        const bool masked = !tc::tile_fully_visible(i0, j0, sh);
+        online_softmax<kSignals>(s, o, st, row, j0, masked, gain, cap, sh);  // step 2
         mma::cp_async_wait<0>();
         __syncthreads();  // the value tile is in; every warp is done with the key tile
         if (!last) load_keys(k_s, k, j0 + kKeys);
-        for (int kk = 0; kk < kKeys / 16; ++kk) {  // step 3: O += P V
-            const uint32_t p[4] = {mma::pack<H>(s[2 * kk][0], s[2 * kk][1]),
-                                   mma::pack<H>(s[2 * kk][2], s[2 * kk][3]),
-                                   mma::pack<H>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                   mma::pack<H>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            for (int d = 0; d < kDTiles; d += 2) {
-                uint32_t b[4];
-                mma::ldmatrix<4, true>(
-                    b, v_s + chunk_at<D>(16 * kk + 8 * ((lane / 8) % 2) + lane % 8, d + lane / 16));
-                const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-                mma::mma_m16n8k16<H>(o[d], p, b_lo, o[d]);
-                mma::mma_m16n8k16<H>(o[d + 1], p, b_hi, o[d + 1]);
-            }
-        }
-        __syncthreads();  // every warp is done with the value tile
+        tc::mma_scores_by_tile<H, D>(o, s, v_s);  // step 3: O += P V
+        __syncthreads();                          // every warp is done with the value tile
         if (!last) load_keys(v_s, v, j0 + kKeys);
     }
     mma::cp_async_wait<0>();  // nothing left in flight at exit (a block that saw no key)
 
     const int t = lane % 4;
+    QK_UNROLL
     for (int r = 0; r < 2; ++r) {
         st[r].l = quad_sum(st[r].l);
         st[r].w = quad_sum(st[r].w);
@@ -207,9 +174,11 @@ __global__ void __launch_bounds__(kThreads)
         if (row[r] >= sh.Tq) continue;
         const int64_t at = bh * sh.Tq + row[r];
         const float l = st[r].l;
-        for (int d = 0; d < kDTiles; ++d)
-            for (int h = 0; h < 2; ++h)
-                out[at * D + 8 * d + 2 * t + h] = l > 0.0f ? o[d][2 * r + h] / l : 0.0f;
+        QK_UNROLL
+        for (int e = 0; e < kDTiles * 2; ++e) {  // 8-column block d, column h of the lane's pair
+            const int d = e / 2, h = e % 2;
+            out[at * D + 8 * d + 2 * t + h] = l > 0.0f ? o[d][2 * r + h] / l : 0.0f;
+        }
         if (t != 0) continue;
         const bool nan_row = l != l;
         const double row_lse =
@@ -247,12 +216,20 @@ void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* ent
     const auto* q16 = reinterpret_cast<const uint16_t*>(q);
     const auto* k16 = reinterpret_cast<const uint16_t*>(k);
     const auto* v16 = reinterpret_cast<const uint16_t*>(v);
-    if (sh.D == 64)
-        QK_LAUNCH((attention_forward_mma_kernel<H, 64>), grid, kThreads, smem, stream(), out, lse,
-                  max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap, sh);
+    const bool signals = max_abs_s || saturated;
+    if (sh.D == 64 && signals)
+        QK_LAUNCH((attention_forward_mma_kernel<H, 64, true>), grid, kThreads, smem, stream(), out,
+                  lse, max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap, sh);
+    else if (sh.D == 64)
+        QK_LAUNCH((attention_forward_mma_kernel<H, 64, false>), grid, kThreads, smem, stream(), out,
+                  lse, max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap, sh);
+    else if (signals)
+        QK_LAUNCH((attention_forward_mma_kernel<H, 128, true>), grid, kThreads, smem, stream(), out,
+                  lse, max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap, sh);
     else
-        QK_LAUNCH((attention_forward_mma_kernel<H, 128>), grid, kThreads, smem, stream(), out, lse,
-                  max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap, sh);
+        QK_LAUNCH((attention_forward_mma_kernel<H, 128, false>), grid, kThreads, smem, stream(),
+                  out, lse, max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap,
+                  sh);
     QK_CUDA_CHECK_LAUNCH("attention_forward_mma_kernel");
 }
 

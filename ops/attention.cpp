@@ -178,8 +178,8 @@ Tensor reduce_scale_grad(const Tensor& partials, const Tensor& scale, int64_t B,
     return scale.numel() == 1 ? sum(per_head).reshape({1}) : per_head;
 }
 
-// What the fused backward reads: q, k, v (float32 or float64) or, from the tensor-core forward,
-// their bf16/fp16 copies (widened to float32 when the backward runs), and the forward's results.
+// What the fused backward reads: q, k, v (float32 or float64, or from the tensor-core forward
+// their bf16/fp16 copies, which send the backward to tensor cores too) and the forward's results.
 struct FusedSaved {
     Tensor q, k, v, scale, lse, out;
     AttentionShape sh;
@@ -188,12 +188,41 @@ struct FusedSaved {
     double cap;
 };
 
-Grads fused_backward(const FusedSaved& saved, const Tensor& dout_in) {
+#ifdef QK_WITH_CUDA
+// The backward of the tensor-core forward, on tensor cores too: dO rounded to the half type.
+Grads tensor_core_backward(const FusedSaved& saved, const Tensor& dout_in) {
     const AttentionShape& sh = saved.sh;
-    const auto widened = [](const Tensor& t) {
-        return t.dtype() == kBF16 || t.dtype() == kF16 ? t.to(kF32) : t;
+    const Tensor &q = saved.q, &k = saved.k, &v = saved.v;
+    const Tensor dout = dout_in.contiguous(), dout_half = dout.to(q.dtype());
+    Tensor dq = Tensor::empty(q.shape(), kF32, q.device());
+    Tensor dk = Tensor::empty(k.shape(), kF32, k.device());
+    Tensor dv = Tensor::empty(v.shape(), kF32, v.device());
+    Tensor delta = Tensor::empty(saved.lse.shape(), kF32, q.device());  // D_i
+    Tensor dscale = saved.scale_grad ? Tensor::empty({sh.batch_heads}, kF32, q.device()) : Tensor();
+    auto launch = [&](auto tag) {
+        using H = decltype(tag);
+        cuda::attention_backward_mma<H>(
+            dq.data<float>(), dk.data<float>(), dv.data<float>(),
+            saved.scale_grad ? dscale.data<float>() : nullptr, delta.data<float>(),
+            dout.data<float>(), dout_half.data<H>(), q.data<H>(), k.data<H>(), v.data<H>(),
+            saved.out.data<float>(), saved.lse.data<double>(), saved.scale.data<float>(),
+            saved.stride, float(saved.cap), sh);
     };
-    const Tensor q = widened(saved.q), k = widened(saved.k), v = widened(saved.v);
+    q.dtype() == kBF16 ? launch(bf16{}) : launch(f16{});
+    Grads grads{dq, dk, dv};
+    if (saved.scale_grad)
+        grads.push_back(reduce_scale_grad(dscale, saved.scale, q.size(0), q.size(1)));
+    return grads;
+}
+#endif
+
+Grads fused_backward(const FusedSaved& saved, const Tensor& dout_in) {
+#ifdef QK_WITH_CUDA
+    if (saved.q.dtype() == kBF16 || saved.q.dtype() == kF16)
+        return tensor_core_backward(saved, dout_in);
+#endif
+    const AttentionShape& sh = saved.sh;
+    const Tensor &q = saved.q, &k = saved.k, &v = saved.v;
     const Tensor &scale = saved.scale, &lse = saved.lse, &out = saved.out;
     const Tensor dout = dout_in.contiguous();
     Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.device());

@@ -122,6 +122,13 @@ template <class H>
 void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* entropy,
                            float* saturated, const H* q, const H* k, const H* v, const float* scale,
                            int64_t scale_stride, float cap, const AttentionShape& shape);
+// Its backward (cuda/attention_mma_backward.cu): dO both as float32 (for D_i = dO · O, with the
+// forward's float32 out) and rounded to H (the mma's input); q, k, v in H; float32 gradients.
+template <class H>
+void attention_backward_mma(float* dq, float* dk, float* dv, float* dscale, float* delta,
+                            const float* dout, const H* dout_h, const H* q, const H* k, const H* v,
+                            const float* out, const double* lse, const float* scale,
+                            int64_t scale_stride, float cap, const AttentionShape& shape);
 }  // namespace cuda
 
 }  // namespace qk

@@ -6,6 +6,8 @@
 //   QK_LAUNCH(kernel, grid, block, smem_bytes, stream, args...)   a kernel launch (a statement,
 //                                                                  recorded by an open ledger)
 //   QK_DYNAMIC_SHARED(T, name)                                     `name` is the dynamic smem, T[]
+//   QK_UNROLL                                                      before a loop nvcc must unroll
+//                                                                  (#pragma unroll; nothing in g++)
 // A kernel that is a template-id with commas is passed in parentheses: QK_LAUNCH((k<float, 4>),
 // ...).
 #pragma once
@@ -28,8 +30,15 @@
         kernel<<<qk_grid, qk_block, (smem_bytes), (stream)>>>(__VA_ARGS__);                   \
     } while (0)
 #define QK_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#if defined(__CUDACC__)
+#define QK_UNROLL _Pragma("unroll")
+#else
+#define QK_UNROLL
+#endif
 
 #else
+
+#define QK_UNROLL
 
 #include "cuda/emu/cuda_emu.h"
 

@@ -1,0 +1,139 @@
+// The building blocks of the tensor-core attention kernels (cuda/attention_mma.cu, forward, and
+// cuda/attention_mma_backward.cu): 64-row tiles of H (bf16 or f16) in shared memory, and the two
+// products every kernel is made of, for one warp's 16 rows:
+//
+//   mma_rows_by_tile    acc (16 × 64) += A · Bᵀ, A: 16 rows × D (fragments, or rows of a tile),
+//                       B: a (64, D) tile whose rows are acc's columns — S = Q Kᵀ, dP = dO Vᵀ,
+//                       Sᵀ = K Qᵀ, dPᵀ = V dOᵀ. B fragments by ldmatrix without .trans (a row of
+//                       the tile is a column of Bᵀ, its D values the k of the product);
+//   mma_scores_by_tile  acc (16 × D) += P · B, P: 16 × 64 scores in the float accumulator layout
+//                       of the first product, B: a (64, D) tile whose rows are the k of the
+//                       product — O += P V, dQ += dS K, dV += Pᵀ dO, dK += dSᵀ Q. P's accumulators
+//                       for two adjacent 8-column blocks are, rounded to H, exactly an A fragment
+//                       (cuda/mma.h's table), so P never goes through shared memory; B by ldmatrix
+//                       .trans (the product wants pairs along the tile's rows).
+//
+// Tiles: each row of D values is D/8 chunks of 16 bytes, chunk c of row r stored at c ^ (r % 8):
+// the 8 rows one ldmatrix reads at one column then sit in 8 different bank groups, not one.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/attention_common.h"
+#include "cuda/mma.h"
+#include "cuda/runtime.h"
+
+namespace qk::cuda::tc {
+
+constexpr int kWarps = 4, kThreads = kWarps * kWarp;
+constexpr int kTileRows = 64;  // rows of every tile: 16 per warp
+
+// The element offset of 16-byte chunk `chunk` of row `row` in a (64, D) tile, swizzled.
+template <int D>
+__device__ __forceinline__ int chunk_at(int row, int chunk) {
+    return row * D + ((chunk ^ (row % 8)) * 8);
+}
+
+// tile: (64, D) shared = rows [0, valid) of src: (·, D) global, zeros after; asynchronous (the
+// caller commits and waits).
+template <int D>
+__device__ void load_tile_async(uint16_t* tile, const uint16_t* src, int64_t valid) {
+    constexpr int kChunks = D / 8;
+    for (int idx = threadIdx.x; idx < kTileRows * kChunks; idx += kThreads) {
+        const int row = idx / kChunks, chunk = idx % kChunks;
+        const bool in = row < valid;
+        mma::cp_async_16(tile + chunk_at<D>(row, chunk), src + (in ? row * D + chunk * 8 : 0), in);
+    }
+}
+
+// The A fragments of rows [first_row, first_row + 16) of a tile, one per 16 columns.
+template <int D>
+__device__ __forceinline__ void load_row_fragments(uint32_t (&a)[D / 16][4], const uint16_t* tile,
+                                                   int first_row) {
+    const int lane = threadIdx.x % kWarp;
+    QK_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk)
+        mma::ldmatrix<4>(a[kk], tile + chunk_at<D>(first_row + lane % 16, 2 * kk + lane / 16));
+}
+
+// acc (16 × 64) += A (16 × D, fragments) · tileᵀ.
+template <class H, int D>
+__device__ __forceinline__ void mma_rows_by_tile(float (&acc)[kTileRows / 8][4],
+                                                 const uint32_t (&a)[D / 16][4],
+                                                 const uint16_t* tile) {
+    const int lane = threadIdx.x % kWarp;
+    QK_UNROLL
+    for (int e = 0; e < D / 16 * kTileRows / 16; ++e) {  // step kk, two 8-row blocks j, j + 1
+        const int kk = e / (kTileRows / 16), j = 2 * (e % (kTileRows / 16));
+        uint32_t b[4];
+        mma::ldmatrix<4>(
+            b, tile + chunk_at<D>(8 * j + 8 * (lane / 16) + lane % 8, 2 * kk + (lane / 8) % 2));
+        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+        mma::mma_m16n8k16<H>(acc[j], a[kk], b_lo, acc[j]);
+        mma::mma_m16n8k16<H>(acc[j + 1], a[kk], b_hi, acc[j + 1]);
+    }
+}
+
+// acc (16 × 64) += rows [first_row, first_row + 16) of a_tile · tileᵀ, A read as it goes.
+template <class H, int D>
+__device__ __forceinline__ void mma_rows_by_tile(float (&acc)[kTileRows / 8][4],
+                                                 const uint16_t* a_tile, int first_row,
+                                                 const uint16_t* tile) {
+    const int lane = threadIdx.x % kWarp;
+    QK_UNROLL
+    for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        mma::ldmatrix<4>(a, a_tile + chunk_at<D>(first_row + lane % 16, 2 * kk + lane / 16));
+        QK_UNROLL
+        for (int j = 0; j < kTileRows / 8; j += 2) {
+            uint32_t b[4];
+            mma::ldmatrix<4>(
+                b, tile + chunk_at<D>(8 * j + 8 * (lane / 16) + lane % 8, 2 * kk + (lane / 8) % 2));
+            const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+            mma::mma_m16n8k16<H>(acc[j], a, b_lo, acc[j]);
+            mma::mma_m16n8k16<H>(acc[j + 1], a, b_hi, acc[j + 1]);
+        }
+    }
+}
+
+// acc (16 × D) += P (16 × 64, accumulator layout, rounded to H here) · tile.
+template <class H, int D>
+__device__ __forceinline__ void mma_scores_by_tile(float (&acc)[D / 8][4],
+                                                   const float (&p)[kTileRows / 8][4],
+                                                   const uint16_t* tile) {
+    const int lane = threadIdx.x % kWarp;
+    QK_UNROLL
+    for (int kk = 0; kk < kTileRows / 16; ++kk) {
+        const uint32_t a[4] = {mma::pack<H>(p[2 * kk][0], p[2 * kk][1]),
+                               mma::pack<H>(p[2 * kk][2], p[2 * kk][3]),
+                               mma::pack<H>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                               mma::pack<H>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        QK_UNROLL
+        for (int d = 0; d < D / 8; d += 2) {  // two 8-column blocks of the tile at a time
+            uint32_t b[4];
+            mma::ldmatrix<4, true>(
+                b, tile + chunk_at<D>(16 * kk + 8 * ((lane / 8) % 2) + lane % 8, d + lane / 16));
+            const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+            mma::mma_m16n8k16<H>(acc[d], a, b_lo, acc[d]);
+            mma::mma_m16n8k16<H>(acc[d + 1], a, b_hi, acc[d + 1]);
+        }
+    }
+}
+
+// Whether every (row, key) pair of rows [i0, i0 + 64) and keys [j0, j0 + 64) is visible: no
+// ragged end, no causal diagonal, no window edge crosses the tile (else each pair is tested).
+__device__ __forceinline__ bool tile_fully_visible(int64_t i0, int64_t j0,
+                                                   const AttentionShape& sh) {
+    return i0 + kTileRows <= sh.Tq && j0 + kTileRows <= sh.end_key(i0) &&
+           j0 >= sh.first_key(i0 + kTileRows - 1);
+}
+
+// For a tile pass with > 48 KB of dynamic shared memory: raises the kernel's limit once.
+template <class Kernel>
+void allow_shared_memory(Kernel* kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        QK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes)));
+}
+
+}  // namespace qk::cuda::tc

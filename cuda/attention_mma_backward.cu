@@ -1,0 +1,273 @@
+// CUDA fused attention backward on tensor cores: FlashAttention-2's backward with bf16 or fp16
+// q, k, v and dO, float32 gradients. The math (p from the saved lse, D_i, ds, the cap's factor) is
+// derived in ops/attention.cpp; the CUDA-core twin is cuda/attention.cu, the building blocks
+// (tiles, the two products) are cuda/attention_mma.h.
+//
+// As on CUDA cores, two kernels, so that every gradient has one writer and a fixed order (no
+// atomics), after D_i = dO_i · O_i (attention_delta):
+//   dk/dv  a block per 64 keys of one key/value head, warp w owning keys 16w … 16w + 15; it walks
+//          the 64-row query tiles that see them, of every query head of the group, and per tile
+//          computes the transposed block: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys × 64 queries per
+//          warp), then Pᵀ and dSᵀ pair by pair (each query's lse and D_i from shared memory), and
+//          dV += Pᵀ dO, dK += g·dSᵀ Q — keys are the rows of every product, so the fragments of
+//          Pᵀ and dSᵀ feed the second mma straight from the accumulators, as P does in the forward;
+//   dq     a block per 64 query rows, warp w owning rows 16w … 16w + 15, walking their key tiles:
+//          S = Q Kᵀ, dP = dO Vᵀ, then P and dS (the row's lse and D_i in registers), and
+//          dQ' += dS K; attention_finish_dq then multiplies by g and sums ∂loss/∂g.
+// Shared memory: the two tiles the block keeps (k, v or q, dO) and the two it streams, 64 × D
+// each in H: 32 KB at D = 64, 64 KB at D = 128 (above the default 48 KB: raised per kernel).
+//
+// Precision: dO is rounded to H (the mma's inputs), and so are P and dS before their second
+// product; tests/test_cuda_attention_mma.cpp derives the bound this puts on each gradient.
+#include <cstdint>
+
+#include "core/error.h"
+#include "cuda/attention_mma.h"
+
+namespace qk::cuda {
+
+namespace {
+
+using tc::kThreads;
+constexpr int kTile = tc::kTileRows;
+
+// What a (row, column) element of a warp's 16 × 64 block needs: whether its pair is visible, and
+// the query's lse (split in two floats, as on the cpu) and D_i.
+struct PairStats {
+    bool visible;
+    float lse_hi, lse_lo, delta;
+};
+
+// s holds the warp's dots r, dp the dots dO·v (this lane's share, accumulator layout); s leaves
+// holding p, dp holding ds (0 where hidden). stats(row, col) gives each element's PairStats;
+// masked false: every pair of the block is visible (stats' `visible` is not consulted).
+template <class Stats>
+__device__ void probabilities_and_grads(float (&s)[kTile / 8][4], float (&dp)[kTile / 8][4],
+                                        bool masked, float g, float cap, bool fp8,
+                                        const Stats& stats) {
+    const int lane = threadIdx.x % kWarp;
+
+    QK_UNROLL
+    for (int e = 0; e < kTile / 2; ++e) {  // this lane's 32: 8-column block j, register c
+        const int j = e / 4, c = e % 4;
+        const PairStats st = stats(lane / 4 + 8 * (c / 2), 8 * j + 2 * (lane % 4) + c % 2);
+        float p = 0, ds = 0;
+        if ((!masked || st.visible) && st.lse_hi != -INFINITY)
+            probability_and_grad(p, ds, s[j][c], dp[j][c], g, cap, fp8, st.lse_hi, st.lse_lo,
+                                 st.delta);
+        s[j][c] = p;
+        dp[j][c] = ds;
+    }
+}
+
+// acc (16 × D) of this warp's rows first_row + (0 … 15) into dst: (·, D) global, rows < valid.
+template <int D>
+__device__ void store_rows(float* dst, const float (&acc)[D / 8][4], int64_t first_row,
+                           int64_t valid) {
+    const int lane = threadIdx.x % kWarp;
+
+    QK_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const int64_t row = first_row + lane / 4 + 8 * r;
+        if (row >= valid) continue;
+
+        QK_UNROLL
+        for (int e = 0; e < D / 4; ++e) {  // 8-column block d, column h of the lane's pair
+            const int d = e / 2, h = e % 2;
+            dst[row * D + 8 * d + 2 * (lane % 4) + h] = acc[d][2 * r + h];
+        }
+    }
+}
+
+template <class H, int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_dkdv_mma_kernel(float* dk, float* dv, const uint16_t* dout, const uint16_t* q,
+                              const uint16_t* k, const uint16_t* v, const double* lse,
+                              const float* delta, const float* scale, int64_t scale_stride,
+                              float cap, AttentionShape sh) {
+    QK_DYNAMIC_SHARED(double, smem);
+    uint16_t* k_s = reinterpret_cast<uint16_t*>(smem);  // (64, D) swizzled: this block's keys
+    uint16_t* v_s = k_s + kTile * D;                    // (64, D): their values
+    uint16_t* q_s = v_s + kTile * D;                    // (64, D): a query tile
+    uint16_t* do_s = q_s + kTile * D;                   // (64, D): its dO
+    float* lse_hi_s = reinterpret_cast<float*>(do_s + kTile * D);  // (64) per query of the tile
+    float* lse_lo_s = lse_hi_s + kTile;                            // (64)
+    float* delta_s = lse_lo_s + kTile;                             // (64)
+    const int warp = threadIdx.x / kWarp;
+    const int64_t kvh = blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
+    const int64_t cols = sh.Tk - j0 < kTile ? sh.Tk - j0 : kTile;
+    tc::load_tile_async<D>(k_s, k + (kvh * sh.Tk + j0) * D, cols);
+    tc::load_tile_async<D>(v_s, v + (kvh * sh.Tk + j0) * D, cols);
+    mma::cp_async_commit();
+    // The rows that see a key of the tile (as in cuda/attention.cu's twin).
+    const int64_t shift = sh.Tk - sh.Tq;
+    int64_t first_row = sh.causal ? j0 - shift : 0;
+    first_row = first_row < 0 ? 0 : first_row;
+    int64_t end_row = sh.window > 0 ? j0 + cols - 1 + sh.window - shift : sh.Tq;
+    end_row = end_row < sh.Tq ? end_row : sh.Tq;
+    const int64_t group = sh.heads / sh.kv_heads;
+    const int64_t first_bh = (kvh / sh.kv_heads) * sh.heads + (kvh % sh.kv_heads) * group;
+    float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+    for (int64_t bh = first_bh; bh < first_bh + group; ++bh) {  // the query heads reading kvh
+        const float g = scale[(bh % sh.heads) * scale_stride];
+        for (int64_t i0 = first_row; i0 < end_row; i0 += kTile) {
+            const int64_t rows = sh.Tq - i0 < kTile ? sh.Tq - i0 : kTile;
+            __syncthreads();  // the previous tile's readers are done
+            tc::load_tile_async<D>(q_s, q + (bh * sh.Tq + i0) * D, rows);
+            tc::load_tile_async<D>(do_s, dout + (bh * sh.Tq + i0) * D, rows);
+            mma::cp_async_commit();
+            if (threadIdx.x < kTile) {
+                const bool in = threadIdx.x < rows;
+                const int64_t at = bh * sh.Tq + i0 + threadIdx.x;
+                const double row_lse = in ? lse[at] : -INFINITY;
+                lse_hi_s[threadIdx.x] = float(row_lse);
+                lse_lo_s[threadIdx.x] = in ? float(row_lse - double(float(row_lse))) : 0.0f;
+                delta_s[threadIdx.x] = in ? delta[at] : 0.0f;
+            }
+            mma::cp_async_wait<0>();
+            __syncthreads();
+            float st[kTile / 8][4] = {}, dpt[kTile / 8][4] = {};
+            tc::mma_rows_by_tile<H, D>(st, k_s, 16 * warp, q_s);    // Sᵀ = K Qᵀ
+            tc::mma_rows_by_tile<H, D>(dpt, v_s, 16 * warp, do_s);  // dPᵀ = V dOᵀ
+            const int64_t key0 = j0 + 16 * warp;
+            probabilities_and_grads(st, dpt, !tc::tile_fully_visible(i0, j0, sh), g, cap,
+                                    sh.fp8_logits, [&](int r, int c) {
+                                        const int64_t key = key0 + r, i = i0 + c;
+                                        return PairStats{
+                                            key < sh.Tk && i < sh.Tq && sees(i, key, sh),
+                                            lse_hi_s[c], lse_lo_s[c], delta_s[c]};
+                                    });
+
+            QK_UNROLL
+            for (int e = 0; e < kTile / 2; ++e) dpt[e / 4][e % 4] *= g;  // g·dsᵀ
+            tc::mma_scores_by_tile<H, D>(dv_acc, st, do_s);              // dV += Pᵀ dO
+            tc::mma_scores_by_tile<H, D>(dk_acc, dpt, q_s);              // dK += g dSᵀ Q
+        }
+    }
+    mma::cp_async_wait<0>();  // a block no query sees still issued its key tile
+    store_rows<D>(dk + (kvh * sh.Tk + j0) * D, dk_acc, 16 * warp, cols);
+    store_rows<D>(dv + (kvh * sh.Tk + j0) * D, dv_acc, 16 * warp, cols);
+}
+
+// dq_unscaled: (BH, Tq, D) out, Σ_j ds_ij k_j (the factor g comes in attention_finish_dq).
+template <class H, int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_dq_mma_kernel(float* dq_unscaled, const uint16_t* dout, const uint16_t* q,
+                            const uint16_t* k, const uint16_t* v, const double* lse,
+                            const float* delta, const float* scale, int64_t scale_stride, float cap,
+                            AttentionShape sh) {
+    QK_DYNAMIC_SHARED(double, smem);
+    uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);  // (64, D) swizzled: this block's rows
+    uint16_t* do_s = q_s + kTile * D;                   // (64, D): their dO
+    uint16_t* k_s = do_s + kTile * D;                   // (64, D): a key tile
+    uint16_t* v_s = k_s + kTile * D;                    // (64, D): its values
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
+    const int64_t rows = sh.Tq - i0 < kTile ? sh.Tq - i0 : kTile;
+    const float g = scale[(bh % sh.heads) * scale_stride];
+    const int64_t kv_first = sh.kv_head(bh) * sh.Tk;
+    const int64_t key_begin = sh.first_key(i0) / kTile * kTile, key_end = sh.end_key(i0 + rows - 1);
+    tc::load_tile_async<D>(q_s, q + (bh * sh.Tq + i0) * D, rows);
+    tc::load_tile_async<D>(do_s, dout + (bh * sh.Tq + i0) * D, rows);
+    mma::cp_async_commit();
+    float lse_hi[2], lse_lo[2], row_delta[2];  // this lane's rows g and g + 8
+    QK_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const int64_t i = i0 + 16 * warp + lane / 4 + 8 * r;
+        const double row_lse = i < sh.Tq ? lse[bh * sh.Tq + i] : -INFINITY;
+        lse_hi[r] = float(row_lse);
+        lse_lo[r] = i < sh.Tq ? float(row_lse - double(lse_hi[r])) : 0.0f;
+        row_delta[r] = i < sh.Tq ? delta[bh * sh.Tq + i] : 0.0f;
+    }
+    float dq_acc[D / 8][4] = {};
+    for (int64_t j0 = key_begin; j0 < key_end; j0 += kTile) {
+        const int64_t valid = key_end - j0 < kTile ? key_end - j0 : kTile;
+        __syncthreads();  // the previous tile's readers are done
+        tc::load_tile_async<D>(k_s, k + (kv_first + j0) * D, valid);
+        tc::load_tile_async<D>(v_s, v + (kv_first + j0) * D, valid);
+        mma::cp_async_commit();
+        mma::cp_async_wait<0>();
+        __syncthreads();
+        float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+        tc::mma_rows_by_tile<H, D>(s, q_s, 16 * warp, k_s);    // S = Q Kᵀ
+        tc::mma_rows_by_tile<H, D>(dp, do_s, 16 * warp, v_s);  // dP = dO Vᵀ
+        const int64_t row0 = i0 + 16 * warp;
+        probabilities_and_grads(s, dp, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
+                                [&](int r, int c) {
+                                    const int64_t i = row0 + r, j = j0 + c;
+                                    return PairStats{i < sh.Tq && sees(i, j, sh), lse_hi[r / 8],
+                                                     lse_lo[r / 8], row_delta[r / 8]};
+                                });
+        tc::mma_scores_by_tile<H, D>(dq_acc, dp, k_s);  // dQ' += dS K
+    }
+    mma::cp_async_wait<0>();
+    store_rows<D>(dq_unscaled + (bh * sh.Tq + i0) * D, dq_acc, 16 * warp, rows);
+}
+
+template <class H, int D>
+void launch_backward(float* dq, float* dk, float* dv, const float* delta, const H* dout, const H* q,
+                     const H* k, const H* v, const double* lse, const float* scale,
+                     int64_t scale_stride, float cap, const AttentionShape& sh) {
+    const auto* q16 = reinterpret_cast<const uint16_t*>(q);
+    const auto* k16 = reinterpret_cast<const uint16_t*>(k);
+    const auto* v16 = reinterpret_cast<const uint16_t*>(v);
+    const auto* do16 = reinterpret_cast<const uint16_t*>(dout);
+    const size_t tiles = 4 * size_t(kTile) * D * sizeof(H);
+    const double pairs = attention_pairs(sh), h = sizeof(H);
+    if (sh.Tk > 0) {
+        const dim3 grid(static_cast<unsigned>((sh.Tk + kTile - 1) / kTile),
+                        static_cast<unsigned>(sh.batch_heads / sh.heads * sh.kv_heads));
+        const size_t smem = tiles + 3 * kTile * sizeof(float);
+        tc::allow_shared_memory(attention_dkdv_mma_kernel<H, D>, smem);
+        // Per key tile: q and dO of every query tile that sees it; k, v once, dk, dv out.
+        const double kv_elems = double(grid.y) * double(sh.Tk) * D;
+        ledger::declare(2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tk) + kv_elems * (2 * h + 8),
+                        14 * pairs, 8 * double(D) * pairs);
+        QK_LAUNCH((attention_dkdv_mma_kernel<H, D>), grid, kThreads, smem, stream(), dk, dv, do16,
+                  q16, k16, v16, lse, delta, scale, scale_stride, cap, sh);
+        QK_CUDA_CHECK_LAUNCH("attention_dkdv_mma_kernel");
+    }
+    if (sh.Tq > 0) {
+        const dim3 grid(static_cast<unsigned>((sh.Tq + kTile - 1) / kTile),
+                        static_cast<unsigned>(sh.batch_heads));
+        tc::allow_shared_memory(attention_dq_mma_kernel<H, D>, tiles);
+        // Per query tile: k and v of every key tile it sees; q, dO once, dq out.
+        const double q_elems = double(sh.batch_heads * sh.Tq) * D;
+        ledger::declare(2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tq) + q_elems * (2 * h + 4),
+                        12 * pairs, 6 * double(D) * pairs);
+        QK_LAUNCH((attention_dq_mma_kernel<H, D>), grid, kThreads, tiles, stream(), dq, do16, q16,
+                  k16, v16, lse, delta, scale, scale_stride, cap, sh);
+        QK_CUDA_CHECK_LAUNCH("attention_dq_mma_kernel");
+    }
+}
+
+}  // namespace
+
+template <class H>
+void attention_backward_mma(float* dq, float* dk, float* dv, float* dscale, float* delta,
+                            const float* dout, const H* dout_h, const H* q, const H* k, const H* v,
+                            const float* out, const double* lse, const float* scale,
+                            int64_t scale_stride, float cap, const AttentionShape& sh) {
+    QK_CHECK(attention_mma_supports(sh.D),
+             "attention on tensor cores: head dim D must be 64 or 128, got {}", sh.D);
+    if (sh.batch_heads == 0) return;
+    attention_delta(delta, dout, out, sh);
+    if (sh.D == 64)
+        launch_backward<H, 64>(dq, dk, dv, delta, dout_h, q, k, v, lse, scale, scale_stride, cap,
+                               sh);
+    else
+        launch_backward<H, 128>(dq, dk, dv, delta, dout_h, q, k, v, lse, scale, scale_stride, cap,
+                                sh);
+    attention_finish_dq(dq, dscale, q, scale, scale_stride, sh);
+}
+
+template void attention_backward_mma<bf16>(float*, float*, float*, float*, float*, const float*,
+                                           const bf16*, const bf16*, const bf16*, const bf16*,
+                                           const float*, const double*, const float*, int64_t,
+                                           float, const AttentionShape&);
+template void attention_backward_mma<f16>(float*, float*, float*, float*, float*, const float*,
+                                          const f16*, const f16*, const f16*, const f16*,
+                                          const float*, const double*, const float*, int64_t, float,
+                                          const AttentionShape&);
+
+}  // namespace qk::cuda
