@@ -30,11 +30,20 @@ __device__ __forceinline__ T logit_used(T z, bool fp8) {
 // p_ij and ds_ij of one visible (row i, key j) pair from its dots r = q_i·k_j and dp = dO_i·v_j,
 // as on the cpu: p from z̃ (the rounded logit with FP8 logits) and the row's float64 lse split in
 // two T (lse_hi + lse_lo); the cap's factor from z (the rounding is straight-through).
-template <class T>
+// exp(x) as 2^(x·log2 e), for the tensor-core kernels: one multiply before the hardware's exp2
+// (expf adds a careful range reduction). x = z − m is formed first, so the product's rounding is
+// relative to that difference, not to z: the result keeps float32's accuracy to a few ulps.
+__device__ __forceinline__ float exp_via_exp2(float x) { return exp2f(x * 1.4426950408889634f); }
+
+template <class T, bool kViaExp2 = false>
 __device__ __forceinline__ void probability_and_grad(T& p, T& ds, T r, T dp, T g, T cap, bool fp8,
                                                      T lse_hi, T lse_lo, T row_delta) {
     const T z = capped(g * r, cap);
-    p = dev_exp((logit_used(z, fp8) - lse_hi) - lse_lo);
+    const T x = (logit_used(z, fp8) - lse_hi) - lse_lo;
+    if constexpr (kViaExp2)
+        p = exp_via_exp2(x);
+    else
+        p = dev_exp(x);
     p = p < T(1) ? p : T(1);  // a p above 1 is rounding: see ops/attention.cpp
     ds = p * (dp - row_delta);
     if (cap > T(0)) ds *= T(1) - (z / cap) * (z / cap);

@@ -58,11 +58,6 @@ struct RowState {
     float m = -INFINITY, l = 0, w = 0, max_abs = 0, saturated = 0;
 };
 
-// exp(x) as 2^(x·log2 e): one multiply before the hardware's exp2 (expf adds a careful range
-// reduction). x = z − m is formed first, so the rounding of the product is relative to the
-// difference, not to z: e keeps float32's accuracy to a few ulps.
-__device__ __forceinline__ float exp_of(float x) { return exp2f(x * 1.4426950408889634f); }
-
 // Step 2 on one key tile: s holds the warp's 16 × 64 raw dots r (this lane's share) and leaves
 // holding e = exp(z − m') (0 where masked); o is rescaled by α. row: this lane's two rows;
 // masked: whether any (row, key) pair of the block's tile is hidden (else none is tested).
@@ -72,22 +67,40 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
                                const int64_t (&row)[2], int64_t j0, bool masked, float gain,
                                float cap, const AttentionShape& sh) {
     const int t = threadIdx.x % 4;
-    float tile_max[2] = {-INFINITY, -INFINITY}, tile_abs[2] = {0, 0};
+    // Element idx of this lane's 32: 8-key block idx / 4, register idx % 4, row (idx % 4) / 2.
+    auto visible = [&](int idx) {
+        const int64_t i = row[idx % 4 / 2], key = j0 + 8 * (idx / 4) + 2 * t + idx % 2;
+        return !masked || (i < sh.Tq && sees(i, key, sh));
+    };
     QK_UNROLL
-    for (int idx = 0; idx < kKeys / 2; ++idx) {  // this lane's 32: 8-key block j, register i
-        const int j = idx / 4, i = idx % 4;
-        const int r = i / 2;
-        const int64_t key = j0 + 8 * j + 2 * t + i % 2;
-        const bool visible = !masked || (row[r] < sh.Tq && sees(row[r], key, sh));
-        const float sv = gain * s[j][i];
-        const float z = logit_used(capped(sv, cap), sh.fp8_logits);
-        if (visible) tile_max[r] = z > tile_max[r] ? z : tile_max[r];
-        if (kSignals && visible) {
-            const float abs_s = sv < 0 ? -sv : sv;
-            tile_abs[r] = abs_s > tile_abs[r] ? abs_s : tile_abs[r];
-            if (sh.fp8_logits && (z < 0 ? -z : z) >= 448.0f) st[r].saturated += 1;
+    for (int idx = 0; idx < kKeys / 2; ++idx) s[idx / 4][idx % 4] *= gain;  // s = g·r
+    float tile_abs[2] = {0, 0};
+    if (kSignals) {  // max |s|, before the cap
+        QK_UNROLL
+        for (int idx = 0; idx < kKeys / 2; ++idx) {
+            const float a = fabsf(s[idx / 4][idx % 4]);
+            if (visible(idx) && a > tile_abs[idx % 4 / 2]) tile_abs[idx % 4 / 2] = a;
         }
-        s[j][i] = visible ? z : -INFINITY;
+    }
+    if (cap > 0 || sh.fp8_logits) {  // z = z̃(cap(s)): kept out of the plain path's loop
+        QK_UNROLL
+        for (int idx = 0; idx < kKeys / 2; ++idx) {
+            float& z = s[idx / 4][idx % 4];
+            z = logit_used(capped(z, cap), sh.fp8_logits);
+            if (kSignals && sh.fp8_logits && visible(idx) && fabsf(z) >= 448.0f)
+                st[idx % 4 / 2].saturated += 1;
+        }
+    }
+    if (masked) {
+        QK_UNROLL
+        for (int idx = 0; idx < kKeys / 2; ++idx)
+            if (!visible(idx)) s[idx / 4][idx % 4] = -INFINITY;
+    }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    QK_UNROLL
+    for (int idx = 0; idx < kKeys / 2; ++idx) {  // a NaN z is skipped here, and makes l NaN below
+        float& m = tile_max[idx % 4 / 2];
+        m = s[idx / 4][idx % 4] > m ? s[idx / 4][idx % 4] : m;
     }
     float m_ref[2], alpha[2];
     QK_UNROLL
@@ -95,7 +108,7 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
         const float m_tile = quad_max(tile_max[r]);
         const float m_new = m_tile > st[r].m ? m_tile : st[r].m;
         m_ref[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing finite yet: e = 0, not NaN
-        alpha[r] = exp_of(st[r].m - m_ref[r]);
+        alpha[r] = exp_via_exp2(st[r].m - m_ref[r]);
         st[r].m = m_new;
         if (kSignals) {
             const float abs_tile = quad_max(tile_abs[r]);
@@ -108,7 +121,7 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
     for (int idx = 0; idx < kKeys / 2; ++idx) {
         const int j = idx / 4, i = idx % 4;
         RowState& rs = st[i / 2];
-        const float z = s[j][i], e = exp_of(z - m_ref[i / 2]);  // masked: exp(−inf) = 0
+        const float z = s[j][i], e = exp_via_exp2(z - m_ref[i / 2]);  // masked: exp(−inf) = 0
         rs.l += e;
         if (kSignals) rs.w += e > 0.0f ? e * z : 0.0f;
         s[j][i] = e;
@@ -129,7 +142,9 @@ __global__ void __launch_bounds__(kThreads)
     uint16_t* k_s = q_s + kBlockRows * D;               // (64, D)
     uint16_t* v_s = k_s + kKeys * D;                    // (64, D)
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kBlockRows;
+    // The last query tiles first: under the causal mask they see the most keys, and a long block
+    // started last would run alone at the end.
+    const int64_t bh = blockIdx.y, i0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;
     const int64_t rows = sh.Tq - i0 < kBlockRows ? sh.Tq - i0 : kBlockRows;
     const float gain = scale[(bh % sh.heads) * scale_stride];
     const int64_t kv_first = sh.kv_head(bh) * sh.Tk;

@@ -40,23 +40,40 @@ struct PairStats {
 
 // s holds the warp's dots r, dp the dots dO·v (this lane's share, accumulator layout); s leaves
 // holding p, dp holding ds (0 where hidden). stats(row, col) gives each element's PairStats;
-// masked false: every pair of the block is visible (stats' `visible` is not consulted).
+// masked false: every pair of the block is visible (stats' `visible` is not consulted). Without a
+// cap or FP8 logits (the common case) p = exp(g·r − lse) and ds = p (dp − D_i) need no more, and
+// their loop stays short; else each pair goes through the full rule.
 template <class Stats>
 __device__ void probabilities_and_grads(float (&s)[kTile / 8][4], float (&dp)[kTile / 8][4],
                                         bool masked, float g, float cap, bool fp8,
                                         const Stats& stats) {
     const int lane = threadIdx.x % kWarp;
-
-    QK_UNROLL
-    for (int e = 0; e < kTile / 2; ++e) {  // this lane's 32: 8-column block j, register c
-        const int j = e / 4, c = e % 4;
-        const PairStats st = stats(lane / 4 + 8 * (c / 2), 8 * j + 2 * (lane % 4) + c % 2);
-        float p = 0, ds = 0;
-        if ((!masked || st.visible) && st.lse_hi != -INFINITY)
-            probability_and_grad(p, ds, s[j][c], dp[j][c], g, cap, fp8, st.lse_hi, st.lse_lo,
-                                 st.delta);
-        s[j][c] = p;
-        dp[j][c] = ds;
+    auto stats_of = [&](int e) {  // element e: 8-column block e / 4, register e % 4
+        return stats(lane / 4 + 8 * (e % 4 / 2), 8 * (e / 4) + 2 * (lane % 4) + e % 2);
+    };
+    auto each_pair = [&](auto rule) {  // rule(p, ds, r, dp, stats) on every visible pair
+        QK_UNROLL
+        for (int e = 0; e < kTile / 2; ++e) {
+            float& r = s[e / 4][e % 4];
+            float& d = dp[e / 4][e % 4];
+            const PairStats st = stats_of(e);
+            float p = 0, ds = 0;
+            if ((!masked || st.visible) && st.lse_hi != -INFINITY) rule(p, ds, r, d, st);
+            r = p;
+            d = ds;
+        }
+    };
+    if (cap == 0 && !fp8) {
+        each_pair([&](float& p, float& ds, float r, float d, const PairStats& st) {
+            p = exp_via_exp2((g * r - st.lse_hi) - st.lse_lo);
+            p = p < 1.0f ? p : 1.0f;  // a p above 1 is rounding: see ops/attention.cpp
+            ds = p == 0.0f ? 0.0f : p * (d - st.delta);
+        });
+    } else {
+        each_pair([&](float& p, float& ds, float r, float d, const PairStats& st) {
+            probability_and_grad<float, true>(p, ds, r, d, g, cap, fp8, st.lse_hi, st.lse_lo,
+                                              st.delta);
+        });
     }
 }
 
@@ -162,7 +179,7 @@ __global__ void __launch_bounds__(kThreads)
     uint16_t* k_s = do_s + kTile * D;                   // (64, D): a key tile
     uint16_t* v_s = k_s + kTile * D;                    // (64, D): its values
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-    const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
+    const int64_t bh = blockIdx.y, i0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile;  // long first
     const int64_t rows = sh.Tq - i0 < kTile ? sh.Tq - i0 : kTile;
     const float g = scale[(bh % sh.heads) * scale_stride];
     const int64_t kv_first = sh.kv_head(bh) * sh.Tk;

@@ -29,8 +29,9 @@
 // fragment into whole matrices by the table above, computes, and writes each lane's share back.
 // mma sums the 16 exact products of a row and column in float32 in k order, starting from C (the
 // hardware adds them with more internal precision, in its own order: tests on a GPU allow for
-// that, tests in the emulator can reproduce this order exactly). cp.async copies at once: the
-// emulator cannot see a missing wait (a wrong lane mapping, it does see).
+// that, tests in the emulator can reproduce this order exactly). cp.async queues each copy on its
+// thread and does it when the thread waits for its group: a read before the wait (or, from another
+// thread, before the wait and a barrier) sees the old bytes, and a test fails.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,10 @@
 #include "core/float16.h"
 #include "cuda/emu/cuda_compat.h"
 
-#if !defined(__CUDACC__) && !defined(QK_CUDA_REAL)
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#else
 #include <cstring>
 
 #include "core/error.h"
@@ -48,11 +52,25 @@
 
 namespace qk::cuda::mma {
 
-// Two values rounded to H (round to nearest even) in one register, lo in the low half.
+// Two values rounded to H (round to nearest even) in one register, lo in the low half. On the
+// GPU one cvt.rn.{bf16x2,f16x2}.f32 instruction; in the emulator the project's own rounding, which
+// gives the same bits for every value but NaN (never packed: a NaN row's output is NaN anyway).
 template <class H>
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     static_assert(std::is_same_v<H, bf16> || std::is_same_v<H, f16>, "mma: H is bf16 or f16");
+#if defined(__CUDA_ARCH__)
+    uint32_t bits;
+    if constexpr (std::is_same_v<H, bf16>) {
+        const __nv_bfloat162 two = __floats2bfloat162_rn(lo, hi);
+        memcpy(&bits, &two, sizeof bits);
+    } else {
+        const __half2 two = __floats2half2_rn(lo, hi);
+        memcpy(&bits, &two, sizeof bits);
+    }
+    return bits;
+#else
     return uint32_t(H(lo).bits) | (uint32_t(H(hi).bits) << 16);
+#endif
 }
 
 #if !defined(__CUDACC__) && !defined(QK_CUDA_REAL)
@@ -208,16 +226,15 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
                  "r"(valid ? 16 : 0));
 #endif
 #else
-    if (valid)
-        std::memcpy(dst, src, 16);
-    else
-        std::memset(dst, 0, 16);
+    ::qk::emu::detail::async_copy(dst, src, 16, valid);
 #endif
 }
 
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__)
     asm volatile("cp.async.commit_group;\n" ::);
+#elif !defined(__CUDACC__)
+    ::qk::emu::detail::async_commit();
 #endif
 }
 
@@ -226,6 +243,8 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#elif !defined(__CUDACC__)
+    ::qk::emu::detail::async_wait(N);
 #endif
 }
 

@@ -42,6 +42,21 @@ __global__ void ldmatrix_probe_kernel(uint32_t* r, const uint16_t* matrices) {
     for (int m = 0; m < N; ++m) r[N * lane + m] = regs[m];
 }
 
+// 128 threads each copy 16 bytes of src (512 words) into shared memory, commit, wait unless told
+// not to (a planted bug), meet at a barrier and read a neighbour's 16 bytes back out.
+__global__ void cp_async_probe_kernel(uint32_t* out, const uint32_t* src, bool wait) {
+    QK_DYNAMIC_SHARED(double, smem);  // dynamic: the emulator fills it anew for every block
+    uint32_t* tile = reinterpret_cast<uint32_t*>(smem);
+    const int t = threadIdx.x;
+    mma::cp_async_16(tile + 4 * t, src + 4 * t, true);
+    mma::cp_async_commit();
+    if (wait) mma::cp_async_wait<0>();
+    __syncthreads();
+    const int other = (t + 37) % 128;
+    for (int i = 0; i < 4; ++i) out[4 * other + i] = tile[4 * other + i];
+    if (!wait) mma::cp_async_wait<0>();  // nothing in flight at exit
+}
+
 constexpr int kTile = 64, kStep = 16, kGemmThreads = 128;
 
 template <class H>
@@ -121,6 +136,11 @@ void ldmatrix_probe(uint32_t* r, const uint16_t* matrices, int count, bool trans
             QK_LAUNCH((ldmatrix_probe_kernel<4, true>), 1, kWarp, 0, stream(), r, matrices);
     }
     QK_CUDA_CHECK_LAUNCH("ldmatrix_probe_kernel");
+}
+
+void cp_async_probe(uint32_t* out, const uint32_t* src, bool wait) {
+    QK_LAUNCH(cp_async_probe_kernel, 1, 128, 512 * sizeof(uint32_t), stream(), out, src, wait);
+    QK_CUDA_CHECK_LAUNCH("cp_async_probe_kernel");
 }
 
 void mma_gemm(float* c, const uint16_t* a, const uint16_t* b, int64_t M, int64_t N, int64_t K,

@@ -167,6 +167,21 @@ TEST_CASE("ldmatrix x1, x2, x4, with and without .trans: every lane's registers"
         for (bool trans : {false, true}) check_ldmatrix(count, trans);
 }
 
+TEST_CASE("cp.async: the copy lands once its thread waits; the emulator shows a missing wait") {
+    if (!cuda_device_or_skip()) return;
+    std::vector<uint32_t> src(512);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = uint32_t(i * 2654435761u);
+    DeviceBuffer<uint32_t> d_src(src), d_out(src.size());
+    cuda::cp_async_probe(d_out.ptr, d_src.ptr, true);
+    CHECK(d_out.download() == src);
+#ifdef QK_CUDA_EMULATION
+    // Without the wait, the emulator's copies are still queued when the others read: old bytes.
+    // (On a GPU that read is a race: whatever it gives proves nothing.)
+    cuda::cp_async_probe(d_out.ptr, d_src.ptr, false);
+    CHECK(d_out.download() != src);
+#endif
+}
+
 TEST_CASE("a 64 x 64 x 64 GEMM of ldmatrix, cp.async and mma equals matmul") {
     if (!cuda_device_or_skip()) return;
     for (Order order : kOrders) {

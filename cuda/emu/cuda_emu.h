@@ -212,6 +212,11 @@ uint64_t warp_exchange(Site site, WarpOp op, unsigned mask, uint64_t bits, unsig
 // before any lane resumes, so no lane's registers change while fn reads them.
 using WarpCollective = void (*)(void* const* lanes);
 void warp_collective(Site site, unsigned mask, void* lane_data, WarpCollective fn);
+// cp.async (cuda/mma.h): a copy into shared memory is queued on its thread and done only when the
+// thread waits for its committed group, so a read before the wait sees the old bytes.
+void async_copy(void* dst, const void* src, std::size_t bytes, bool valid);
+void async_commit();
+void async_wait(int pending);  // until at most `pending` committed groups are left
 unsigned active_mask();
 void* dynamic_shared_memory();
 

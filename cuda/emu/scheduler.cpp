@@ -12,6 +12,7 @@
 // before anyone resumes, so no second rendezvous is needed to keep values from being overwritten.
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string_view>
@@ -70,6 +71,14 @@ std::string lane_list(uint32_t mask) {
 
 enum class State : uint8_t { ready, wait_block, wait_warp, done };
 
+// One cp.async, done when its thread waits for its group (a read before that sees the old bytes).
+struct AsyncCopy {
+    void* dst;
+    const void* src;
+    std::size_t bytes;
+    bool valid;  // false: zeros
+};
+
 struct Fiber {
     fiber::Context ctx;
     State state = State::ready;
@@ -85,6 +94,9 @@ struct Fiber {
     uint64_t result = 0;
     detail::WarpCollective collective = nullptr;
     int pred = 0;
+    // cp.async: copies issued and not yet committed, then the committed groups, oldest first.
+    std::vector<AsyncCopy> open_copies;
+    std::vector<std::vector<AsyncCopy>> copy_groups;
     void* fake_stack = nullptr;  // ASan's fake stack while switched out
 };
 
@@ -102,6 +114,15 @@ class BlockRunner {
         return ~(warp_exited_[w] | absent_lanes(w));
     }
     void* smem() const { return smem_; }
+    void async_copy(void* dst, const void* src, std::size_t bytes, bool valid) {
+        fibers_[current_].open_copies.push_back({dst, src, bytes, valid});
+    }
+    void async_commit() {
+        Fiber& f = fibers_[current_];
+        f.copy_groups.push_back(std::move(f.open_copies));
+        f.open_copies.clear();
+    }
+    void async_wait(int pending);
 
   private:
     static void entry(void* self);
@@ -181,6 +202,8 @@ void BlockRunner::run(const LaunchSpec& spec, uint3 block, RunOrder order, Rng& 
         f.tid = {i % bd.x, (i / bd.x) % bd.y, i / (bd.x * bd.y)};
         f.site = {};
         f.fake_stack = nullptr;
+        f.open_copies.clear();  // a thread's copies still in flight at its exit are dropped
+        f.copy_groups.clear();
         fiber::prepare(f.ctx, stacks_.stack(i), fiber::StackPool::stack_size(), &entry, this);
     }
     done_ = 0;
@@ -211,6 +234,20 @@ void BlockRunner::run(const LaunchSpec& spec, uint3 block, RunOrder order, Rng& 
                  "{}: wrote past the end of its {} bytes of dynamic shared memory (byte {} past "
                  "the end was overwritten)",
                  where(), smem_bytes_, i);
+}
+
+void BlockRunner::async_wait(int pending) {
+    Fiber& f = fibers_[current_];
+    const std::size_t keep = pending < 0 ? 0 : std::size_t(pending);
+    std::size_t done = 0;
+    for (; f.copy_groups.size() - done > keep; ++done)
+        for (const AsyncCopy& c : f.copy_groups[done]) {
+            if (c.valid)
+                std::memcpy(c.dst, c.src, c.bytes);
+            else
+                std::memset(c.dst, 0, c.bytes);
+        }
+    f.copy_groups.erase(f.copy_groups.begin(), f.copy_groups.begin() + std::ptrdiff_t(done));
 }
 
 void BlockRunner::entry(void* self) {
@@ -478,6 +515,11 @@ void warp_collective(Site site, unsigned mask, void* lane_data, WarpCollective f
     current_runner(site.what).warp_exchange(site, WarpOp::collective, mask,
                                             reinterpret_cast<uint64_t>(lane_data), 8, 0, 32, fn);
 }
+void async_copy(void* dst, const void* src, std::size_t bytes, bool valid) {
+    current_runner("cp.async").async_copy(dst, src, bytes, valid);
+}
+void async_commit() { current_runner("cp.async.commit_group").async_commit(); }
+void async_wait(int pending) { current_runner("cp.async.wait_group").async_wait(pending); }
 unsigned active_mask() { return current_runner("__activemask").active_mask(); }
 void* dynamic_shared_memory() { return current_runner("QK_DYNAMIC_SHARED").smem(); }
 
