@@ -105,17 +105,17 @@ __global__ void __launch_bounds__(kThreads)
     QK_DYNAMIC_SHARED(double, smem);
     uint16_t* k_s = reinterpret_cast<uint16_t*>(smem);  // (64, D) swizzled: this block's keys
     uint16_t* v_s = k_s + kTile * D;                    // (64, D): their values
-    uint16_t* q_s = v_s + kTile * D;                    // (64, D): a query tile
-    uint16_t* do_s = q_s + kTile * D;                   // (64, D): its dO
-    float* lse_hi_s = reinterpret_cast<float*>(do_s + kTile * D);  // (64) per query of the tile
-    float* lse_lo_s = lse_hi_s + kTile;                            // (64)
-    float* delta_s = lse_lo_s + kTile;                             // (64)
+    // Two stages, each a query tile, its dO and its rows' lse (hi, lo) and D_i: one is read while
+    // the next is copied in.
+    uint16_t* stages = v_s + kTile * D;
+    auto q_s = [&](int st) { return stages + st * 2 * kTile * D; };     // (64, D)
+    auto do_s = [&](int st) { return q_s(st) + kTile * D; };            // (64, D)
+    float* stats_s = reinterpret_cast<float*>(stages + 4 * kTile * D);  // (2, 3, 64)
     const int warp = threadIdx.x / kWarp;
     const int64_t kvh = blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
     const int64_t cols = sh.Tk - j0 < kTile ? sh.Tk - j0 : kTile;
     tc::load_tile_async<D>(k_s, k + (kvh * sh.Tk + j0) * D, cols);
     tc::load_tile_async<D>(v_s, v + (kvh * sh.Tk + j0) * D, cols);
-    mma::cp_async_commit();
     // The rows that see a key of the tile (as in cuda/attention.cu's twin).
     const int64_t shift = sh.Tk - sh.Tq;
     int64_t first_row = sh.causal ? j0 - shift : 0;
@@ -124,42 +124,57 @@ __global__ void __launch_bounds__(kThreads)
     end_row = end_row < sh.Tq ? end_row : sh.Tq;
     const int64_t group = sh.heads / sh.kv_heads;
     const int64_t first_bh = (kvh / sh.kv_heads) * sh.heads + (kvh % sh.kv_heads) * group;
+    // The (head, query tile) pairs in order: tile n is head first_bh + n / per_head.
+    const int64_t per_head = end_row > first_row ? (end_row - first_row + kTile - 1) / kTile : 0;
+    const int64_t tiles = per_head * group;
+    auto load_tile = [&](int st, int64_t n) {  // q, dO (asynchronous) and the stats of tile n
+        const int64_t bh = first_bh + n / per_head, i0 = first_row + (n % per_head) * kTile;
+        const int64_t rows = sh.Tq - i0 < kTile ? sh.Tq - i0 : kTile;
+        tc::load_tile_async<D>(q_s(st), q + (bh * sh.Tq + i0) * D, rows);
+        tc::load_tile_async<D>(do_s(st), dout + (bh * sh.Tq + i0) * D, rows);
+        mma::cp_async_commit();
+        if (threadIdx.x >= kTile) return;
+        float* stats = stats_s + st * 3 * kTile;
+        const bool in = threadIdx.x < rows;
+        const int64_t at = bh * sh.Tq + i0 + threadIdx.x;
+        const double row_lse = in ? lse[at] : -INFINITY;
+        stats[threadIdx.x] = float(row_lse);
+        stats[kTile + threadIdx.x] = in ? float(row_lse - double(float(row_lse))) : 0.0f;
+        stats[2 * kTile + threadIdx.x] = in ? delta[at] : 0.0f;
+    };
+    if (tiles > 0)
+        load_tile(0, 0);  // one group with the keys and values
+    else
+        mma::cp_async_commit();
     float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
-    for (int64_t bh = first_bh; bh < first_bh + group; ++bh) {  // the query heads reading kvh
-        const float g = scale[(bh % sh.heads) * scale_stride];
-        for (int64_t i0 = first_row; i0 < end_row; i0 += kTile) {
-            const int64_t rows = sh.Tq - i0 < kTile ? sh.Tq - i0 : kTile;
-            __syncthreads();  // the previous tile's readers are done
-            tc::load_tile_async<D>(q_s, q + (bh * sh.Tq + i0) * D, rows);
-            tc::load_tile_async<D>(do_s, dout + (bh * sh.Tq + i0) * D, rows);
-            mma::cp_async_commit();
-            if (threadIdx.x < kTile) {
-                const bool in = threadIdx.x < rows;
-                const int64_t at = bh * sh.Tq + i0 + threadIdx.x;
-                const double row_lse = in ? lse[at] : -INFINITY;
-                lse_hi_s[threadIdx.x] = float(row_lse);
-                lse_lo_s[threadIdx.x] = in ? float(row_lse - double(float(row_lse))) : 0.0f;
-                delta_s[threadIdx.x] = in ? delta[at] : 0.0f;
-            }
+    for (int64_t n = 0; n < tiles; ++n) {
+        const int st = int(n % 2);
+        if (n + 1 < tiles) {
+            load_tile(st ^ 1, n + 1);
+            mma::cp_async_wait<1>();  // this tile's group is in, the next one may not be
+        } else {
             mma::cp_async_wait<0>();
-            __syncthreads();
-            float st[kTile / 8][4] = {}, dpt[kTile / 8][4] = {};
-            tc::mma_rows_by_tile<H, D>(st, k_s, 16 * warp, q_s);    // Sᵀ = K Qᵀ
-            tc::mma_rows_by_tile<H, D>(dpt, v_s, 16 * warp, do_s);  // dPᵀ = V dOᵀ
-            const int64_t key0 = j0 + 16 * warp;
-            probabilities_and_grads(st, dpt, !tc::tile_fully_visible(i0, j0, sh), g, cap,
-                                    sh.fp8_logits, [&](int r, int c) {
-                                        const int64_t key = key0 + r, i = i0 + c;
-                                        return PairStats{
-                                            key < sh.Tk && i < sh.Tq && sees(i, key, sh),
-                                            lse_hi_s[c], lse_lo_s[c], delta_s[c]};
-                                    });
-
-            QK_UNROLL
-            for (int e = 0; e < kTile / 2; ++e) dpt[e / 4][e % 4] *= g;  // g·dsᵀ
-            tc::mma_scores_by_tile<H, D>(dv_acc, st, do_s);              // dV += Pᵀ dO
-            tc::mma_scores_by_tile<H, D>(dk_acc, dpt, q_s);              // dK += g dSᵀ Q
         }
+        __syncthreads();
+        const int64_t bh = first_bh + n / per_head, i0 = first_row + (n % per_head) * kTile;
+        const float g = scale[(bh % sh.heads) * scale_stride];
+        const float* stats = stats_s + st * 3 * kTile;  // lse_hi, lse_lo, D_i by query
+        float st_acc[kTile / 8][4] = {}, dpt[kTile / 8][4] = {};
+        tc::mma_rows_by_tile<H, D>(st_acc, k_s, 16 * warp, q_s(st));  // Sᵀ = K Qᵀ
+        tc::mma_rows_by_tile<H, D>(dpt, v_s, 16 * warp, do_s(st));    // dPᵀ = V dOᵀ
+        const int64_t key0 = j0 + 16 * warp;
+        probabilities_and_grads(st_acc, dpt, !tc::tile_fully_visible(i0, j0, sh), g, cap,
+                                sh.fp8_logits, [&](int r, int c) {
+                                    const int64_t key = key0 + r, i = i0 + c;
+                                    return PairStats{key < sh.Tk && i < sh.Tq && sees(i, key, sh),
+                                                     stats[c], stats[kTile + c],
+                                                     stats[2 * kTile + c]};
+                                });
+        QK_UNROLL
+        for (int e = 0; e < kTile / 2; ++e) dpt[e / 4][e % 4] *= g;  // g·dsᵀ
+        tc::mma_scores_by_tile<H, D>(dv_acc, st_acc, do_s(st));      // dV += Pᵀ dO
+        tc::mma_scores_by_tile<H, D>(dk_acc, dpt, q_s(st));          // dK += g dSᵀ Q
+        __syncthreads();  // every warp is done with this stage before it is filled again
     }
     mma::cp_async_wait<0>();  // a block no query sees still issued its key tile
     store_rows<D>(dk + (kvh * sh.Tk + j0) * D, dk_acc, 16 * warp, cols);
@@ -176,8 +191,9 @@ __global__ void __launch_bounds__(kThreads)
     QK_DYNAMIC_SHARED(double, smem);
     uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);  // (64, D) swizzled: this block's rows
     uint16_t* do_s = q_s + kTile * D;                   // (64, D): their dO
-    uint16_t* k_s = do_s + kTile * D;                   // (64, D): a key tile
-    uint16_t* v_s = k_s + kTile * D;                    // (64, D): its values
+    uint16_t* kv_s = do_s + kTile * D;  // two stages of a key tile and its values, (64, D) each
+    auto k_s = [&](int st) { return kv_s + st * 2 * kTile * D; };
+    auto v_s = [&](int st) { return k_s(st) + kTile * D; };
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const int64_t bh = blockIdx.y, i0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile;  // long first
     const int64_t rows = sh.Tq - i0 < kTile ? sh.Tq - i0 : kTile;
@@ -186,7 +202,16 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t key_begin = sh.first_key(i0) / kTile * kTile, key_end = sh.end_key(i0 + rows - 1);
     tc::load_tile_async<D>(q_s, q + (bh * sh.Tq + i0) * D, rows);
     tc::load_tile_async<D>(do_s, dout + (bh * sh.Tq + i0) * D, rows);
-    mma::cp_async_commit();
+    auto load_keys = [&](int st, int64_t j0) {
+        const int64_t valid = key_end - j0 < kTile ? key_end - j0 : kTile;
+        tc::load_tile_async<D>(k_s(st), k + (kv_first + j0) * D, valid);
+        tc::load_tile_async<D>(v_s(st), v + (kv_first + j0) * D, valid);
+        mma::cp_async_commit();
+    };
+    if (key_begin < key_end)
+        load_keys(0, key_begin);  // one group with q and dO
+    else
+        mma::cp_async_commit();
     float lse_hi[2], lse_lo[2], row_delta[2];  // this lane's rows g and g + 8
     QK_UNROLL
     for (int r = 0; r < 2; ++r) {
@@ -197,17 +222,18 @@ __global__ void __launch_bounds__(kThreads)
         row_delta[r] = i < sh.Tq ? delta[bh * sh.Tq + i] : 0.0f;
     }
     float dq_acc[D / 8][4] = {};
-    for (int64_t j0 = key_begin; j0 < key_end; j0 += kTile) {
-        const int64_t valid = key_end - j0 < kTile ? key_end - j0 : kTile;
-        __syncthreads();  // the previous tile's readers are done
-        tc::load_tile_async<D>(k_s, k + (kv_first + j0) * D, valid);
-        tc::load_tile_async<D>(v_s, v + (kv_first + j0) * D, valid);
-        mma::cp_async_commit();
-        mma::cp_async_wait<0>();
+    int st = 0;
+    for (int64_t j0 = key_begin; j0 < key_end; j0 += kTile, st ^= 1) {
+        if (j0 + kTile < key_end) {
+            load_keys(st ^ 1, j0 + kTile);
+            mma::cp_async_wait<1>();  // this tile's group is in, the next one may not be
+        } else {
+            mma::cp_async_wait<0>();
+        }
         __syncthreads();
         float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
-        tc::mma_rows_by_tile<H, D>(s, q_s, 16 * warp, k_s);    // S = Q Kᵀ
-        tc::mma_rows_by_tile<H, D>(dp, do_s, 16 * warp, v_s);  // dP = dO Vᵀ
+        tc::mma_rows_by_tile<H, D>(s, q_s, 16 * warp, k_s(st));    // S = Q Kᵀ
+        tc::mma_rows_by_tile<H, D>(dp, do_s, 16 * warp, v_s(st));  // dP = dO Vᵀ
         const int64_t row0 = i0 + 16 * warp;
         probabilities_and_grads(s, dp, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
                                 [&](int r, int c) {
@@ -215,7 +241,8 @@ __global__ void __launch_bounds__(kThreads)
                                     return PairStats{i < sh.Tq && sees(i, j, sh), lse_hi[r / 8],
                                                      lse_lo[r / 8], row_delta[r / 8]};
                                 });
-        tc::mma_scores_by_tile<H, D>(dq_acc, dp, k_s);  // dQ' += dS K
+        tc::mma_scores_by_tile<H, D>(dq_acc, dp, k_s(st));  // dQ' += dS K
+        __syncthreads();  // every warp is done with this stage before it is filled again
     }
     mma::cp_async_wait<0>();
     store_rows<D>(dq_unscaled + (bh * sh.Tq + i0) * D, dq_acc, 16 * warp, rows);
@@ -229,12 +256,12 @@ void launch_backward(float* dq, float* dk, float* dv, const float* delta, const 
     const auto* k16 = reinterpret_cast<const uint16_t*>(k);
     const auto* v16 = reinterpret_cast<const uint16_t*>(v);
     const auto* do16 = reinterpret_cast<const uint16_t*>(dout);
-    const size_t tiles = 4 * size_t(kTile) * D * sizeof(H);
+    const size_t tiles = 6 * size_t(kTile) * D * sizeof(H);  // 2 kept + 2 stages of 2
     const double pairs = attention_pairs(sh), h = sizeof(H);
     if (sh.Tk > 0) {
         const dim3 grid(static_cast<unsigned>((sh.Tk + kTile - 1) / kTile),
                         static_cast<unsigned>(sh.batch_heads / sh.heads * sh.kv_heads));
-        const size_t smem = tiles + 3 * kTile * sizeof(float);
+        const size_t smem = tiles + 2 * 3 * kTile * sizeof(float);
         tc::allow_shared_memory(attention_dkdv_mma_kernel<H, D>, smem);
         // Per key tile: q and dO of every query tile that sees it; k, v once, dk, dv out.
         const double kv_elems = double(grid.y) * double(sh.Tk) * D;
