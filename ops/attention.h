@@ -28,7 +28,9 @@ struct AttentionOptions {
     Generator* dropout_generator = nullptr;  // default_generator() when null
     // bf16 / fp16: q, k and v (float32) are rounded to bfloat16 / float16, as the inputs of mixed
     // GEMMs are, and the logits and the output are their float32 sums (as a fused kernel keeps
-    // them, in registers); the signals measure those logits.
+    // them, in registers); the signals measure those logits. The fused path on cuda with head dims
+    // 64 and 128 runs on tensor cores, which also round P (and in the backward dO and dS) to the
+    // half type before their products (docs/fused-attention.md derives the bound).
     Precision precision = Precision::full;
     // Simulated FP8 logits (--fp8-attention): z = cap(s) rounded to E4M3 at scale 1 before the
     // mask and the softmax, saturating at ±448 (E4M3 has no Inf); straight-through in the
