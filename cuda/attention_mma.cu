@@ -159,16 +159,20 @@ __global__ void __launch_bounds__(kThreads)
     if (key_begin < key_end) load_keys(k_s, k, key_begin);  // one group: q and the first keys
     if (key_begin < key_end) load_keys(v_s, v, key_begin);
 
-    uint32_t q_frag[D / 16][4];
+    uint32_t q_frag[D <= 128 ? D / 16 : 1][4];  // D = 256: read from q_s at each use instead
     float o[kDTiles][4] = {};
     RowState st[2];
     for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeys) {
         const bool last = j0 + kKeys >= key_end;
         mma::cp_async_wait<1>();  // q and this key tile are in (the value tile may not be)
         __syncthreads();
-        if (j0 == key_begin) tc::load_row_fragments<D>(q_frag, q_s, 16 * warp);
         float s[kKeys / 8][4] = {};
-        tc::mma_rows_by_tile<H, D>(s, q_frag, k_s);  // step 1: S = Q Kᵀ
+        if constexpr (D <= 128) {  // step 1: S = Q Kᵀ
+            if (j0 == key_begin) tc::load_row_fragments<D>(q_frag, q_s, 16 * warp);
+            tc::mma_rows_by_tile<H, D>(s, q_frag, k_s);
+        } else {
+            tc::mma_rows_by_tile<H, D>(s, q_s, 16 * warp, k_s);
+        }
         const bool masked = !tc::tile_fully_visible(i0, j0, sh);
         online_softmax<kSignals>(s, o, st, row, j0, masked, gain, cap, sh);  // step 2
         mma::cp_async_wait<0>();
@@ -210,14 +214,36 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-bool attention_mma_supports(int64_t D) { return D == 64 || D == 128; }
+bool attention_mma_supports(int64_t D) { return D == 64 || D == 128 || D == 256; }
+
+namespace {
+
+template <class H, int D>
+void launch_forward(const dim3& grid, size_t smem, float* out, double* lse, float* max_abs_s,
+                    float* entropy, float* saturated, const uint16_t* q, const uint16_t* k,
+                    const uint16_t* v, const float* scale, int64_t scale_stride, float cap,
+                    const AttentionShape& sh) {
+    if (max_abs_s || saturated) {
+        tc::allow_shared_memory(attention_forward_mma_kernel<H, D, true>, smem,
+                                "attention forward");
+        QK_LAUNCH((attention_forward_mma_kernel<H, D, true>), grid, kThreads, smem, stream(), out,
+                  lse, max_abs_s, entropy, saturated, q, k, v, scale, scale_stride, cap, sh);
+    } else {
+        tc::allow_shared_memory(attention_forward_mma_kernel<H, D, false>, smem,
+                                "attention forward");
+        QK_LAUNCH((attention_forward_mma_kernel<H, D, false>), grid, kThreads, smem, stream(), out,
+                  lse, max_abs_s, entropy, saturated, q, k, v, scale, scale_stride, cap, sh);
+    }
+}
+
+}  // namespace
 
 template <class H>
 void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* entropy,
                            float* saturated, const H* q, const H* k, const H* v, const float* scale,
                            int64_t scale_stride, float cap, const AttentionShape& sh) {
     QK_CHECK(attention_mma_supports(sh.D),
-             "attention on tensor cores: head dim D must be 64 or 128, got {}", sh.D);
+             "attention on tensor cores: head dim D must be 64, 128 or 256, got {}", sh.D);
     if (sh.batch_heads == 0 || sh.Tq == 0) return;
     const dim3 grid(static_cast<unsigned>((sh.Tq + kBlockRows - 1) / kBlockRows),
                     static_cast<unsigned>(sh.batch_heads));
@@ -231,20 +257,11 @@ void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* ent
     const auto* q16 = reinterpret_cast<const uint16_t*>(q);
     const auto* k16 = reinterpret_cast<const uint16_t*>(k);
     const auto* v16 = reinterpret_cast<const uint16_t*>(v);
-    const bool signals = max_abs_s || saturated;
-    if (sh.D == 64 && signals)
-        QK_LAUNCH((attention_forward_mma_kernel<H, 64, true>), grid, kThreads, smem, stream(), out,
-                  lse, max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap, sh);
-    else if (sh.D == 64)
-        QK_LAUNCH((attention_forward_mma_kernel<H, 64, false>), grid, kThreads, smem, stream(), out,
-                  lse, max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap, sh);
-    else if (signals)
-        QK_LAUNCH((attention_forward_mma_kernel<H, 128, true>), grid, kThreads, smem, stream(), out,
-                  lse, max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap, sh);
-    else
-        QK_LAUNCH((attention_forward_mma_kernel<H, 128, false>), grid, kThreads, smem, stream(),
-                  out, lse, max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride, cap,
-                  sh);
+    const auto launch = sh.D == 64    ? launch_forward<H, 64>
+                        : sh.D == 128 ? launch_forward<H, 128>
+                                      : launch_forward<H, 256>;
+    launch(grid, smem, out, lse, max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride,
+           cap, sh);
     QK_CUDA_CHECK_LAUNCH("attention_forward_mma_kernel");
 }
 

@@ -27,6 +27,10 @@ namespace qk::cuda::tc {
 
 constexpr int kWarps = 4, kThreads = kWarps * kWarp;
 constexpr int kTileRows = 64;  // rows of every tile: 16 per warp
+// The widest gradient slice one warp of the backward accumulates (16 rows × 128 floats, 64
+// registers a lane, for each of two gradients): at D = 256 a block takes one of two column slices.
+// The forward keeps its whole 16 × D output (128 registers a lane at D = 256).
+constexpr int kMaxCols = 128;
 
 // The element offset of 16-byte chunk `chunk` of row `row` in a (64, D) tile, swizzled.
 template <int D>
@@ -96,11 +100,13 @@ __device__ __forceinline__ void mma_rows_by_tile(float (&acc)[kTileRows / 8][4],
     }
 }
 
-// acc (16 × D) += P (16 × 64, accumulator layout, rounded to H here) · tile.
-template <class H, int D>
-__device__ __forceinline__ void mma_scores_by_tile(float (&acc)[D / 8][4],
+// acc (16 × kCols) += P (16 × 64, accumulator layout, rounded to H here) · columns
+// [first_col, first_col + kCols) of tile (every column by default; a slice when D is too wide for
+// one warp's accumulators).
+template <class H, int D, int kCols = D>
+__device__ __forceinline__ void mma_scores_by_tile(float (&acc)[kCols / 8][4],
                                                    const float (&p)[kTileRows / 8][4],
-                                                   const uint16_t* tile) {
+                                                   const uint16_t* tile, int first_col = 0) {
     const int lane = threadIdx.x % kWarp;
     QK_UNROLL
     for (int kk = 0; kk < kTileRows / 16; ++kk) {
@@ -109,10 +115,10 @@ __device__ __forceinline__ void mma_scores_by_tile(float (&acc)[D / 8][4],
                                mma::pack<H>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
                                mma::pack<H>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
         QK_UNROLL
-        for (int d = 0; d < D / 8; d += 2) {  // two 8-column blocks of the tile at a time
+        for (int d = 0; d < kCols / 8; d += 2) {  // two 8-column blocks of the tile at a time
             uint32_t b[4];
-            mma::ldmatrix<4, true>(
-                b, tile + chunk_at<D>(16 * kk + 8 * ((lane / 8) % 2) + lane % 8, d + lane / 16));
+            mma::ldmatrix<4, true>(b, tile + chunk_at<D>(16 * kk + 8 * ((lane / 8) % 2) + lane % 8,
+                                                         first_col / 8 + d + lane / 16));
             const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
             mma::mma_m16n8k16<H>(acc[d], a, b_lo, acc[d]);
             mma::mma_m16n8k16<H>(acc[d + 1], a, b_hi, acc[d + 1]);
@@ -128,9 +134,13 @@ __device__ __forceinline__ bool tile_fully_visible(int64_t i0, int64_t j0,
            j0 >= sh.first_key(i0 + kTileRows - 1);
 }
 
-// For a tile pass with > 48 KB of dynamic shared memory: raises the kernel's limit once.
+// For a kernel with > 48 KB of dynamic shared memory: raises its limit, or says the GPU is short.
 template <class Kernel>
-void allow_shared_memory(Kernel* kernel, size_t bytes) {
+void allow_shared_memory(Kernel* kernel, size_t bytes, const char* name) {
+    QK_CHECK(bytes <= max_shared_memory_per_block(),
+             "{}: needs {} bytes of shared memory per block, this GPU gives at most {} (head dim "
+             "256 needs an H100-class GPU; use --attention naive)",
+             name, bytes, max_shared_memory_per_block());
     if (bytes > 48 * 1024)
         QK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(bytes)));

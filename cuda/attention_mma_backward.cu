@@ -14,8 +14,10 @@
 //   dq     a block per 64 query rows, warp w owning rows 16w … 16w + 15, walking their key tiles:
 //          S = Q Kᵀ, dP = dO Vᵀ, then P and dS (the row's lse and D_i in registers), and
 //          dQ' += dS K; attention_finish_dq then multiplies by g and sums ∂loss/∂g.
-// Shared memory: the two tiles the block keeps (k, v or q, dO) and the two it streams, 64 × D
-// each in H: 32 KB at D = 64, 64 KB at D = 128 (above the default 48 KB: raised per kernel).
+// Shared memory: the two tiles the block keeps (k, v or q, dO) and two stages of the two it
+// streams, 64 × D each in H: 48 KB at D = 64, 96 KB at D = 128, 192 KB at D = 256 (above the
+// default 48 KB: raised per kernel). At D = 256 a warp cannot hold 16 × 256 floats of each
+// gradient: the grid's z splits the columns in two, each block recomputing S and dP for its half.
 //
 // Precision: dO is rounded to H (the mma's inputs), and so are P and dS before their second
 // product; tests/test_cuda_attention_mma.cpp derives the bound this puts on each gradient.
@@ -77,24 +79,27 @@ __device__ void probabilities_and_grads(float (&s)[kTile / 8][4], float (&dp)[kT
     }
 }
 
-// acc (16 × D) of this warp's rows first_row + (0 … 15) into dst: (·, D) global, rows < valid.
-template <int D>
-__device__ void store_rows(float* dst, const float (&acc)[D / 8][4], int64_t first_row,
-                           int64_t valid) {
+// acc (16 × kCols) of this warp's rows first_row + (0 … 15) into columns [first_col, first_col +
+// kCols) of dst: (·, D) global, rows < valid.
+template <int D, int kCols>
+__device__ void store_rows(float* dst, const float (&acc)[kCols / 8][4], int64_t first_row,
+                           int64_t valid, int first_col) {
     const int lane = threadIdx.x % kWarp;
-
     QK_UNROLL
     for (int r = 0; r < 2; ++r) {
         const int64_t row = first_row + lane / 4 + 8 * r;
         if (row >= valid) continue;
-
         QK_UNROLL
-        for (int e = 0; e < D / 4; ++e) {  // 8-column block d, column h of the lane's pair
+        for (int e = 0; e < kCols / 4; ++e) {  // 8-column block d, column h of the lane's pair
             const int d = e / 2, h = e % 2;
-            dst[row * D + 8 * d + 2 * (lane % 4) + h] = acc[d][2 * r + h];
+            dst[row * D + first_col + 8 * d + 2 * (lane % 4) + h] = acc[d][2 * r + h];
         }
     }
 }
+
+// The gradients' columns a block accumulates: all of D up to 128, else a slice per blockIdx.z.
+template <int D>
+constexpr int kCols = D < tc::kMaxCols ? D : tc::kMaxCols;
 
 template <class H, int D>
 __global__ void __launch_bounds__(kThreads)
@@ -146,7 +151,8 @@ __global__ void __launch_bounds__(kThreads)
         load_tile(0, 0);  // one group with the keys and values
     else
         mma::cp_async_commit();
-    float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+    const int first_col = int(blockIdx.z) * kCols<D>;  // this block's slice of dK's, dV's columns
+    float dk_acc[kCols<D> / 8][4] = {}, dv_acc[kCols<D> / 8][4] = {};
     for (int64_t n = 0; n < tiles; ++n) {
         const int st = int(n % 2);
         if (n + 1 < tiles) {
@@ -171,14 +177,14 @@ __global__ void __launch_bounds__(kThreads)
                                                      stats[2 * kTile + c]};
                                 });
         QK_UNROLL
-        for (int e = 0; e < kTile / 2; ++e) dpt[e / 4][e % 4] *= g;  // g·dsᵀ
-        tc::mma_scores_by_tile<H, D>(dv_acc, st_acc, do_s(st));      // dV += Pᵀ dO
-        tc::mma_scores_by_tile<H, D>(dk_acc, dpt, q_s(st));          // dK += g dSᵀ Q
+        for (int e = 0; e < kTile / 2; ++e) dpt[e / 4][e % 4] *= g;                   // g·dsᵀ
+        tc::mma_scores_by_tile<H, D, kCols<D>>(dv_acc, st_acc, do_s(st), first_col);  // dV += Pᵀ dO
+        tc::mma_scores_by_tile<H, D, kCols<D>>(dk_acc, dpt, q_s(st), first_col);  // dK += g dSᵀ Q
         __syncthreads();  // every warp is done with this stage before it is filled again
     }
     mma::cp_async_wait<0>();  // a block no query sees still issued its key tile
-    store_rows<D>(dk + (kvh * sh.Tk + j0) * D, dk_acc, 16 * warp, cols);
-    store_rows<D>(dv + (kvh * sh.Tk + j0) * D, dv_acc, 16 * warp, cols);
+    store_rows<D, kCols<D>>(dk + (kvh * sh.Tk + j0) * D, dk_acc, 16 * warp, cols, first_col);
+    store_rows<D, kCols<D>>(dv + (kvh * sh.Tk + j0) * D, dv_acc, 16 * warp, cols, first_col);
 }
 
 // dq_unscaled: (BH, Tq, D) out, Σ_j ds_ij k_j (the factor g comes in attention_finish_dq).
@@ -221,7 +227,8 @@ __global__ void __launch_bounds__(kThreads)
         lse_lo[r] = i < sh.Tq ? float(row_lse - double(lse_hi[r])) : 0.0f;
         row_delta[r] = i < sh.Tq ? delta[bh * sh.Tq + i] : 0.0f;
     }
-    float dq_acc[D / 8][4] = {};
+    const int first_col = int(blockIdx.z) * kCols<D>;  // this block's slice of dQ's columns
+    float dq_acc[kCols<D> / 8][4] = {};
     int st = 0;
     for (int64_t j0 = key_begin; j0 < key_end; j0 += kTile, st ^= 1) {
         if (j0 + kTile < key_end) {
@@ -241,11 +248,12 @@ __global__ void __launch_bounds__(kThreads)
                                     return PairStats{i < sh.Tq && sees(i, j, sh), lse_hi[r / 8],
                                                      lse_lo[r / 8], row_delta[r / 8]};
                                 });
-        tc::mma_scores_by_tile<H, D>(dq_acc, dp, k_s(st));  // dQ' += dS K
+        tc::mma_scores_by_tile<H, D, kCols<D>>(dq_acc, dp, k_s(st), first_col);  // dQ' += dS K
         __syncthreads();  // every warp is done with this stage before it is filled again
     }
     mma::cp_async_wait<0>();
-    store_rows<D>(dq_unscaled + (bh * sh.Tq + i0) * D, dq_acc, 16 * warp, rows);
+    store_rows<D, kCols<D>>(dq_unscaled + (bh * sh.Tq + i0) * D, dq_acc, 16 * warp, rows,
+                            first_col);
 }
 
 template <class H, int D>
@@ -258,27 +266,32 @@ void launch_backward(float* dq, float* dk, float* dv, const float* delta, const 
     const auto* do16 = reinterpret_cast<const uint16_t*>(dout);
     const size_t tiles = 6 * size_t(kTile) * D * sizeof(H);  // 2 kept + 2 stages of 2
     const double pairs = attention_pairs(sh), h = sizeof(H);
+    // D = 256: two column slices, each block recomputing S and dP for its own half.
+    const unsigned slices = D / kCols<D>;
     if (sh.Tk > 0) {
         const dim3 grid(static_cast<unsigned>((sh.Tk + kTile - 1) / kTile),
-                        static_cast<unsigned>(sh.batch_heads / sh.heads * sh.kv_heads));
+                        static_cast<unsigned>(sh.batch_heads / sh.heads * sh.kv_heads), slices);
         const size_t smem = tiles + 2 * 3 * kTile * sizeof(float);
-        tc::allow_shared_memory(attention_dkdv_mma_kernel<H, D>, smem);
+        tc::allow_shared_memory(attention_dkdv_mma_kernel<H, D>, smem,
+                                "attention backward (dK, dV)");
         // Per key tile: q and dO of every query tile that sees it; k, v once, dk, dv out.
         const double kv_elems = double(grid.y) * double(sh.Tk) * D;
-        ledger::declare(2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tk) + kv_elems * (2 * h + 8),
-                        14 * pairs, 8 * double(D) * pairs);
+        ledger::declare(
+            slices * 2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tk) + kv_elems * (2 * h + 8),
+            slices * 14 * pairs, (4.0 * slices + 4) * double(D) * pairs);
         QK_LAUNCH((attention_dkdv_mma_kernel<H, D>), grid, kThreads, smem, stream(), dk, dv, do16,
                   q16, k16, v16, lse, delta, scale, scale_stride, cap, sh);
         QK_CUDA_CHECK_LAUNCH("attention_dkdv_mma_kernel");
     }
     if (sh.Tq > 0) {
         const dim3 grid(static_cast<unsigned>((sh.Tq + kTile - 1) / kTile),
-                        static_cast<unsigned>(sh.batch_heads));
-        tc::allow_shared_memory(attention_dq_mma_kernel<H, D>, tiles);
+                        static_cast<unsigned>(sh.batch_heads), slices);
+        tc::allow_shared_memory(attention_dq_mma_kernel<H, D>, tiles, "attention backward (dQ)");
         // Per query tile: k and v of every key tile it sees; q, dO once, dq out.
         const double q_elems = double(sh.batch_heads * sh.Tq) * D;
-        ledger::declare(2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tq) + q_elems * (2 * h + 4),
-                        12 * pairs, 6 * double(D) * pairs);
+        ledger::declare(
+            slices * 2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tq) + q_elems * (2 * h + 4),
+            slices * 12 * pairs, (4.0 * slices + 2) * double(D) * pairs);
         QK_LAUNCH((attention_dq_mma_kernel<H, D>), grid, kThreads, tiles, stream(), dq, do16, q16,
                   k16, v16, lse, delta, scale, scale_stride, cap, sh);
         QK_CUDA_CHECK_LAUNCH("attention_dq_mma_kernel");
@@ -293,15 +306,13 @@ void attention_backward_mma(float* dq, float* dk, float* dv, float* dscale, floa
                             const float* out, const double* lse, const float* scale,
                             int64_t scale_stride, float cap, const AttentionShape& sh) {
     QK_CHECK(attention_mma_supports(sh.D),
-             "attention on tensor cores: head dim D must be 64 or 128, got {}", sh.D);
+             "attention on tensor cores: head dim D must be 64, 128 or 256, got {}", sh.D);
     if (sh.batch_heads == 0) return;
     attention_delta(delta, dout, out, sh);
-    if (sh.D == 64)
-        launch_backward<H, 64>(dq, dk, dv, delta, dout_h, q, k, v, lse, scale, scale_stride, cap,
-                               sh);
-    else
-        launch_backward<H, 128>(dq, dk, dv, delta, dout_h, q, k, v, lse, scale, scale_stride, cap,
-                                sh);
+    const auto launch = sh.D == 64    ? launch_backward<H, 64>
+                        : sh.D == 128 ? launch_backward<H, 128>
+                                      : launch_backward<H, 256>;
+    launch(dq, dk, dv, delta, dout_h, q, k, v, lse, scale, scale_stride, cap, sh);
     attention_finish_dq(dq, dscale, q, scale, scale_stride, sh);
 }
 

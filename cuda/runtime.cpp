@@ -58,6 +58,15 @@ const char* backend_description() {
 #endif
 }
 
+std::size_t max_shared_memory_per_block() {
+    static const std::size_t bytes = [] {
+        cudaDeviceProp prop{};
+        QK_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+        return std::size_t(prop.sharedMemPerBlockOptin);
+    }();
+    return bytes;
+}
+
 void copy_to_device(void* dst, const void* src, std::size_t nbytes) {
     if (nbytes) QK_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyHostToDevice));
 }

@@ -323,8 +323,9 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     if (q_in.device() == Device::cuda) {  // each block's tiles must fit in 48 KB of shared memory
         const int64_t max_d = q_in.dtype() == kF64 ? 64 : 128;
         QK_CHECK(q_in.size(3) <= max_d,
-                 "attention: the CUDA kernel takes head dims D <= {} in {}, got q {}", max_d,
-                 q_in.dtype(), q_in.shape());
+                 "attention: the CUDA kernel takes head dims D <= {} in {} at full precision "
+                 "(bf16 and fp16 precision run on tensor cores for D = 64, 128, 256), got q {}",
+                 max_d, q_in.dtype(), q_in.shape());
     }
     const Tensor q = autograd::contiguous_input(q_in), k = autograd::contiguous_input(k_in),
                  v = autograd::contiguous_input(v_in), scale = scale_as_tensor(q, o);

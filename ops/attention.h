@@ -29,8 +29,8 @@ struct AttentionOptions {
     // bf16 / fp16: q, k and v (float32) are rounded to bfloat16 / float16, as the inputs of mixed
     // GEMMs are, and the logits and the output are their float32 sums (as a fused kernel keeps
     // them, in registers); the signals measure those logits. The fused path on cuda with head dims
-    // 64 and 128 runs on tensor cores, which also round P (and in the backward dO and dS) to the
-    // half type before their products (docs/fused-attention.md derives the bound).
+    // 64, 128 and 256 runs on tensor cores, which also round P (and in the backward dO and dS) to
+    // the half type before their products (docs/fused-attention.md derives the bound).
     Precision precision = Precision::full;
     // Simulated FP8 logits (--fp8-attention): z = cap(s) rounded to E4M3 at scale 1 before the
     // mask and the softmax, saturating at ±448 (E4M3 has no Inf); straight-through in the
@@ -118,7 +118,7 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
                         int64_t scale_stride, T cap, const AttentionShape& shape);
 // The forward on tensor cores (cuda/attention_mma.cu), for bf16 and fp16 precision: q, k, v in
 // H = bf16 or f16, everything else float32 (lse float64), the contract above otherwise; P is
-// rounded to H before P·V. Head dims 64 and 128 (attention_mma_supports).
+// rounded to H before P·V. Head dims 64, 128 and 256 (attention_mma_supports).
 bool attention_mma_supports(int64_t D);
 template <class H>
 void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* entropy,

@@ -193,7 +193,8 @@ void check_forward(const Case& c, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("tensor-core attention forward: tile edges, Tq < Tk, causal or not, D = 64 and 128") {
+TEST_CASE(
+    "tensor-core attention forward: tile edges, Tq < Tk, a KV-cache query, D = 64, 128, 256") {
     if (!cuda_device_or_skip()) return;
     uint64_t seed = 100;
     for (int64_t T : {1, 63, 65, 130}) check_forward<bf16>({2, 2, 2, T, T, 64}, seed += 10);
@@ -201,6 +202,8 @@ TEST_CASE("tensor-core attention forward: tile edges, Tq < Tk, causal or not, D 
     check_forward<bf16>({2, 2, 2, 33, 100, 64}, seed += 10);  // the causal mask shifted
     check_forward<bf16>({2, 2, 2, 3, 100, 64, false}, seed += 10);
     check_forward<bf16>({2, 1, 1, 70, 70, 128}, seed += 10);
+    check_forward<bf16>({2, 2, 1, 70, 70, 256}, seed += 10);  // Gemma 3's head size
+    check_forward<bf16>({2, 2, 2, 1, 300, 64}, seed += 10);   // one new token against a KV cache
 }
 
 TEST_CASE("tensor-core attention forward: grouped-query heads, windows, caps, scales, FP8, fp16") {
@@ -341,4 +344,5 @@ TEST_CASE("the attention op at bf16 precision on cuda (tensor cores) against the
     check_op({4, 2, 2, 70, 70, 64, true, 0, 5.0}, 500);  // causal, capped, a scale per head
     check_op({4, 4, 1, 65, 65, 64, true, 20}, 510);      // 4 heads read one, a window
     check_op({2, 2, 2, 33, 80, 128, false, 0, 0, true, false, 2.0}, 520);  // Tq < Tk, D = 128
+    check_op({2, 2, 1, 70, 70, 256, true, 0, 5.0}, 530);  // D = 256: gradients in column slices
 }
