@@ -1,6 +1,6 @@
 // bench_gpu_attention: the fused attention on a GPU, measured as FlashAttention reports it (causal,
 // bf16, FLOPs 4·B·H·T²·D / 2 forward and 2.5 times that backward), at the shapes of PyTorch's peer
-// (`torch_peer.py attn`, run beside it by bench/gpu_check.sh):
+// (`torch_peer.py attn`, run beside it by bench/gpu_check.sh), and one at head dim 256:
 //
 //   ./build-nvcc/bench/bench_gpu_attention [quick]
 //
@@ -102,7 +102,8 @@ int main(int argc, char** argv) {
     }
     const bool quick = argc > 1 && std::strcmp(argv[1], "quick") == 0;
     std::vector<Shape4> shapes{{8, 12, 1024, 64}, {4, 12, 2048, 64}, {2, 12, 4096, 64},
-                               {8, 6, 1024, 128}, {2, 6, 4096, 128}, {1, 12, 8192, 64}};
+                               {8, 6, 1024, 128}, {2, 6, 4096, 128}, {1, 12, 8192, 64},
+                               {2, 4, 4096, 256}};  // the last: Gemma 3's head size
     if (quick) shapes = {{8, 12, 1024, 64}, {8, 6, 1024, 128}};
     for (size_t i = 0; i < shapes.size(); ++i) measure(shapes[i], i == 0);
 }

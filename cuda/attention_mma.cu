@@ -130,8 +130,17 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
     for (int idx = 0; idx < kDTiles * 4; ++idx) o[idx / 4][idx % 4] *= alpha[idx % 4 / 2];
 }
 
+// Blocks per SM asked of the register allocator (__launch_bounds__): more warps to hide the
+// latencies of the softmax's dependent chains, at the cost of a few spilled registers; the
+// signals' variant (stats steps only) keeps its registers.
+template <int D, bool kSignals>
+constexpr int forward_blocks_per_sm() {
+    if (kSignals) return 1;
+    return D == 64 ? 4 : D == 128 ? 3 : 1;
+}
+
 template <class H, int D, bool kSignals>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>()))
     attention_forward_mma_kernel(float* out, double* lse, float* max_abs_s, float* entropy,
                                  float* saturated, const uint16_t* q, const uint16_t* k,
                                  const uint16_t* v, const float* scale, int64_t scale_stride,
