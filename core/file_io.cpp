@@ -110,6 +110,19 @@ JsonExtent measure_json(std::string_view json) {
     return extent;
 }
 
+void check_json_extent(std::string_view json, const std::string& what, int64_t max_depth,
+                       uint64_t max_elements) {
+    const size_t nul = json.find('\0');
+    QK_CHECK(nul == std::string_view::npos,
+             "{}: a NUL byte at offset {} (JSON text holds none; is this the right file?)", what,
+             nul);
+    const JsonExtent extent = measure_json(json);
+    QK_CHECK(extent.max_depth <= max_depth && extent.elements <= max_elements,
+             "{}: JSON nested {} deep with {} elements, past what this file holds (at most {} "
+             "deep, {} elements)",
+             what, extent.max_depth, extent.elements, max_depth, max_elements);
+}
+
 std::string read_regular_file(const std::string& path, const std::string& what,
                               uint64_t max_bytes) {
     RegularFile file(path, what);

@@ -50,6 +50,12 @@ struct JsonExtent {
 };
 JsonExtent measure_json(std::string_view json);
 
+// Throws qk::Error naming `what` unless json nests at most max_depth deep, has at most
+// max_elements elements and holds no NUL byte (the parser would stop there and take the text
+// before it for the whole file). Call it before parsing text a user or a download supplied.
+void check_json_extent(std::string_view json, const std::string& what, int64_t max_depth,
+                       uint64_t max_elements);
+
 // "a directory", "a FIFO", "a character device", ... for an st_mode; used in messages.
 const char* file_kind(unsigned mode);
 

@@ -197,6 +197,7 @@ TEST_CASE("a 64 x 64 x 64 GEMM of ldmatrix, cp.async and mma equals matmul") {
 }
 
 TEST_CASE("mma_gemm refuses shapes off its tiles") {
+    if (!cuda_device_or_skip()) return;
     DeviceBuffer<uint16_t> d(64 * 64);
     DeviceBuffer<float> c(64 * 64);
     CHECK_THROWS_WITH_AS(cuda::mma_gemm(c.ptr, d.ptr, d.ptr, 60, 64, 64, false, false),

@@ -233,6 +233,19 @@ TEST_CASE("hostile config.json files: missing, mistyped, contradictory and unkno
                   {"config.json", "not valid", "n_kv_head", "3"}));
     CHECK(refused([](json& j) { j["attention_bias"] = true; },
                   {"config.json", "attention_bias", "true"}));
+    // Hostile text: nested 100,000 deep (it crashed the JSON library's recursion), a NUL byte
+    // (the parser stopped there and read the rest as absent), a file past any config's size.
+    const std::string config_path = dir.str() + "/config.json";
+    auto write_text_file = [](const std::string& path, const std::string& bytes) {
+        std::ofstream(path, std::ios::binary) << bytes;
+    };
+    write_text_file(config_path, std::string(100000, '[') + std::string(100000, ']'));
+    CHECK(throws_with([&] { load_hf_model(dir.str()); },
+                      {"config.json", "nested 100000 deep", "at most 32"}));
+    write_text_file(config_path, good.dump().substr(0, 20) + std::string(1, '\0') + "}");
+    CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"config.json", "NUL byte at offset 20"}));
+    write_text_file(config_path, std::string(17 << 20, ' '));
+    CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"config.json"}));
     dir.write("config.json", good);
     CHECK(load_hf_model(dir.str())->config().kv_heads() == 2);  // and the original still loads
 }
@@ -275,6 +288,9 @@ TEST_CASE("hostile weights: wrong shape or dtype, missing, extra, duplicated, ou
         bad["weight_map"]["model.norm.weight"] = "/etc/passwd";
         dir.write("model.safetensors.index.json", bad);
         CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"outside the model directory"}));
+        std::ofstream(dir.str() + "/model.safetensors.index.json", std::ios::binary)
+            << "{\"weight_map\": " + std::string(50000, '[') + std::string(50000, ']') + "}";
+        CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"index.json", "nested 50001 deep"}));
         dir.write("model.safetensors.index.json", index);
         const std::string first = dir.str() + "/model-00001-of-00003.safetensors";
         const std::string last = dir.str() + "/model-00003-of-00003.safetensors";

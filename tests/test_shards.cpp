@@ -193,6 +193,12 @@ TEST_CASE("prepare: shards of a corpus, split as --data FILE splits it") {
         write_file(dir, "bad.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
         CHECK(throws_with([&] { prepare_token_shards(tok, {dir / "bad.jsonl"}, prep); },
                           {"bad.jsonl line 2", "\"text\""}));
+        // A line nested 200,000 deep is measured, not parsed (the parser's nodes took gigabytes).
+        write_file(
+            dir, "deep.jsonl",
+            "{\"text\": \"a\"}\n" + std::string(200000, '[') + std::string(200000, ']') + "\n");
+        CHECK(throws_with([&] { prepare_token_shards(tok, {dir / "deep.jsonl"}, prep); },
+                          {"deep.jsonl line 2", "nested 200000 deep"}));
         CHECK(throws_with([&] { prepare_token_shards(tok, {dir / "missing.txt"}, prep); },
                           {"does not exist"}));
     }

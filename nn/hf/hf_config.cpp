@@ -310,10 +310,13 @@ std::string architecture_name(HFFamily family) {
 }
 
 HFConfig read_hf_config(const std::string& path) {
-    const RegularFile file(path, "config.json");
+    // A config.json is a few kB; 16 MB is far past any model's, and nothing is parsed before its
+    // nesting is measured (a 100,000-deep one crashed the JSON library's recursion).
+    const std::string text = read_regular_file(path, "config.json", 16 << 20);
+    check_json_extent(text, path, 32, 1 << 20);
     json j;
     try {
-        j = json::parse(file.read(0, file.size()));
+        j = json::parse(text);
     } catch (const json::exception& e) {
         throw Error(fmt::format("{}: not valid JSON: {}", path, e.what()));
     }

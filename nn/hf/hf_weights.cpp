@@ -118,7 +118,9 @@ std::vector<std::string> shard_files(const std::string& index_path,
                                      std::map<std::string, std::string>& weight_map_out) {
     json index;
     try {
-        index = json::parse(read_regular_file(index_path, "shard index", 100 << 20));
+        const std::string text = read_regular_file(index_path, "shard index", 100 << 20);
+        check_json_extent(text, index_path, 16, uint64_t{16} << 20);
+        index = json::parse(text);
     } catch (const json::exception& e) {
         throw Error(fmt::format("{}: not valid JSON: {}", index_path, e.what()));
     }

@@ -171,6 +171,9 @@ PrepareSummary prepare_token_shards(const Tokenizer& tokenizer,
                 if (line_end == std::string::npos) line_end = bytes.size();
                 const std::string_view text(bytes.data() + line_begin, line_end - line_begin);
                 if (text.find_first_not_of(" \t\r") != std::string_view::npos) {
+                    // Measured first: a line nested millions deep would take gigabytes to parse.
+                    check_json_extent(text, fmt::format("prepare: {} line {}", in.path, line), 64,
+                                      uint64_t{1} << 24);
                     const auto j = nlohmann::json::parse(text, nullptr, false);
                     QK_CHECK(j.is_object() && j.contains(options.text_field) &&
                                  j[options.text_field].is_string(),
