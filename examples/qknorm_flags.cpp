@@ -227,8 +227,8 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
               "is NaN/Inf); 0 = on NaN/Inf only");
     add_value(cmd, "--grad-clip", cfg.grad_clip, "global gradient-norm clip; 0 = off");
     add_value(cmd, "--loss-scale", cfg.loss_scale,
-              "--precision fp16: the initial loss scale (halved, and the step skipped, when a "
-              "gradient overflows)");
+              "--precision fp16: the initial loss scale, in [2^-24, 2^64] (halved, and the step "
+              "skipped, when a gradient overflows)");
     add_value(cmd, "--loss-scale-interval", cfg.loss_scale_interval,
               "--precision fp16: double the loss scale after this many clean steps in a row");
     add_value(cmd, "--eval-every", cfg.eval_every,

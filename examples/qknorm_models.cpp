@@ -49,7 +49,8 @@ CLI::App* add_inspect_command(CLI::App& app, InspectArgs& args) {
     cmd->add_option("--text", args.text,
                     "the text file to run over (default: the bundled Tiny Shakespeare)");
     cmd->add_option("--window", args.window,
-                    "tokens per forward pass; 0 = the model's block size (at most 1024)");
+                    "tokens per forward pass; 0 = the model's block size (at most 1024)")
+        ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));  // -5 was the default, silently
     cmd->add_option("--max-tokens", args.max_tokens, "read at most this many tokens of the text")
         ->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
     cmd->add_option("--out", args.out, "the SVG of the signals per head");

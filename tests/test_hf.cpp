@@ -402,4 +402,9 @@ TEST_CASE("qknorm inspect prints the table and writes the plot, for a Hugging Fa
     CHECK(both.exit_code != 0);
     CHECK(both.output.find("one of them") != std::string::npos);
     CHECK(both.output.find("--run-dir") != std::string::npos);
+    const test::Outcome negative =  // was the default window, silently
+        test::run_program({test::qknorm_program(), "inspect", "--model", fixture("gemma3"),
+                           "--text", (root / "text.txt").string(), "--window", "-5"});
+    CHECK(negative.exit_code == 2);
+    CHECK(negative.output.find("--window") != std::string::npos);
 }

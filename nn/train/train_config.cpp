@@ -188,8 +188,11 @@ void TrainConfig::validate() const {
             "a finite number >= 0 (0 = no clipping)");
     require(diverge_factor == 0 || (std::isfinite(diverge_factor) && diverge_factor > 1),
             "diverge-factor", diverge_factor, "0 (off) or a finite number > 1");
-    require(std::isfinite(loss_scale) && loss_scale > 0 && loss_scale <= 0x1p64, "loss-scale",
-            loss_scale, "a finite number in (0, 2^64]");
+    // Below 2^-24 (fp16's smallest subnormal) every scaled fp16 gradient is 0, and a float32
+    // subnormal scale (1e-40) made every weight NaN at the first unscale.
+    require(std::isfinite(loss_scale) && loss_scale >= 0x1p-24 && loss_scale <= 0x1p64,
+            "loss-scale", loss_scale,
+            "a finite number in [2^-24, 2^64] (below 2^-24 every fp16 gradient underflows to 0)");
     require_count(loss_scale_interval, "loss-scale-interval", 1, kMaxSteps);
     require_count(eval_every, "eval-every", 0, kMaxSteps);  // 0: auto
     require_count(eval_batches, "eval-batches", 1, 1 << 20);
