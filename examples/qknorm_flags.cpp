@@ -322,9 +322,11 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& args) {
         "--run-dir,--run", args.run,
         "run directory, its latest checkpoint is used (default: the newest under runs/)");
     cmd->add_option("--ckpt", args.ckpt, "a model checkpoint file, instead of --run-dir");
+    // Free text, verbatim: without allow_extra_args(false) CLI11 reads "[a, b]" as a list of two.
     cmd->add_option("--prompt", args.prompts,
                     "text to continue (default: a newline); repeat it to decode several prompts "
-                    "together");
+                    "together")
+        ->allow_extra_args(false);
     add_value(cmd, "--num-samples", args.num_samples,
               "samples per prompt, decoded together; sample i draws with --seed + i")
         ->check(CLI::Range(int64_t{1}, int64_t{1024}));
@@ -346,6 +348,7 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& args) {
               "off");
     cmd->add_option("--stop", args.stops,
                     "stop once the generated text contains this string (repeatable)")
+        ->allow_extra_args(false)
         ->check(
             [](const std::string& s) {
                 return s.empty() ? std::string("an empty stop string would stop at once")

@@ -80,6 +80,7 @@ CLI::App* add_tokenizer_command(CLI::App& app, TokenizerArgs& args) {
     args.train
         ->add_option("--special", args.options.special_tokens,
                      "special tokens, given the first ids (repeatable)")
+        ->allow_extra_args(false)  // "[PAD]" is a token, not a list holding PAD
         ->capture_default_str();
     args.train
         ->add_option("--min-frequency", args.options.min_frequency,

@@ -254,6 +254,10 @@ TEST_CASE("sample: options checked, tokens streamed, non-finite logits refused")
     CHECK(ok.exit_code == 0);
     CHECK(ok.output.size() == 4 + 12 + 1);  // the prompt, 12 characters, a final newline
     CHECK(ok.output.rfind("All:", 0) == 0);
+    // Brackets and commas are text: CLI11 once read "[Go, hie]" as two prompts, "Go" and " hie",
+    // which this vocabulary holds; verbatim, its '[' is refused by name.
+    check_refused(run_qknorm({"sample", "--run", run, "--prompt", "[Go, hie]", "--tokens", "2"}), 1,
+                  {"character '['", "position 0"});
     check_refused(run_qknorm({"sample", "--run-dir", run, "--top-p", "0"}), 2,
                   {"--top-p must be in (0, 1]", "0"});
     check_refused(run_qknorm({"sample", "--run-dir", run, "--min-p", "1"}), 2, {"--min-p"});
@@ -387,4 +391,21 @@ TEST_CASE("a diverging run exits with status 3 and says why") {
     TempDir dir("cli_diverge");
     check_refused(run_qknorm(tiny(dir, {"--steps", "20", "--lr", "1e6", "--run-dir", dir / "r"})),
                   3, {"diverged", "--diverge-factor"});
+}
+
+TEST_CASE("free text is taken verbatim: a special token in brackets stays in its brackets") {
+    // CLI11 read "[PAD]" as the list {"PAD"}: the tokenizer got a token PAD.
+    TempDir dir("cli_verbatim");
+    const std::string corpus = write_corpus(dir), out = dir / "tokenizer.json";
+    const Outcome trained =
+        run_qknorm({"tokenizer", "train", "--vocab-size", "300", "--special", "[PAD]", "--special",
+                    "<a,b>", "--out", out, "--quiet", corpus});
+    CAPTURE(trained.output);
+    REQUIRE(trained.exit_code == 0);
+    const std::string json = read_file(out);
+    CHECK(json.find("\"[PAD]\"") != std::string::npos);
+    CHECK(json.find("\"<a,b>\"") != std::string::npos);
+    const Outcome ids = run_qknorm({"tokenizer", "encode", "--tokenizer", out, "--text", "[PAD]"});
+    CAPTURE(ids.output);
+    CHECK(ids.output.rfind("0\n", 0) == 0);  // the first special token, one id
 }
