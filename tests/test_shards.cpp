@@ -108,6 +108,14 @@ TEST_CASE("hostile token files give a clean error naming the file") {
         INFO(c.path);
         CHECK(throws_with([&] { read_all(*map_token_files({c.path}, 2)); }, {c.fragment, c.path}));
     }
+    // An id past the vocabulary deep in a file is refused when the file is opened, before any
+    // window reads it (a run once died at step 28 on one, with no checkpoint).
+    std::vector<uint32_t> ids(100000, 1);
+    ids[77777] = 9;
+    write_token_shard(dir / "late_train.bin", ids, 2);
+    CHECK(throws_with([&] { map_token_files({dir / "late_train.bin"}, 5); },
+                      {"token 9 at position 77777", "late_train.bin", "vocabulary of 5"}));
+    CHECK(map_token_files({dir / "late_train.bin"}, 10)->size() == 100000);
     CHECK(throws_with([&] { map_token_files({dir.path.string()}, 10); }, {"directory"}));
     CHECK(throws_with([&] { find_token_files(dir / "nowhere"); }, {"not a directory"}));
     TempDir only_train("shards_only_train");

@@ -55,6 +55,7 @@ class MappedTokens {
         }
         try {
             read_layout();
+            check_ids();
         } catch (...) {  // the destructor does not run for a constructor that throws
             if (base_) ::munmap(const_cast<unsigned char*>(base_), bytes_);
             throw;
@@ -82,6 +83,26 @@ class MappedTokens {
     }
 
   private:
+    // Every id below the vocabulary's size, checked once when the file is opened: an id past it
+    // found only when a window happened to read it stopped a run at step 28, without a checkpoint.
+    // One sequential pass (read-ahead on for it), the largest id first and its position only when
+    // it is too large; uint16 files under a vocabulary of 65,536 or more need none.
+    void check_ids() const {
+        if (token_bytes_ == 2 && vocab_ >= 65536) return;
+        ::madvise(const_cast<unsigned char*>(base_), bytes_, MADV_SEQUENTIAL);
+        const unsigned char* data = base_ + data_offset_;
+        uint32_t largest = 0;
+        for (int64_t i = 0; i < count_; ++i) {
+            uint32_t id = 0;
+            std::memcpy(&id, data + i * token_bytes_, static_cast<size_t>(token_bytes_));
+            largest = std::max(largest, id);
+        }
+        ::madvise(const_cast<unsigned char*>(base_), bytes_, MADV_RANDOM);
+        if (static_cast<int64_t>(largest) < vocab_) return;
+        std::vector<int32_t> one(1);
+        for (int64_t i = 0; i < count_; ++i) read(i, 1, one.data());  // throws, naming where
+    }
+
     void read_layout() {
         const std::string name = fs::path(path_).filename().string();
         int32_t header[3] = {0, 0, 0};

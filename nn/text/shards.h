@@ -22,7 +22,8 @@ void write_token_shard(const std::string& path, const std::vector<uint32_t>& tok
                        int token_bytes);
 
 // A sequence of token ids: in memory, or token files memory-mapped and read in order as one
-// stream (pages are read from disk as windows touch them; nothing is loaded up front).
+// stream (pages are read from disk as windows touch them; nothing is kept loaded). Opening a file
+// reads it once, in order, to check that every id is below vocab_size.
 class TokenSequence {
   public:
     virtual ~TokenSequence() = default;
