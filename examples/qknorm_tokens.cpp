@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/file_io.h"
@@ -106,8 +107,24 @@ CLI::App* add_tokenizer_command(CLI::App& app, TokenizerArgs& args) {
     return cmd;
 }
 
+// --out checked before the merges are learned (`--out /` failed after the whole training): not a
+// directory, and in a directory that exists and can be written.
+void check_tokenizer_out(const std::string& out) {
+    namespace fs = std::filesystem;
+    QK_CHECK(!fs::is_directory(out),
+             "tokenizer train: --out {} is a directory; name the tokenizer.json file to write",
+             out);
+    const fs::path parent =
+        fs::path(out).parent_path().empty() ? fs::path(".") : fs::path(out).parent_path();
+    QK_CHECK(fs::is_directory(parent), "tokenizer train: --out {}: the directory {} does not exist",
+             out, parent.string());
+    QK_CHECK(::access(parent.c_str(), W_OK) == 0,
+             "tokenizer train: --out {}: the directory {} cannot be written", out, parent.string());
+}
+
 int run_tokenizer(const TokenizerArgs& args) {
     if (args.train->parsed()) {
+        check_tokenizer_out(args.out);
         std::vector<std::string> texts, files = args.inputs;
         if (files.empty()) files.push_back(nn::default_data_path());
         for (const std::string& f : files)

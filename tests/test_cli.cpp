@@ -405,6 +405,12 @@ TEST_CASE("free text is taken verbatim: a special token in brackets stays in its
     const std::string json = read_file(out);
     CHECK(json.find("\"[PAD]\"") != std::string::npos);
     CHECK(json.find("\"<a,b>\"") != std::string::npos);
+    // --out is checked before anything is learned (`--out /` failed after the whole training).
+    check_refused(run_qknorm({"tokenizer", "train", "--out", "/", "--quiet", corpus}), 1,
+                  {"--out /", "is a directory"});
+    check_refused(
+        run_qknorm({"tokenizer", "train", "--out", dir / "no/such/t.json", "--quiet", corpus}), 1,
+        {"does not exist"});
     const Outcome ids = run_qknorm({"tokenizer", "encode", "--tokenizer", out, "--text", "[PAD]"});
     CAPTURE(ids.output);
     CHECK(ids.output.rfind("0\n", 0) == 0);  // the first special token, one id

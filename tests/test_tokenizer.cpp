@@ -164,6 +164,16 @@ TEST_CASE("the trainer: progress, special tokens, min_frequency and refusals") {
     CHECK(throws_with([] { train_bpe({"", ""}, {}); }, {"corpus is empty"}));
     options.vocab_size = 100;
     CHECK(throws_with([&] { train_bpe({text}, options); }, {"--vocab-size 100", "258"}));
+    // What tokenizer.json cannot hold with our ids: a special twice, a special that is a byte's
+    // token (bytes stand in as printable characters: 'a' is byte 97) or a merged token's.
+    options = BpeTrainOptions{};
+    options.vocab_size = 300;
+    options.special_tokens = {"<pad>", "<pad>"};
+    CHECK(throws_with([&] { train_bpe({text}, options); }, {"'<pad>'", "twice"}));
+    options.special_tokens = {"a"};
+    CHECK(throws_with([&] { train_bpe({text}, options); }, {"'a'", "byte 97"}));
+    options.special_tokens = {"\u0120t"};  // how the merged " t" is written in tokenizer.json
+    CHECK(throws_with([&] { train_bpe({text}, options); }, {"\u0120t", "merged token"}));
 }
 
 TEST_CASE("save, from_file, serialize: the same tokenizer back") {

@@ -90,8 +90,21 @@ Tokenizer train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions
     int64_t corpus_bytes = 0;
     for (const std::string& t : texts) corpus_bytes += static_cast<int64_t>(t.size());
     QK_CHECK(corpus_bytes > 0, "tokenizer train: the corpus is empty (0 bytes)");
-    for (const std::string& s : options.special_tokens)
+    // tokenizer.json maps each string to one id: a special written twice, or equal to a byte's
+    // token, would be read back (by Hugging Face's tokenizers too) with other ids than ours.
+    const auto& byte_tokens = bpe::byte_stand_ins();
+    for (size_t i = 0; i < options.special_tokens.size(); ++i) {
+        const std::string& s = options.special_tokens[i];
         QK_CHECK(!s.empty(), "tokenizer train: a special token is empty");
+        for (size_t j = 0; j < i; ++j)
+            QK_CHECK(options.special_tokens[j] != s,
+                     "tokenizer train: the special token '{}' is given twice", s);
+        const auto byte = std::find(byte_tokens.begin(), byte_tokens.end(), s);
+        QK_CHECK(byte == byte_tokens.end(),
+                 "tokenizer train: the special token '{}' is the token of byte {} in "
+                 "tokenizer.json's vocabulary; one string holds one id there: choose another",
+                 s, byte - byte_tokens.begin());
+    }
 
     // Ids: specials, then the bytes in the order of their stand-in characters (code points).
     std::vector<std::string> tokens(options.special_tokens.begin(), options.special_tokens.end());
@@ -184,8 +197,15 @@ Tokenizer train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions
     // As a tokenizer.json: GPT-2's ByteLevel pre-tokenizer and decoder.
     nlohmann::ordered_json vocab = nlohmann::ordered_json::object(),
                            merge_list = nlohmann::ordered_json::array();
-    for (size_t id = 0; id < tokens.size(); ++id)
-        vocab[id < options.special_tokens.size() ? tokens[id] : bpe::to_stand_ins(tokens[id])] = id;
+    for (size_t id = 0; id < tokens.size(); ++id) {
+        const std::string key =
+            id < options.special_tokens.size() ? tokens[id] : bpe::to_stand_ins(tokens[id]);
+        QK_CHECK(!vocab.contains(key),
+                 "tokenizer train: the special token '{}' is also a merged token of the corpus; "
+                 "one string holds one id in tokenizer.json: choose another special",
+                 key);
+        vocab[key] = id;
+    }
     for (const Pair& p : merges)
         merge_list.push_back(nlohmann::ordered_json::array(
             {bpe::to_stand_ins(tokens[static_cast<size_t>(p.first)]),
