@@ -286,20 +286,22 @@ int run_sample(const SampleArgs& args) {
         fmt::print("{}", loaded.tokenizer.decode(prompts[0]));
         std::fflush(stdout);
     }
-    std::vector<std::string> generated(prompts.size());
+    // Whole characters only, each sample's text decoded with its prompt (a token alone can be part
+    // of a UTF-8 sequence); the stop strings are looked for in that text.
+    std::vector<StreamDecoder> decoders;
+    for (const auto& prompt : prompts) decoders.emplace_back(loaded.tokenizer, prompt);
     const auto texts = generate(*loaded.model, prompts, options, gens, [&](int64_t s, int32_t id) {
-        const std::string piece = loaded.tokenizer.decode({id});
+        StreamDecoder& decoder = decoders[static_cast<size_t>(s)];
+        const std::string piece = decoder.push(id);
         if (stream) {
             fmt::print("{}", piece);
             std::fflush(stdout);
         }
-        std::string& text = generated[static_cast<size_t>(s)];
-        text += piece;
         return std::none_of(args.stops.begin(), args.stops.end(), [&](const std::string& stop) {
-            return text.find(stop) != std::string::npos;
+            return decoder.text().find(stop) != std::string::npos;
         });
     });
-    if (stream) fmt::print("\n");
+    if (stream) fmt::print("{}\n", decoders[0].finish());
     for (size_t s = 0; !stream && s < texts.size(); ++s)
         fmt::print("--- sample {} (seed {}) ---\n{}\n", s + 1, args.seed + s,
                    loaded.tokenizer.decode(texts[s]));

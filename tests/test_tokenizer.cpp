@@ -290,3 +290,29 @@ TEST_CASE("hostile tokenizer files give a clean error naming the file") {
     CHECK(throws_with([&] { tok.decode({5, 1000}); }, {"id 1000"}));
     CHECK(throws_with([&] { tok.decode({-3}); }, {"id -3"}));
 }
+
+TEST_CASE("StreamDecoder gives whole characters as the ids arrive, with the context's spaces") {
+    const Tokenizer sp = Tokenizer::from_file(fixture("sp_bpe.model"));
+    const Tokenizer bpe = Tokenizer::from_file(fixture("gpt2_style.json"));
+    for (const Tokenizer* tok : {&sp, &bpe}) {
+        CAPTURE(tok->kind());
+        const std::string prompt = "Before we",
+                          rest = " proceed any further, 1234 \xF0\x9F\x98\x80 ok";
+        const std::vector<int32_t> context = tok->encode(prompt);
+        const std::vector<int32_t> all = tok->encode(prompt + rest);
+        REQUIRE(std::equal(context.begin(), context.end(), all.begin()));
+        StreamDecoder decoder(*tok, context);
+        std::string joined;
+        int held = 0;  // pushes that gave nothing: the emoji's bytes arrive one token at a time
+        for (size_t i = context.size(); i < all.size(); ++i) {
+            const std::string piece = decoder.push(all[i]);
+            CHECK(piece.find("\xEF\xBF\xBD") == std::string::npos);  // no U+FFFD for a partial
+            held += piece.empty();
+            joined += piece;
+        }
+        joined += decoder.finish();
+        CHECK(joined == rest);  // one id at a time, "1234 ????" and "proceed" without its space
+        CHECK(decoder.text() == rest);
+        CHECK(held > 0);
+    }
+}

@@ -166,6 +166,57 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
                     path));
 }
 
+namespace {
+
+// How many leading bytes of s end on a character boundary with nothing that may still change: an
+// incomplete UTF-8 sequence at the end, and U+FFFD characters at the end, are left out.
+size_t complete_prefix(std::string_view s) {
+    size_t end = s.size();
+    // An incomplete sequence: a lead byte within the last 3 bytes whose sequence runs past the end.
+    for (size_t back = 1; back <= 3 && back <= end; ++back) {
+        const auto c = static_cast<unsigned char>(s[end - back]);
+        if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+        const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (need > back) end -= back;
+        break;
+    }
+    constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+    while (end >= kReplacement.size() &&
+           s.substr(end - kReplacement.size(), kReplacement.size()) == kReplacement)
+        end -= kReplacement.size();
+    return end;
+}
+
+}  // namespace
+
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, std::vector<int32_t> context)
+    : tokenizer_(tokenizer), ids_(std::move(context)) {
+    shown_ = ids_.empty() ? std::string() : tokenizer_.decode(ids_);
+}
+
+std::string StreamDecoder::push(int32_t id) {
+    ids_.push_back(id);
+    const std::string all = tokenizer_.decode(ids_);
+    // Decoding more ids only appends to the text before it; where a tokenizer would rewrite it,
+    // nothing more is shown until finish().
+    if (all.compare(0, shown_.size(), shown_) != 0) return {};
+    const std::string_view fresh = std::string_view(all).substr(shown_.size());
+    const std::string piece(fresh.substr(0, complete_prefix(fresh)));
+    shown_ += piece;
+    text_ += piece;
+    return piece;
+}
+
+std::string StreamDecoder::finish() {
+    const std::string all = tokenizer_.decode(ids_);
+    std::string rest = all.size() > shown_.size() && all.compare(0, shown_.size(), shown_) == 0
+                           ? all.substr(shown_.size())
+                           : std::string();
+    shown_ += rest;
+    text_ += rest;
+    return rest;
+}
+
 std::string tokenizer_file_in(const std::string& dir) {
     for (const char* name : {"tokenizer.json", "tokenizer.model"})
         if (fs::exists(fs::path(dir) / name)) return (fs::path(dir) / name).string();

@@ -74,6 +74,28 @@ class Tokenizer {
     std::shared_ptr<const TokenizerModel> model_;
 };
 
+// Decodes a growing sequence for printing as it grows: each push returns the text the new id
+// completes, and only whole characters. A token is not a unit of text: a byte-level BPE or a
+// SentencePiece byte-fallback token can hold part of a UTF-8 sequence (decoded alone it is U+FFFD),
+// and SentencePiece decodes a leading "▁" as a space only after other text. So the whole sequence,
+// context included, is decoded each time, and what follows the text already returned is given
+// out up to its last complete character; an incomplete UTF-8 sequence or trailing U+FFFD
+// (SentencePiece's stand-in for bytes still to come) waits for the next id or for finish().
+class StreamDecoder {
+  public:
+    // context: ids already shown (a prompt), never returned.
+    StreamDecoder(const Tokenizer& tokenizer, std::vector<int32_t> context);
+    std::string push(int32_t id);
+    std::string finish();                              // whatever was held back
+    const std::string& text() const { return text_; }  // all returned so far, context excluded
+
+  private:
+    const Tokenizer& tokenizer_;
+    std::vector<int32_t> ids_;
+    std::string shown_;  // the decoded context and every returned piece
+    std::string text_;
+};
+
 // A Hugging Face model directory's tokenizer file: its tokenizer.json, else its tokenizer.model,
 // else "" (the directory has neither).
 std::string tokenizer_file_in(const std::string& dir);
