@@ -380,6 +380,12 @@ TEST_CASE("inspect: the loss and per-head signals of a model over a text, window
     CHECK(inspect_table(three).find("mean next-token loss") != std::string::npos);
     CHECK(throws_with([&] { inspect_model(*model, {5}, 8); }, {"inspect", "at least 2"}));
     CHECK(throws_with([&] { inspect_model(*model, ids, 0); }, {"inspect", "window", "0"}));
+    // A NaN in layer 1's q projection (the first rows of c_attn): refused by name, not a table
+    // of "nan" and zeros with exit status 0.
+    for (auto& [name, p] : model->named_parameters())
+        if (name == "transformer.h.1.attn.c_attn.weight") p.data<float>()[3] = NAN;
+    CHECK(throws_with([&] { inspect_model(*model, ids, 64); },
+                      {"inspect", "not finite", "the mean loss is nan", "layer 1 head"}));
 }
 
 TEST_CASE("qknorm inspect prints the table and writes the plot, for a Hugging Face directory") {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/ranges.h>
+
 #include "autograd/grad_mode.h"
 #include "core/factory.h"
 #include "nn/signals/plot.h"
@@ -34,13 +36,42 @@ void accumulate(std::vector<HeadSignals>& heads, const AttentionStats& s, double
     for (size_t h = 0; h < heads.size(); ++h) {
         HeadSignals& out = heads[h];
         const size_t kv = h / static_cast<size_t>(group);
-        out.max_logit = std::max(out.max_logit, s.head_max_logit[h]);
+        // A NaN is kept (std::max would drop it, and a broken head would read max |logit| 0).
+        const double m = s.head_max_logit[h];
+        if (!std::isnan(out.max_logit))
+            out.max_logit = std::isnan(m) ? m : std::max(out.max_logit, m);
         out.entropy += weight * s.head_entropy[h];
         out.q_norm += weight * s.head_q_norm[h];
         out.q_norm_after += weight * s.head_q_norm_after[h];
         out.k_norm += weight * s.head_k_norm[kv];
         out.k_norm_after += weight * s.head_k_norm_after[kv];
     }
+}
+
+// Refuses a report that holds a non-finite number, naming the loss and the first heads: a NaN
+// weight made inspect print "loss nan" and exit 0.
+void check_finite(const InspectReport& r) {
+    std::vector<std::string> bad;
+    if (!std::isfinite(r.loss)) bad.push_back(fmt::format("the mean loss is {}", r.loss));
+    for (size_t layer = 0; layer < r.heads.size() && bad.size() < 4; ++layer)
+        for (size_t h = 0; h < r.heads[layer].size() && bad.size() < 4; ++h) {
+            const HeadSignals& s = r.heads[layer][h];
+            const std::pair<const char*, double> signals[] = {{"max |logit|", s.max_logit},
+                                                              {"entropy", s.entropy},
+                                                              {"|q|", s.q_norm},
+                                                              {"|k|", s.k_norm},
+                                                              {"|q| after", s.q_norm_after},
+                                                              {"|k| after", s.k_norm_after}};
+            for (const auto& [name, value] : signals)
+                if (!std::isfinite(value)) {
+                    bad.push_back(fmt::format("layer {} head {}: {} is {}", layer, h, name, value));
+                    break;
+                }
+        }
+    QK_CHECK(bad.empty(),
+             "inspect: the model gives numbers that are not finite over this text "
+             "(a weight that is not finite?): {}",
+             fmt::join(bad, "; "));
 }
 
 }  // namespace
@@ -74,6 +105,7 @@ InspectReport inspect_model(GPT& model, const std::vector<int32_t>& ids, int64_t
     report.tokens = predictions;
     report.loss = loss_sum / static_cast<double>(predictions);
     for (const auto& block : model.h) report.gain_range.push_back(gain_range(*block->attn));
+    check_finite(report);
     return report;
 }
 
