@@ -45,23 +45,6 @@ namespace fs = std::filesystem;
 
 constexpr int kExitError = 1, kExitUsage = 2, kExitDiverged = 3;
 
-// A flag's value or a config file that cannot be used: exit status 2, as CLI11's own errors.
-struct UsageError : Error {
-    using Error::Error;
-};
-
-// Runs `check`, turning its qk::Error into a UsageError: the values came from the command line.
-template <class F>
-void as_usage(F&& check) {
-    try {
-        check();
-    } catch (const UsageError&) {
-        throw;
-    } catch (const Error& e) {
-        throw UsageError(e.what());
-    }
-}
-
 // What `--resume DIR` takes from the command line besides the run's saved configuration: how
 // long to train (more steps extend the run; its LR schedule keeps its length, and the steps past
 // it run at --lr-min) and how the ranks share the work.

@@ -5,11 +5,29 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "nn/lab/sweep.h"
 #include "nn/model/sample.h"
 #include "nn/train/trainer.h"
 
 namespace qk::cli {
+
+// A flag's value or a config file that cannot be used: exit status 2, as CLI11's own errors.
+struct UsageError : Error {
+    using Error::Error;
+};
+
+// Runs `check`, turning its qk::Error into a UsageError: the values came from the command line.
+template <class F>
+void as_usage(F&& check) {
+    try {
+        check();
+    } catch (const UsageError&) {
+        throw;
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+}
 
 // The enum-valued model flags, parsed into GPTConfig after the command line is read.
 struct ModelFlags {

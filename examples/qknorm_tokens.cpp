@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "examples/qknorm_flags.h"
 #include "nn/text/data.h"
 #include "nn/train/trainer.h"
 
@@ -153,7 +154,9 @@ int run_tokenizer(const TokenizerArgs& args) {
         fmt::print("{}\n", fmt::join(tok.encode(text, !args.ordinary), " "));
         return 0;
     }
-    fmt::print("{}\n", tok.decode(parse_ids(args.inputs)));
+    std::string text;  // ids that are not numbers, or not the tokenizer's: usage errors (exit 2)
+    as_usage([&] { text = tok.decode(parse_ids(args.inputs)); });
+    fmt::print("{}\n", text);
     return 0;
 }
 

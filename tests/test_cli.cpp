@@ -133,8 +133,10 @@ TEST_CASE("paths of the wrong kind are named: a file as a directory, a directory
     check_refused(run_qknorm({"sweep", "--out", file, "--steps", "1", "--lrs", "0.01", "--variants",
                               "baseline"}),
                   2, {"qknorm: sweep: --out", file, "is a file"});
-    check_refused(run_qknorm({"train", "--data", dir.path.string(), "--run-dir", dir / "r1"}), 1,
+    // A directory of shards without --tokenizer: a usage error (2), found before the header.
+    check_refused(run_qknorm({"train", "--data", dir.path.string(), "--run-dir", dir / "r1"}), 2,
                   {"--data", dir.path.string(), "is a directory"});
+    CHECK(!std::filesystem::exists(dir / "r1"));
     const std::string empty = dir / "empty.txt";
     std::ofstream(empty).flush();
     check_refused(run_qknorm({"train", "--data", empty, "--run-dir", dir / "r2"}), 1,
@@ -411,6 +413,10 @@ TEST_CASE("free text is taken verbatim: a special token in brackets stays in its
     check_refused(
         run_qknorm({"tokenizer", "train", "--out", dir / "no/such/t.json", "--quiet", corpus}), 1,
         {"does not exist"});
+    // Ids that are not numbers, or past the vocabulary: usage errors, exit status 2.
+    check_refused(run_qknorm({"tokenizer", "decode", "--tokenizer", out, "12", "x7"}), 2,
+                  {"'x7' is not a token id"});
+    check_refused(run_qknorm({"tokenizer", "decode", "--tokenizer", out, "100000"}), 2, {"100000"});
     const Outcome ids = run_qknorm({"tokenizer", "encode", "--tokenizer", out, "--text", "[PAD]"});
     CAPTURE(ids.output);
     CHECK(ids.output.rfind("0\n", 0) == 0);  // the first special token, one id

@@ -263,6 +263,8 @@ TEST_CASE("a model trains from shards, reporting bits per byte") {
 
     cfg.tokenizer = "char";
     CHECK(throws_with([&] { load_training_data(cfg); }, {"directory of token files"}));
+    // With the flags' checks (a usage error before the run's header), not only at opening.
+    CHECK(throws_with([&] { cfg.validate(); }, {"directory of token files", "--tokenizer"}));
     TrainConfig text_run = tiny_run(dir, "chars");
     CHECK(load_training_data(text_run).val_bytes_per_token == 1.0);
 }

@@ -208,6 +208,12 @@ void TrainConfig::validate() const {
              "tokenizer.model, a directory holding one, a checkpoint); '{}' is none of them",
              tokenizer);
     modalities.validate();
+    // Checked here, with the other flags (a usage error before the run's header), not when the
+    // data are opened.
+    QK_CHECK(tokenizer != "char" || !std::filesystem::is_directory(data_path),
+             "train: --data {} is a directory of token files: --tokenizer must name the tokenizer "
+             "that made them (a tokenizer.json, a tokenizer.model or a directory holding one)",
+             data_path);
     QK_CHECK(!multimodal() || !std::filesystem::is_directory(data_path),
              "train: images mix into a text file's stream; --data {} is a directory of token "
              "files",
