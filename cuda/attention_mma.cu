@@ -4,29 +4,31 @@
 // and docs/fused-attention.md draws the tiles and fragments.
 //
 // Work split. A block is 4 warps and owns 64 query rows of one head (blockIdx.y); warp w owns rows
-// 16w … 16w + 15, whose q stays in registers as mma A fragments for the whole kernel. The block
+// 16w … 16w + 15, whose q stays in registers as mma A fragments for the whole kernel (read from
+// shared memory at each use when D = 256: its fragments would not fit beside the output). The block
 // walks the key tiles of 64 keys that its rows see; per tile, each warp
 //   1. S = Q Kᵀ: 16 × 64 logits, D/16 · 8 mma.m16n8k16 (K's rows are B's columns: ldmatrix without
 //      .trans), accumulated in float32 registers, 32 per lane;
 //   2. the online softmax on those registers: lane (g, t) holds columns 2t, 2t + 1 of every 8-key
 //      block of rows g and g + 8 (cuda/mma.h), so a row's max is a max over the 4 lanes of group g
 //      (two xor shuffles); m moves, l, w and the output are rescaled by α = exp(m − m'), and each
-//      logit becomes e = exp(z − m');
+//      logit becomes e = exp(z − m') (as 2^((z − m')·log2 e): one multiply before the exp2).
+//      Without a cap or FP8 logits, the loops over the 32 values hold only that.
 //   3. O += P V: the e of two adjacent 8-key blocks are exactly an A fragment of P (16 rows × 16
 //      keys) once rounded to H — no trip through shared memory — and V's rows are keys, so its B
 //      fragments come from ldmatrix .trans; D/8 · 4 mma.
 // The row sums l and w stay per lane (each lane's 16 columns) and meet in one quad sum at the end.
 //
 // Memory. Shared memory holds the q tile (read once into fragments), one key tile and one value
-// tile, 64 × D each in H (24 KB at D = 64, 48 KB at D = 128), filled by cp.async: the value tile's
+// tile, 64 × D each in H (24, 48, 96 KB at D = 64, 128, 256), filled by cp.async: the value tile's
 // copy runs under step 1-2, the next key tile's under step 3. Each row of a tile is D/8 chunks of
 // 16 bytes, stored at chunk ^ (row % 8): the 8 rows one ldmatrix reads at one column then sit in
 // 8 different bank groups instead of one (an 8-way conflict unswizzled).
 //
 // Precision. Products of H values are exact in float32 and the mma sums them in float32, so S is
 // the CUDA-core kernel's r up to the order of the sum; P is rounded to H before O += P V (l is
-// summed from the unrounded e), which moves o_i by at most 2^-9 Σ_j p_ij |v_j| in bf16 (2^-12 in
-// fp16): the tolerance tests/test_cuda_attention.cpp derives and holds the kernel to.
+// summed from the unrounded e), which moves o_i by at most 2^-8 Σ_j p_ij |v_j| in bf16 (2^-11 in
+// fp16): the bound tests/test_cuda_attention_mma.cpp derives and holds the kernel to.
 #include <cstdint>
 
 #include "core/error.h"
