@@ -270,12 +270,21 @@ TEST_CASE(
     const auto m = counts({.min_p = 0.2});
     CHECK(m[3] + m[4] == 0);
     CHECK(m[2] > 0);
+    // An id exactly at the floor stays (p >= floor, not >): min-p set to ids 3 and 4's relative
+    // probability as the sampler computes it, exp(0 − ln 8), so the two are equal to the last bit.
+    const auto at_floor = counts({.min_p = std::exp((0.0 - std::log(8.0)) / 1.0)});
+    CHECK(at_floor[3] > 0);
+    CHECK(at_floor[4] > 0);
     // The penalty: id 0's logit ln 8 divided by ln 8 / ln 2 becomes ln 2, below id 1's ln 4.
     Generator gen(1);
     const SampleOptions greedy{.temperature = 0,
                                .repetition_penalty = std::log(8.0) / std::log(2.0)};
     CHECK(sample_token(logits, {}, greedy, gen) == 0);
-    CHECK(sample_token(logits, {0, 0, 0}, greedy, gen) == 1);  // once per id, not per occurrence
+    CHECK(sample_token(logits, {0, 0, 0}, greedy, gen) == 1);
+    // Once per id, not per occurrence: ln 8 / 1.2 = 1.73 still beats ln 4 = 1.39, where three
+    // divisions (ln 8 / 1.728 = 1.20) would not.
+    const SampleOptions mild{.temperature = 0, .repetition_penalty = 1.2};
+    CHECK(sample_token(logits, {0, 0, 0}, mild, gen) == 0);
     const std::vector<double> negative = {-1.0, -1.5};
     CHECK(sample_token(negative, {0}, {.temperature = 0, .repetition_penalty = 2.0}, gen) == 1);
 }
