@@ -282,6 +282,16 @@ TEST_CASE("sample: options checked, tokens streamed, non-finite logits refused")
     CAPTURE(stopped.output);
     CHECK(stopped.exit_code == 0);
     CHECK(stopped.output.size() < 4 + 40 + 1);
+    // A stop string spanning two tokens (every token is one character here): greedy decoding is
+    // repeatable, so the run stops right where that pair of characters first appeared before.
+    const Outcome greedy = run_qknorm(
+        {"sample", "--run-dir", run, "--prompt", "All:", "--tokens", "20", "--temperature", "0"});
+    REQUIRE(greedy.output.size() == 4 + 20 + 1);
+    const std::string drawn = greedy.output.substr(4, 20), pair = drawn.substr(5, 2);
+    const Outcome paired = run_qknorm({"sample", "--run-dir", run, "--prompt", "All:", "--tokens",
+                                       "20", "--temperature", "0", "--stop", pair});
+    CAPTURE(paired.output);
+    CHECK(paired.output == "All:" + drawn.substr(0, drawn.find(pair) + 2) + "\n");
 
     // A NaN in one weight: sampling must stop with an error, not print a plausible text.
     const std::string ckpt = nn::latest_model_checkpoint(run);
