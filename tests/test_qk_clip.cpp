@@ -261,3 +261,26 @@ TEST_CASE("train with --qk-clip: heads are clipped exactly when the step's max p
     CHECK(free_max > 1.5 * tau);
     CHECK(clipped_max < 0.8 * free_max);
 }
+
+TEST_CASE("QK-Clip clips nothing on a step the fp16 loss scaler skipped") {
+    // A loss scale of 2^64 makes float16's gradients overflow: every step below is skipped, so
+    // nothing may move, the clip included, though every max logit passes tau.
+    qk::test::TempDir dir("qk_clip_skipped");
+    TrainConfig cfg = qk::test::tiny_run(dir, "skipped");
+    cfg.model.qk_norm = QKNorm::none;
+    cfg.model.precision = Precision::fp16;
+    cfg.loss_scale = 0x1p64;
+    cfg.steps = 3, cfg.stats_every = 1, cfg.sample_tokens = 0, cfg.qk_clip = 0.005;
+    REQUIRE(!train(cfg).diverged);
+    std::ifstream in(cfg.run_dir + "/metrics.jsonl");
+    int64_t steps = 0;
+    for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (!j.contains("skipped")) continue;  // step 0: the validation loss at initialisation
+        ++steps;
+        CAPTURE(line);
+        CHECK(j["layers"][0]["max_logit"].get<double>() > cfg.qk_clip);
+        CHECK(j["heads_clipped"].get<int64_t>() == 0);
+    }
+    CHECK(steps == 3);
+}
