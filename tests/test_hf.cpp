@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/float16.h"
 #include "core/safetensors.h"
@@ -196,6 +197,36 @@ TEST_CASE("export refuses a model no transformers class computes, naming what is
     CHECK(throws_with([&] { save_hf_model(model, "/tmp/qk_never_written"); },
                       {"export --hf", "GPT2LMHeadModel", "qk_norm none"}));
     CHECK(!fs::exists("/tmp/qk_never_written"));
+}
+
+TEST_CASE(
+    "Qwen3's defaults are transformers': untied head, sliding layers from max_window_layers") {
+    ScratchDir dir("qwen3");
+    const json good = dir.read("config.json");
+    auto loaded = [&](std::function<void(json&)> edit) {
+        json j = good;
+        edit(j);
+        dir.write("config.json", j);
+        return load_hf_model(dir.str())->config();
+    };
+    // tie_word_embeddings absent: false (Qwen3Config's default; the fixture ships lm_head.weight).
+    CHECK(!loaded([](json& j) { j.erase("tie_word_embeddings"); }).tie_embeddings);
+    // use_sliding_window without layer_types: layers from max_window_layers on slide.
+    auto sliding = [&](std::optional<int> max_window_layers) {
+        return loaded([&](json& j) {
+                   j.erase("layer_types");
+                   j["use_sliding_window"] = true;
+                   j["sliding_window"] = 8;
+                   if (max_window_layers)
+                       j["max_window_layers"] = *max_window_layers;
+                   else
+                       j.erase("max_window_layers");
+               })
+            .layer_types;
+    };
+    CHECK(sliding(1) == "full,sliding,sliding");
+    CHECK(sliding(std::nullopt) == "full,full,full");  // absent: every layer (3) is below it
+    dir.write("config.json", good);
 }
 
 TEST_CASE("hostile config.json files: missing, mistyped, contradictory and unknown keys") {
