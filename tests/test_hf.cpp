@@ -229,6 +229,19 @@ TEST_CASE(
     dir.write("config.json", good);
 }
 
+TEST_CASE("Gemma 3's RoPE bases without rope_theta are transformers' defaults: 1e6 and 1e4") {
+    ScratchDir dir("gemma3");
+    const json good = dir.read("config.json");
+    json j = good;
+    j["rope_parameters"]["full_attention"].erase("rope_theta");
+    j["rope_parameters"]["sliding_attention"].erase("rope_theta");
+    dir.write("config.json", j);
+    const GPTConfig c = load_hf_model(dir.str())->config();
+    CHECK(c.rope_theta == 1e6);  // was 10,000: a different model (loss 5.5790 against 5.5752)
+    CHECK(c.rope_local_theta == 1e4);
+    dir.write("config.json", good);
+}
+
 TEST_CASE("hostile config.json files: missing, mistyped, contradictory and unknown keys") {
     ScratchDir dir("qwen3");
     const json good = dir.read("config.json");

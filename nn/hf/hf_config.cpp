@@ -117,10 +117,12 @@ class Keys {
     std::set<std::string> used_;
 };
 
-// One RoPE parameter set: {"rope_type": "default", "rope_theta": θ} (5.x) -> θ.
-double rope_theta_of(const json& p, const std::string& path, const std::string& where) {
+// One RoPE parameter set: {"rope_type": "default", "rope_theta": θ} (5.x) -> θ; without
+// rope_theta, transformers' default for that family and layer type (`fallback`).
+double rope_theta_of(const json& p, const std::string& path, const std::string& where,
+                     double fallback) {
     QK_CHECK(p.is_object(), "{}: {} must be an object, got {}", path, where, p.dump());
-    double theta = 10000.0;
+    double theta = fallback;
     for (const auto& [key, v] : p.items()) {
         if (key == "rope_theta" && v.is_number()) {
             theta = v.get<double>();
@@ -139,14 +141,14 @@ double rope_theta_of(const json& p, const std::string& path, const std::string& 
 void check_rope_scaling(Keys& keys) {
     keys.use("rope_scaling");
     if (keys.has("rope_scaling"))
-        rope_theta_of(keys.get("rope_scaling"), keys.path(), "rope_scaling");
+        rope_theta_of(keys.get("rope_scaling"), keys.path(), "rope_scaling", 0);
 }
 
 // The family's RoPE base θ: rope_parameters (5.x) or rope_theta (4.x).
 double read_rope_theta(Keys& keys, double fallback) {
     check_rope_scaling(keys);
     if (keys.has("rope_parameters"))
-        return rope_theta_of(keys.get("rope_parameters"), keys.path(), "rope_parameters");
+        return rope_theta_of(keys.get("rope_parameters"), keys.path(), "rope_parameters", fallback);
     return keys.number_or("rope_theta", fallback);
 }
 
@@ -283,9 +285,10 @@ GPTConfig read_gemma3(Keys& keys) {
                      p.size() == 2,
                  "{}: rope_parameters must hold full_attention and sliding_attention, got {}",
                  keys.path(), p.dump());
-        c.rope_theta = rope_theta_of(p.at("full_attention"), keys.path(), "full_attention");
+        // transformers' Gemma3TextConfig: 1e6 for the global layers, 1e4 for the local ones.
+        c.rope_theta = rope_theta_of(p.at("full_attention"), keys.path(), "full_attention", 1e6);
         c.rope_local_theta =
-            rope_theta_of(p.at("sliding_attention"), keys.path(), "sliding_attention");
+            rope_theta_of(p.at("sliding_attention"), keys.path(), "sliding_attention", 1e4);
     } else {
         c.rope_theta = keys.number_or("rope_theta", 1e6);
         c.rope_local_theta = keys.number_or("rope_local_base_freq", 1e4);
