@@ -200,15 +200,7 @@ __global__ void attention_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, c
     T* delta_s = lse_lo_s + kRows;        // (kRows)
     const int64_t cols = sh.Tk - j0 < kCols ? sh.Tk - j0 : kCols;
     T dk_acc[kKeyOutputsPerThread] = {}, dv_acc[kKeyOutputsPerThread] = {};
-    // The rows that see a key of the tile: from the first that sees key j0 to the last that still
-    // sees key j0 + cols − 1 under a window (row i sees j while i + Tk − Tq − window < j).
-    const int64_t shift = sh.Tk - sh.Tq;
-    int64_t first_row = sh.causal ? j0 - shift : 0;
-    first_row = first_row < 0 ? 0 : first_row;
-    int64_t end_row = sh.window > 0 ? j0 + cols - 1 + sh.window - shift : sh.Tq;
-    end_row = end_row < sh.Tq ? end_row : sh.Tq;
-    const int64_t group = sh.heads / sh.kv_heads;
-    const int64_t first_bh = (kvh / sh.kv_heads) * sh.heads + (kvh % sh.kv_heads) * group;
+    const auto [first_row, end_row, first_bh, group] = key_tile_readers(kvh, j0, cols, sh);
     for (int64_t bh = first_bh; bh < first_bh + group; ++bh) {  // the query heads reading kvh
         const T g = scale[(bh % sh.heads) * scale_stride];
         for (int64_t i0 = first_row; i0 < end_row; i0 += kRows) {

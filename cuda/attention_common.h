@@ -27,6 +27,25 @@ __device__ __forceinline__ T logit_used(T z, bool fp8) {
     return fp8 ? T(FastRounder(MiniFormat::e4m3, Overflow::saturate)(float(z))) : z;
 }
 
+// Who reads key tile [j0, j0 + cols) of key/value head kvh, for the dK/dV kernels: query rows
+// [first_row, end_row) — from the first that sees key j0 to the last that still sees key
+// j0 + cols − 1 under a window (row i sees j while i + Tk − Tq − window < j) — of query heads
+// [first_bh, first_bh + group), the heads sharing kvh.
+struct KeyTileReaders {
+    int64_t first_row, end_row, first_bh, group;
+};
+__device__ __forceinline__ KeyTileReaders key_tile_readers(int64_t kvh, int64_t j0, int64_t cols,
+                                                           const AttentionShape& sh) {
+    const int64_t shift = sh.Tk - sh.Tq;
+    int64_t first_row = sh.causal ? j0 - shift : 0;
+    first_row = first_row < 0 ? 0 : first_row;
+    int64_t end_row = sh.window > 0 ? j0 + cols - 1 + sh.window - shift : sh.Tq;
+    end_row = end_row < sh.Tq ? end_row : sh.Tq;
+    const int64_t group = sh.heads / sh.kv_heads;
+    return {first_row, end_row, (kvh / sh.kv_heads) * sh.heads + (kvh % sh.kv_heads) * group,
+            group};
+}
+
 // p_ij and ds_ij of one visible (row i, key j) pair from its dots r = q_i·k_j and dp = dO_i·v_j,
 // as on the cpu: p from z̃ (the rounded logit with FP8 logits) and the row's float64 lse split in
 // two T (lse_hi + lse_lo); the cap's factor from z (the rounding is straight-through).

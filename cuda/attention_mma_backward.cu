@@ -124,14 +124,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
     const int64_t cols = sh.Tk - j0 < kTile ? sh.Tk - j0 : kTile;
     tc::load_tile_async<D>(k_s, k + (kvh * sh.Tk + j0) * D, cols);
     tc::load_tile_async<D>(v_s, v + (kvh * sh.Tk + j0) * D, cols);
-    // The rows that see a key of the tile (as in cuda/attention.cu's twin).
-    const int64_t shift = sh.Tk - sh.Tq;
-    int64_t first_row = sh.causal ? j0 - shift : 0;
-    first_row = first_row < 0 ? 0 : first_row;
-    int64_t end_row = sh.window > 0 ? j0 + cols - 1 + sh.window - shift : sh.Tq;
-    end_row = end_row < sh.Tq ? end_row : sh.Tq;
-    const int64_t group = sh.heads / sh.kv_heads;
-    const int64_t first_bh = (kvh / sh.kv_heads) * sh.heads + (kvh % sh.kv_heads) * group;
+    const auto [first_row, end_row, first_bh, group] = key_tile_readers(kvh, j0, cols, sh);
     // The (head, query tile) pairs in order: tile n is head first_bh + n / per_head.
     const int64_t per_head = end_row > first_row ? (end_row - first_row + kTile - 1) / kTile : 0;
     const int64_t tiles = per_head * group;
