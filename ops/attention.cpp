@@ -188,31 +188,60 @@ struct FusedSaved {
     double cap;
 };
 
+// The backward's results in `dtype` on q's device: dq, dk, dv, the D_i workspace and, for a
+// learned scale, its per-head partials; as_grads gives them to autograd.
+struct BackwardResults {
+    Tensor dq, dk, dv, delta, dscale;
+
+    BackwardResults(const FusedSaved& saved, DType dtype) {
+        const Device device = saved.q.device();
+        dq = Tensor::empty(saved.q.shape(), dtype, device);
+        dk = Tensor::empty(saved.k.shape(), dtype, device);
+        dv = Tensor::empty(saved.v.shape(), dtype, device);
+        delta = Tensor::empty(saved.lse.shape(), dtype, device);
+        if (saved.scale_grad) dscale = Tensor::empty({saved.sh.batch_heads}, dtype, device);
+    }
+    Grads as_grads(const FusedSaved& saved) const {
+        Grads grads{dq, dk, dv};
+        if (saved.scale_grad)
+            grads.push_back(
+                reduce_scale_grad(dscale, saved.scale, saved.q.size(0), saved.q.size(1)));
+        return grads;
+    }
+};
+
+// The forward's results in `dtype` on q's device: out (q's shape), lse (float64, one per row) and,
+// when asked for, the signals.
+std::pair<Tensor, Tensor> forward_results(const Tensor& q, DType dtype, bool fp8_logits,
+                                          AttentionSignals* signals) {
+    Tensor out = Tensor::empty(q.shape(), dtype, q.device());
+    Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, kF64, q.device());
+    if (signals) {
+        signals->max_abs_logit = Tensor::empty(lse.shape(), dtype, q.device());
+        signals->entropy = Tensor::empty(lse.shape(), dtype, q.device());
+        if (fp8_logits) signals->saturated = Tensor::empty(lse.shape(), dtype, q.device());
+    }
+    return {out, lse};
+}
+
 #ifdef QK_WITH_CUDA
 // The backward of the tensor-core forward, on tensor cores too: dO rounded to the half type.
 Grads tensor_core_backward(const FusedSaved& saved, const Tensor& dout_in) {
     const AttentionShape& sh = saved.sh;
     const Tensor &q = saved.q, &k = saved.k, &v = saved.v;
     const Tensor dout = dout_in.contiguous(), dout_half = dout.to(q.dtype());
-    Tensor dq = Tensor::empty(q.shape(), kF32, q.device());
-    Tensor dk = Tensor::empty(k.shape(), kF32, k.device());
-    Tensor dv = Tensor::empty(v.shape(), kF32, v.device());
-    Tensor delta = Tensor::empty(saved.lse.shape(), kF32, q.device());  // D_i
-    Tensor dscale = saved.scale_grad ? Tensor::empty({sh.batch_heads}, kF32, q.device()) : Tensor();
+    const BackwardResults r(saved, kF32);
     auto launch = [&](auto tag) {
         using H = decltype(tag);
         cuda::attention_backward_mma<H>(
-            dq.data<float>(), dk.data<float>(), dv.data<float>(),
-            saved.scale_grad ? dscale.data<float>() : nullptr, delta.data<float>(),
+            r.dq.data<float>(), r.dk.data<float>(), r.dv.data<float>(),
+            saved.scale_grad ? r.dscale.data<float>() : nullptr, r.delta.data<float>(),
             dout.data<float>(), dout_half.data<H>(), q.data<H>(), k.data<H>(), v.data<H>(),
             saved.out.data<float>(), saved.lse.data<double>(), saved.scale.data<float>(),
             saved.stride, float(saved.cap), sh);
     };
     q.dtype() == kBF16 ? launch(bf16{}) : launch(f16{});
-    Grads grads{dq, dk, dv};
-    if (saved.scale_grad)
-        grads.push_back(reduce_scale_grad(dscale, saved.scale, q.size(0), q.size(1)));
-    return grads;
+    return r.as_grads(saved);
 }
 #endif
 
@@ -225,16 +254,11 @@ Grads fused_backward(const FusedSaved& saved, const Tensor& dout_in) {
     const Tensor &q = saved.q, &k = saved.k, &v = saved.v;
     const Tensor &scale = saved.scale, &lse = saved.lse, &out = saved.out;
     const Tensor dout = dout_in.contiguous();
-    Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.device());
-    Tensor dk = Tensor::empty(k.shape(), k.dtype(), k.device());
-    Tensor dv = Tensor::empty(v.shape(), v.dtype(), v.device());
-    Tensor delta = Tensor::empty(lse.shape(), q.dtype(), q.device());  // D_i
-    Tensor dscale =
-        saved.scale_grad ? Tensor::empty({sh.batch_heads}, q.dtype(), q.device()) : Tensor();
+    const BackwardResults r(saved, q.dtype());
     dispatch_float(q.dtype(), [&](auto tag) {
         using T = decltype(tag);
-        auto args = std::tuple(dq.data<T>(), dk.data<T>(), dv.data<T>(),
-                               saved.scale_grad ? dscale.data<T>() : nullptr, delta.data<T>(),
+        auto args = std::tuple(r.dq.data<T>(), r.dk.data<T>(), r.dv.data<T>(),
+                               saved.scale_grad ? r.dscale.data<T>() : nullptr, r.delta.data<T>(),
                                dout.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(),
                                lse.data<double>(), scale.data<T>(), saved.stride, T(saved.cap), sh);
         switch (q.device()) {
@@ -250,9 +274,7 @@ Grads fused_backward(const FusedSaved& saved, const Tensor& dout_in) {
                 break;
         }
     });
-    Grads grads{dq, dk, dv};
-    if (saved.scale_grad) grads.push_back(reduce_scale_grad(dscale, scale, q.size(0), q.size(1)));
-    return grads;
+    return r.as_grads(saved);
 }
 
 Tensor record_fused(const char* op, const Tensor& out, const Tensor& q_in, const Tensor& k_in,
@@ -282,13 +304,7 @@ Tensor attention_on_tensor_cores(const Tensor& q_in, const Tensor& k_in, const T
                  v = autograd::saved(v_in).to(half).contiguous(), scale = scale_as_tensor(q_in, o);
     const AttentionShape sh = shape_of(q, k, o);
     const int64_t stride = scale.numel() == 1 ? 0 : 1;
-    Tensor out = Tensor::empty(q.shape(), kF32, q.device());
-    Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, kF64, q.device());
-    if (signals) {
-        signals->max_abs_logit = Tensor::empty(lse.shape(), kF32, q.device());
-        signals->entropy = Tensor::empty(lse.shape(), kF32, q.device());
-        if (o.fp8_logits) signals->saturated = Tensor::empty(lse.shape(), kF32, q.device());
-    }
+    const auto [out, lse] = forward_results(q, kF32, o.fp8_logits, signals);
     float* max_abs = signals ? signals->max_abs_logit.data<float>() : nullptr;
     float* entropy = signals ? signals->entropy.data<float>() : nullptr;
     float* saturated = signals && o.fp8_logits ? signals->saturated.data<float>() : nullptr;
@@ -331,13 +347,7 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                  v = autograd::contiguous_input(v_in), scale = scale_as_tensor(q, o);
     const AttentionShape sh = shape_of(q, k, o);
     const int64_t stride = scale.numel() == 1 ? 0 : 1;
-    Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
-    Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, kF64, q.device());
-    if (signals) {
-        signals->max_abs_logit = Tensor::empty(lse.shape(), q.dtype(), q.device());
-        signals->entropy = Tensor::empty(lse.shape(), q.dtype(), q.device());
-        if (o.fp8_logits) signals->saturated = Tensor::empty(lse.shape(), q.dtype(), q.device());
-    }
+    const auto [out, lse] = forward_results(q, q.dtype(), o.fp8_logits, signals);
     dispatch_float(q.dtype(), [&](auto tag) {
         using T = decltype(tag);
         T* max_abs = signals ? signals->max_abs_logit.data<T>() : nullptr;
