@@ -425,6 +425,8 @@ int main(int argc, char** argv) {
     CLI::App* tokenizer_cmd = add_tokenizer_command(app, tokenizer_args);
     PrepareArgs prepare_args;
     CLI::App* prepare_cmd = add_prepare_command(app, prepare_args);
+    add_threads(prepare_cmd);
+    add_threads(tokenizer_args.train);
 
     dist::init();  // joins the MPI world when mpirun or srun started this process
     try {
@@ -438,6 +440,9 @@ int main(int argc, char** argv) {
             return fail(fmt::format("{}\nRun with --help for more information.", e.what()),
                         kExitUsage);
         }
+        if (prepare_cmd->parsed()) take_verbatim_positionals(prepare_cmd, prepare_args.inputs);
+        if (tokenizer_args.train->parsed())
+            take_verbatim_positionals(tokenizer_args.train, tokenizer_args.inputs);
         set_num_threads(threads);
         if (train_cmd->parsed()) {
             check_alone(train_cmd, "--resume",

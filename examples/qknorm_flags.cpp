@@ -361,4 +361,28 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& args) {
     add_value(cmd, "--seed", args.seed, "sampling seed");
 }
 
+CLI::Option* add_verbatim_positionals(CLI::App* cmd, const std::string& name,
+                                      std::vector<std::string>& values, const std::string& help) {
+    cmd->allow_extras();
+    cmd->fallthrough(false);  // else the program, not cmd, would collect the rest as its extras
+    return cmd->add_option(name, values, help)
+        ->expected(1)
+        ->allow_extra_args(false)
+        ->type_name("TEXT ...");
+}
+
+void take_verbatim_positionals(CLI::App* cmd, std::vector<std::string>& values) {
+    bool after_marker = false;  // after "--" every argument is a positional, "-x" too
+    for (const std::string& arg : cmd->remaining()) {
+        if (arg == "--" && !after_marker) {
+            after_marker = true;
+            continue;
+        }
+        if (!after_marker && arg.size() > 1 && arg.front() == '-')
+            throw UsageError(fmt::format("{}: the following argument was not expected: {}",
+                                         cmd->get_name(), arg));
+        values.push_back(arg);
+    }
+}
+
 }  // namespace qk::cli

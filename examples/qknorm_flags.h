@@ -29,6 +29,15 @@ void as_usage(F&& check) {
     }
 }
 
+// Positional arguments taken verbatim: CLI11 lets a positional collect several values only by
+// allowing "extra args", and then reads "[a, b]" as a list of two (a file named "[a]" became
+// "a"). So the first value goes to the option (one value, no list syntax) and the rest stay
+// unparsed until take_verbatim_positionals appends them, refusing anything that looks like an
+// unknown option. cmd no longer falls through to the program's options: give it its own.
+CLI::Option* add_verbatim_positionals(CLI::App* cmd, const std::string& name,
+                                      std::vector<std::string>& values, const std::string& help);
+void take_verbatim_positionals(CLI::App* cmd, std::vector<std::string>& values);
+
 // The enum-valued model flags, parsed into GPTConfig after the command line is read.
 struct ModelFlags {
     std::string norm = "layernorm", qk_norm = "layernorm", qk_scope = "head";

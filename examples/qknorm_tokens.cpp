@@ -89,8 +89,8 @@ CLI::App* add_tokenizer_command(CLI::App& app, TokenizerArgs& args) {
                      "stop when the best pair occurs fewer times than this")
         ->check(CLI::Range(int64_t{0}, INT64_MAX))
         ->capture_default_str();
-    args.train->add_option("files", args.inputs,
-                           "the text files to learn from (default: bundled Tiny Shakespeare)");
+    add_verbatim_positionals(args.train, "files", args.inputs,
+                             "the text files to learn from (default: bundled Tiny Shakespeare)");
     args.train->add_flag("--quiet", args.quiet, "no progress bar");
 
     args.encode = cmd->add_subcommand("encode", "print the ids of a text, one line");
@@ -179,9 +179,9 @@ CLI::App* add_prepare_command(CLI::App& app, PrepareArgs& args) {
     cmd->add_option("--text-field", args.options.text_field,
                     "the field holding each JSONL line's document")
         ->capture_default_str();
-    cmd->add_option("inputs", args.inputs,
-                    "text files, JSONL files (.jsonl) or directories of them (default: bundled "
-                    "Tiny Shakespeare)");
+    add_verbatim_positionals(cmd, "inputs", args.inputs,
+                             "text files, JSONL files (.jsonl) or directories of them (default: "
+                             "bundled Tiny Shakespeare)");
     cmd->add_flag("--quiet", args.quiet, "no progress bar");
     return cmd;
 }

@@ -431,3 +431,28 @@ TEST_CASE("free text is taken verbatim: a special token in brackets stays in its
     CAPTURE(ids.output);
     CHECK(ids.output.rfind("0\n", 0) == 0);  // the first special token, one id
 }
+
+TEST_CASE("file names given as positionals are taken verbatim, brackets and commas included") {
+    // CLI11 read "[a]" as the list {"a"}: prepare and tokenizer train read the file a.
+    TempDir dir("cli_positional");
+    const std::string bracketed = dir / "[a]", comma = dir / "b,c", dashed = dir / "-d";
+    std::ofstream(bracketed) << "to be or not to be\n";
+    std::ofstream(comma) << "that is the question\n";
+    std::ofstream(dashed) << "whether tis nobler\n";
+    std::ofstream(dir / "a") << "the wrong file, never read\n";
+    const Outcome prepared =
+        run_qknorm({"prepare", "--tokenizer", "byte", "--out", dir / "shards", "--quiet",
+                    "--threads", "1", "--", dashed, bracketed, comma});
+    CAPTURE(prepared.output);
+    REQUIRE(prepared.exit_code == 0);
+    CHECK(prepared.output.find("3 documents, 59 bytes") != std::string::npos);
+    const Outcome trained =
+        run_qknorm({"tokenizer", "train", "--out", dir / "t.json", "--quiet", bracketed, comma});
+    CAPTURE(trained.output);
+    CHECK(trained.exit_code == 0);
+    // An unknown option among them is still refused, as a usage error.
+    check_refused(
+        run_qknorm({"prepare", "--tokenizer", "byte", "--out", dir / "x", bracketed, "--bogus"}), 2,
+        {"not expected", "--bogus"});
+    CHECK(!std::filesystem::exists(dir / "x"));
+}

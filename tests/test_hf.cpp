@@ -199,34 +199,122 @@ TEST_CASE("export refuses a model no transformers class computes, naming what is
     CHECK(!fs::exists("/tmp/qk_never_written"));
 }
 
-TEST_CASE(
-    "Qwen3's defaults are transformers': untied head, sliding layers from max_window_layers") {
-    ScratchDir dir("qwen3");
-    const json good = dir.read("config.json");
-    auto loaded = [&](std::function<void(json&)> edit) {
-        json j = good;
+// Each default below is transformers' (Qwen3Config, Olmo2Config, Gemma3TextConfig, 4.57 and 5.x
+// alike), read from the config alone so that a 30-layer model needs no weights.
+TEST_CASE("every default the importer fills is transformers' for that family") {
+    auto config_of = [](const std::string& family, std::function<void(json&)> edit) {
+        ScratchDir dir(family);
+        json j = dir.read("config.json");
         edit(j);
         dir.write("config.json", j);
-        return load_hf_model(dir.str())->config();
+        return read_hf_config(dir.str() + "/config.json").config;
     };
-    // tie_word_embeddings absent: false (Qwen3Config's default; the fixture ships lm_head.weight).
-    CHECK(!loaded([](json& j) { j.erase("tie_word_embeddings"); }).tie_embeddings);
-    // use_sliding_window without layer_types: layers from max_window_layers on slide.
-    auto sliding = [&](std::optional<int> max_window_layers) {
-        return loaded([&](json& j) {
-                   j.erase("layer_types");
-                   j["use_sliding_window"] = true;
-                   j["sliding_window"] = 8;
-                   if (max_window_layers)
-                       j["max_window_layers"] = *max_window_layers;
-                   else
-                       j.erase("max_window_layers");
-               })
-            .layer_types;
+    auto erase = [](std::initializer_list<const char*> keys) {
+        return [keys](json& j) {
+            for (const char* key : keys) j.erase(key);
+        };
     };
-    CHECK(sliding(1) == "full,sliding,sliding");
-    CHECK(sliding(std::nullopt) == "full,full,full");  // absent: every layer (3) is below it
-    dir.write("config.json", good);
+    // Qwen3: an untied head, head_dim 128 (not C / H = 8), 32 key/value heads (null: one per
+    // query head), 32,768 positions.
+    const auto qwen3 = config_of("qwen3", [](json& j) {
+        for (const char* key :
+             {"tie_word_embeddings", "head_dim", "num_key_value_heads", "max_position_embeddings"})
+            j.erase(key);
+        j["num_attention_heads"] = 32, j["hidden_size"] = 256;
+    });
+    CHECK(!qwen3.tie_embeddings);
+    CHECK(qwen3.head_dim() == 128);
+    CHECK(qwen3.kv_heads() == 32);
+    CHECK(qwen3.block_size == 32768);
+    CHECK(config_of("qwen3", [](json& j) { j["num_key_value_heads"] = nullptr; }).kv_heads() == 4);
+    // use_sliding_window without layer_types: from max_window_layers (absent: 28) on, with
+    // sliding_window 4096 when absent; a null window slides nowhere.
+    auto sliding = [&](std::function<void(json&)> edit) {
+        return config_of("qwen3", [&](json& j) {
+            j.erase("layer_types");
+            j["num_hidden_layers"] = 30;
+            j["use_sliding_window"] = true;
+            j["sliding_window"] = 8;
+            edit(j);
+        });
+    };
+    auto sliding_from = [](int first) {  // the layer types of 30 layers, sliding from `first`
+        std::string s;
+        for (int i = 0; i < 30; ++i)
+            s += std::string(i ? "," : "") + (i >= first ? "sliding" : "full");
+        return s;
+    };
+    CHECK(sliding([](json& j) { j["max_window_layers"] = 1; }).layer_types == sliding_from(1));
+    const std::string from_28 = sliding_from(28);
+    CHECK(sliding(erase({"max_window_layers"})).layer_types == from_28);
+    const GPTConfig window_absent = sliding(erase({"max_window_layers", "sliding_window"}));
+    CHECK(window_absent.sliding_window == 4096);
+    CHECK(window_absent.layer_types == from_28);
+    CHECK(sliding([](json& j) { j["sliding_window"] = nullptr; }).layer_types.find("sliding") ==
+          std::string::npos);
+    // OLMo 2: one key/value head per query head, 2,048 positions, an untied head.
+    const auto olmo2 = config_of(
+        "olmo2", erase({"num_key_value_heads", "max_position_embeddings", "tie_word_embeddings"}));
+    CHECK(olmo2.kv_heads() == olmo2.n_head);
+    CHECK(olmo2.block_size == 2048);
+    CHECK(!olmo2.tie_embeddings);
+    // Gemma 3: 4 key/value heads, head_dim and query_pre_attn_scalar 256, 131,072 positions,
+    // window 4096, a tied head, no soft-caps; without layer_types every 6th layer is global.
+    const auto gemma3 = config_of("gemma3", [](json& j) {
+        for (const char* key :
+             {"num_key_value_heads", "head_dim", "query_pre_attn_scalar", "max_position_embeddings",
+              "sliding_window", "tie_word_embeddings", "attn_logit_softcapping",
+              "final_logit_softcapping", "layer_types", "_sliding_window_pattern"})
+            j.erase(key);
+        j["num_hidden_layers"] = 7;
+    });
+    CHECK(gemma3.kv_heads() == 4);
+    CHECK(gemma3.head_dim() == 256);
+    CHECK(gemma3.query_pre_attn_scalar == 256);
+    CHECK(gemma3.block_size == 131072);
+    CHECK(gemma3.sliding_window == 4096);
+    CHECK(gemma3.tie_embeddings);
+    CHECK(gemma3.attn_softcap == 0);
+    CHECK(gemma3.logit_softcap == 0);
+    CHECK(gemma3.layer_types == "sliding,sliding,sliding,sliding,sliding,full,sliding");
+}
+
+// transformers cannot compute with these (a zero size, 1/sqrt(0), tanh(s/0), a sliding layer
+// without a window); qknorm's own "0 = default/off" must not turn them into a working model.
+TEST_CASE("config values transformers refuses are refused, not read as qknorm's defaults") {
+    auto refused = [](const std::string& family, std::function<void(json&)> edit,
+                      std::initializer_list<std::string> words) {
+        ScratchDir dir(family);
+        json j = dir.read("config.json");
+        edit(j);
+        dir.write("config.json", j);
+        return throws_with([&] { read_hf_config(dir.str() + "/config.json"); }, words);
+    };
+    for (const char* family : {"qwen3", "gemma3"}) {
+        CHECK(refused(family, [](json& j) { j["head_dim"] = 0; }, {"head_dim", "positive", "0"}));
+        CHECK(refused(family, [](json& j) { j["head_dim"] = nullptr; }, {"head_dim", "null"}));
+    }
+    CHECK(refused("gemma3", [](json& j) { j["query_pre_attn_scalar"] = 0; },
+                  {"query_pre_attn_scalar", "positive", "0"}));
+    CHECK(refused("gemma3", [](json& j) { j["query_pre_attn_scalar"] = nullptr; },
+                  {"query_pre_attn_scalar", "null"}));
+    CHECK(refused("gemma3", [](json& j) { j["attn_logit_softcapping"] = 0; },
+                  {"attn_logit_softcapping", "positive", "0"}));
+    CHECK(refused("gemma3", [](json& j) { j["final_logit_softcapping"] = -30; },
+                  {"final_logit_softcapping", "positive", "-30"}));
+    CHECK(refused("gemma3", [](json& j) { j["sliding_window"] = nullptr; },
+                  {"sliding_window", "null", "sliding,full,sliding"}));
+    CHECK(refused("gemma3", [](json& j) { j["sliding_window"] = 0; }, {"sliding_window", "0"}));
+    CHECK(refused("gemma3", [](json& j) { j["num_key_value_heads"] = nullptr; },
+                  {"num_key_value_heads", "null"}));
+    CHECK(refused("qwen3",
+                  [](json& j) {
+                      j["use_sliding_window"] = true;
+                      j["layer_types"] = {"full_attention", "sliding_attention", "full_attention"};
+                  },
+                  {"layer_types", "sliding", "sliding_window is null"}));
+    CHECK(refused("qwen3", [](json& j) { j["max_position_embeddings"] = 0; },
+                  {"max_position_embeddings", "positive"}));
 }
 
 TEST_CASE("Gemma 3's RoPE bases without rope_theta are transformers' defaults: 1e6 and 1e4") {
@@ -335,7 +423,16 @@ TEST_CASE("hostile weights: wrong shape or dtype, missing, extra, duplicated, ou
         std::ofstream(dir.str() + "/model.safetensors.index.json", std::ios::binary)
             << "{\"weight_map\": " + std::string(50000, '[') + std::string(50000, ']') + "}";
         CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"index.json", "nested 50001 deep"}));
+        // "./name" and "sub/../name" name a file inside the directory: transformers loads them.
+        json dotted = index;
+        for (auto& [name, file] : dotted["weight_map"].items())
+            file = (name == "model.norm.weight" ? "sub/../" : "./") + file.get<std::string>();
+        dir.write("model.safetensors.index.json", dotted);
+        const Tensor loaded_norm =
+            load_hf_model(dir.str())->named_parameters().back().second.detach();
         dir.write("model.safetensors.index.json", index);
+        CHECK(loaded_norm.to_vector<double>() ==
+              load_hf_model(dir.str())->named_parameters().back().second.to_vector<double>());
         const std::string first = dir.str() + "/model-00001-of-00003.safetensors";
         const std::string last = dir.str() + "/model-00003-of-00003.safetensors";
         SafetensorsFile a = load_safetensors(first), c = load_safetensors(last);
@@ -350,6 +447,42 @@ TEST_CASE("hostile weights: wrong shape or dtype, missing, extra, duplicated, ou
                           {"index", "model.extra.weight", "does not list it"}));
     }
     CHECK(throws_with([&] { load_hf_model("/nonexistent_qk_dir"); }, {"config.json"}));
+}
+
+TEST_CASE(
+    "a directory with model.safetensors and an index loads the single file, as transformers") {
+    ScratchDir dir("qwen3");
+    const auto sharded = load_hf_model(dir.str());
+    // The single file holds other weights than the shards (every one scaled by 2): the loaded
+    // model must be the single file's.
+    std::vector<std::pair<std::string, Tensor>> doubled;
+    for (const char* shard :
+         {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+          "model-00003-of-00003.safetensors"})
+        for (auto& [name, t] : load_safetensors(dir.str() + "/" + shard).tensors)
+            doubled.emplace_back(name, (t.to(kF32) * 2.0).to(t.dtype()));
+    save_safetensors(dir.str() + "/model.safetensors", doubled);
+    const auto single = load_hf_model(dir.str());
+    const auto want = sharded->named_parameters(), got = single->named_parameters();
+    REQUIRE(want.size() == got.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+        const auto w = want[i].second.to_vector<double>(), g = got[i].second.to_vector<double>();
+        for (size_t j = 0; j < w.size(); ++j) REQUIRE(g[j] == 2 * w[j]);
+    }
+}
+
+TEST_CASE("a config.json far larger than its weights is refused before the model is built") {
+    ScratchDir dir("gemma3");
+    json j = dir.read("config.json");
+    j["vocab_size"] = 1 << 24;  // 2^24 x 32 weights: 2 GB in float32, beside a 40 kB checkpoint
+    dir.write("config.json", j);
+    CHECK(throws_with([&] { load_hf_model(dir.str()); },
+                      {"config.json describes a model of at least", "vocab_size 16777216",
+                       "does not belong to these weights"}));
+    j = dir.read("config.json");
+    j["vocab_size"] = 300, j["intermediate_size"] = 1 << 18;
+    dir.write("config.json", j);
+    CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"MLP width 262144"}));
 }
 
 TEST_CASE("qknorm export --hf writes a trained Qwen3-shaped model; the lab's default is refused") {

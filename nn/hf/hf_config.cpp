@@ -57,6 +57,7 @@ class Keys {
         : j_(j), path_(std::move(path)), family_(std::move(family)) {}
 
     bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+    bool is_null(const char* key) const { return j_.contains(key) && j_.at(key).is_null(); }
     const json& get(const char* key) {
         QK_CHECK(j_.contains(key), "{}: key '{}' is missing ({} needs it)", path_, key, family_);
         used_.insert(key);
@@ -100,6 +101,29 @@ class Keys {
         QK_CHECK(!has(key) || j_.at(key) == json(implemented),
                  "{}: {} '{}' = {} is not implemented by qknorm (only {})", path_, family_, key,
                  j_.at(key).dump(), json(implemented).dump());
+    }
+    // A size transformers computes with: absent is its default, null or <= 0 is refused (its
+    // model would crash or divide by zero; qknorm's own "0 = default" must not reinterpret it).
+    int64_t positive_integer_or(const char* key, int64_t fallback) {
+        QK_CHECK(!is_null(key), "{}: '{}' is null; {} needs a positive integer (absent: {})", path_,
+                 key, family_, fallback);
+        const int64_t v = integer_or(key, fallback);
+        QK_CHECK(v > 0, "{}: '{}' must be a positive integer, got {}", path_, key, v);
+        return v;
+    }
+    double positive_number_or(const char* key, double fallback) {
+        QK_CHECK(!is_null(key), "{}: '{}' is null; {} needs a positive number (absent: {})", path_,
+                 key, family_, fallback);
+        const double v = number_or(key, fallback);
+        QK_CHECK(std::isfinite(v) && v > 0, "{}: '{}' must be a positive number, got {}", path_,
+                 key, v);
+        return v;
+    }
+    // A soft-cap: absent or null is none (returned as 0); a value must be positive (0 would
+    // divide by zero in transformers' tanh(s / cap)).
+    double softcap_or_none(const char* key) {
+        if (!has(key)) return used_.insert(key), 0.0;
+        return positive_number_or(key, 0);
     }
     void use(const char* key) { used_.insert(key); }
     void finish() const {
@@ -169,15 +193,28 @@ std::string read_layer_types(Keys& keys, int64_t n_layer) {
     return types;
 }
 
+// transformers' defaults for the shared keys a config.json may leave out; they differ by family.
+struct LlamaDefaults {
+    int64_t kv_heads;       // num_key_value_heads absent (0: one per query head)
+    bool kv_heads_null_ok;  // null is one per query head (Qwen3, OLMo 2); Gemma 3 cannot use it
+    int64_t max_positions;  // max_position_embeddings absent
+};
+
 // The fields the three RoPE families share (Llama's names).
-void read_llama_shape(Keys& keys, GPTConfig& c) {
+void read_llama_shape(Keys& keys, GPTConfig& c, const LlamaDefaults& defaults) {
     c.vocab_size = keys.integer("vocab_size");
     c.n_embd = keys.integer("hidden_size");
     c.mlp_hidden = keys.integer("intermediate_size");
     c.n_layer = keys.integer("num_hidden_layers");
     c.n_head = keys.integer("num_attention_heads");
-    c.n_kv_head = keys.integer_or("num_key_value_heads", c.n_head);
-    c.block_size = keys.integer_or("max_position_embeddings", 2048);
+    if (keys.is_null("num_key_value_heads") && defaults.kv_heads_null_ok) {
+        keys.use("num_key_value_heads");
+        c.n_kv_head = c.n_head;
+    } else {
+        c.n_kv_head = keys.positive_integer_or("num_key_value_heads",
+                                               defaults.kv_heads ? defaults.kv_heads : c.n_head);
+    }
+    c.block_size = keys.positive_integer_or("max_position_embeddings", defaults.max_positions);
     c.bias = false;
     keys.require("attention_bias", false);
     keys.require("mlp_bias", false);
@@ -209,38 +246,45 @@ GPTConfig read_gpt2(Keys& keys) {
     return c;
 }
 
+// Qwen3Config's defaults (4.x and 5.x alike): 32 key/value heads, head_dim 128 (not C / H),
+// 32,768 positions, an untied head; sliding_window 4096 from layer max_window_layers = 28 on,
+// and only with use_sliding_window (null: no window, so no layer slides).
 GPTConfig read_qwen3(Keys& keys) {
     GPTConfig c;
-    read_llama_shape(keys, c);
-    c.head_size = keys.integer_or("head_dim", c.n_embd / c.n_head);
+    read_llama_shape(keys, c, {32, true, 32768});
+    c.head_size = keys.positive_integer_or("head_dim", 128);
     c.norm_eps = keys.number_or("rms_norm_eps", 1e-6);
     c.tie_embeddings = keys.boolean_or("tie_word_embeddings", false);
     c.rope_theta = read_rope_theta(keys, 10000.0);
     c.mlp = MLPKind::swiglu;
     keys.require("hidden_act", "silu");
-    // transformers uses sliding_window only with use_sliding_window, on the layers that
-    // layer_types marks (or from max_window_layers on).
     const bool sliding = keys.boolean_or("use_sliding_window", false);
-    const int64_t window = keys.integer_or("sliding_window", 0);
-    const int64_t max_window_layers = keys.integer_or("max_window_layers", c.n_layer);
-    if (sliding) {
-        c.sliding_window = window;
-        if (keys.has("layer_types")) {
-            c.layer_types = read_layer_types(keys, c.n_layer);
-        } else {
-            for (int64_t i = 0; i < c.n_layer; ++i)
-                c.layer_types +=
-                    std::string(i ? "," : "") + (i >= max_window_layers ? "sliding" : "full");
-        }
-    } else if (keys.has("layer_types")) {
-        read_layer_types(keys, c.n_layer);  // checked; without use_sliding_window no layer slides
+    const bool no_window = keys.is_null("sliding_window");
+    const int64_t window = no_window ? 0 : keys.integer_or("sliding_window", 4096);
+    const int64_t max_window_layers = keys.integer_or("max_window_layers", 28);
+    keys.use("sliding_window");
+    if (!sliding) {
+        if (keys.has("layer_types")) read_layer_types(keys, c.n_layer);  // checked; none slides
+        return c;
+    }
+    QK_CHECK(no_window || window > 0, "{}: sliding_window must be positive or null, got {}",
+             keys.path(), window);
+    c.sliding_window = window;
+    if (keys.has("layer_types")) {
+        c.layer_types = read_layer_types(keys, c.n_layer);
+        QK_CHECK(!no_window || c.layer_types.find("sliding") == std::string::npos,
+                 "{}: layer_types has sliding layers but sliding_window is null", keys.path());
+    } else if (!no_window) {
+        for (int64_t i = 0; i < c.n_layer; ++i)
+            c.layer_types +=
+                std::string(i ? "," : "") + (i >= max_window_layers ? "sliding" : "full");
     }
     return c;
 }
 
 GPTConfig read_olmo2(Keys& keys) {
     GPTConfig c;
-    read_llama_shape(keys, c);
+    read_llama_shape(keys, c, {0, true, 2048});
     c.norm_eps = keys.number_or("rms_norm_eps", 1e-5);
     c.tie_embeddings = keys.boolean_or("tie_word_embeddings", false);
     c.rope_theta = read_rope_theta(keys, 10000.0);
@@ -251,10 +295,13 @@ GPTConfig read_olmo2(Keys& keys) {
     return c;
 }
 
+// Gemma3TextConfig's defaults: 4 key/value heads, head_dim 256, 131,072 positions, a tied
+// head, query_pre_attn_scalar 256, sliding_window 4096, no soft-caps (null); every 6th layer
+// global.
 GPTConfig read_gemma3(Keys& keys) {
     GPTConfig c;
-    read_llama_shape(keys, c);
-    c.head_size = keys.integer_or("head_dim", 256);
+    read_llama_shape(keys, c, {4, false, 131072});
+    c.head_size = keys.positive_integer_or("head_dim", 256);
     c.norm_eps = keys.number_or("rms_norm_eps", 1e-6);
     c.tie_embeddings = keys.boolean_or("tie_word_embeddings", true);
     keys.require("hidden_activation", "gelu_pytorch_tanh");
@@ -264,10 +311,15 @@ GPTConfig read_gemma3(Keys& keys) {
     c.norm_unit_offset = true;
     // sqrt(C), which transformers rounds to the weights' dtype, as x * scale does here
     c.embedding_scale = std::sqrt(static_cast<double>(c.n_embd));
-    c.query_pre_attn_scalar = keys.number_or("query_pre_attn_scalar", 256);
-    c.attn_softcap = keys.number_or("attn_logit_softcapping", 0);
-    c.logit_softcap = keys.number_or("final_logit_softcapping", 0);
-    c.sliding_window = keys.integer_or("sliding_window", 4096);
+    c.query_pre_attn_scalar = keys.positive_number_or("query_pre_attn_scalar", 256);
+    c.attn_softcap = keys.softcap_or_none("attn_logit_softcapping");
+    c.logit_softcap = keys.softcap_or_none("final_logit_softcapping");
+    // null is refused below when a layer slides (transformers has no window for it)
+    const bool no_window = keys.is_null("sliding_window");
+    keys.use("sliding_window");
+    c.sliding_window = no_window ? 0 : keys.integer_or("sliding_window", 4096);
+    QK_CHECK(no_window || c.sliding_window > 0,
+             "{}: sliding_window must be positive or null, got {}", keys.path(), c.sliding_window);
     if (keys.has("layer_types")) {
         c.layer_types = read_layer_types(keys, c.n_layer);
     } else {  // 4.x: every p-th layer is global
@@ -278,6 +330,9 @@ GPTConfig read_gemma3(Keys& keys) {
             c.layer_types += std::string(i ? "," : "") + ((i + 1) % pattern ? "sliding" : "full");
     }
     keys.use("sliding_window_pattern");
+    QK_CHECK(!no_window || c.layer_types.find("sliding") == std::string::npos,
+             "{}: sliding_window is null but layers {} slide (Gemma 3 needs a window)", keys.path(),
+             c.layer_types);
     check_rope_scaling(keys);
     if (keys.has("rope_parameters")) {  // 5.x: one set per layer type
         const json& p = keys.get("rope_parameters");

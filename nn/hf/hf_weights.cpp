@@ -113,7 +113,8 @@ struct Checkpoint {
     }
 };
 
-// The shard files model.safetensors.index.json names: plain file names in the directory.
+// The shard files model.safetensors.index.json names, relative to the directory and inside it
+// ("./model-00001-of-00002.safetensors" is the same file, as transformers reads it).
 std::vector<std::string> shard_files(const std::string& index_path,
                                      std::map<std::string, std::string>& weight_map_out) {
     json index;
@@ -131,21 +132,24 @@ std::vector<std::string> shard_files(const std::string& index_path,
         QK_CHECK(file.is_string(), "{}: weight_map['{}'] must be a file name, got {}", index_path,
                  name, file.dump());
         const std::string f = file.get<std::string>();
-        const fs::path p(f);
-        QK_CHECK(!f.empty() && p.filename() == p && f != "." && f != "..",
-                 "{}: weight_map['{}'] = '{}' points outside the model directory", index_path, name,
-                 f);
-        weight_map_out[name] = f;
-        files.insert(f);
+        const fs::path normal = fs::path(f).lexically_normal();
+        const bool inside = !f.empty() && normal.is_relative() && !normal.has_root_name() &&
+                            *normal.begin() != ".." && normal != "." && normal.has_filename();
+        QK_CHECK(inside, "{}: weight_map['{}'] = '{}' points outside the model directory",
+                 index_path, name, f);
+        weight_map_out[name] = normal.string();
+        files.insert(normal.string());
     }
     return {files.begin(), files.end()};
 }
 
+// transformers' order: model.safetensors when it is there (an index beside it is not read),
+// else the index and its shards.
 Checkpoint read_checkpoint(const std::string& dir) {
     Checkpoint ck;
     const std::string single = dir + "/model.safetensors";
     const std::string index_path = dir + "/model.safetensors.index.json";
-    if (!fs::exists(index_path)) {
+    if (fs::exists(single) || !fs::exists(index_path)) {
         QK_CHECK(fs::exists(single),
                  "{}: neither model.safetensors nor "
                  "model.safetensors.index.json is there",
@@ -166,6 +170,26 @@ Checkpoint read_checkpoint(const std::string& dir) {
         QK_CHECK(ck.tensors.count(name), "{}: lists tensor '{}' in {}, which does not hold it",
                  index_path, name, file);
     return ck;
+}
+
+// The elements of the model's matrices alone (embeddings, projections, MLP), a lower bound on
+// what its checkpoint must hold; checked before the model is built, so a config.json that says
+// vocab_size 2^24 beside a 130 kB file is refused, not allocated as a 137 GB model.
+void check_checkpoint_holds(const Checkpoint& ck, const HFConfig& hf, const std::string& dir) {
+    const GPTConfig& c = hf.config;
+    const double C = static_cast<double>(c.n_embd), gated = c.mlp == MLPKind::gelu ? 2 : 3;
+    const double per_layer = C * static_cast<double>(2 * c.q_width() + 2 * c.kv_width()) +
+                             gated * C * static_cast<double>(c.mlp_width());
+    double needed =
+        static_cast<double>(c.vocab_size) * C + static_cast<double>(c.n_layer) * per_layer;
+    if (hf.family == HFFamily::gpt2) needed += static_cast<double>(c.block_size) * C;
+    double held = 0;
+    for (const auto& [name, entry] : ck.tensors) held += static_cast<double>(entry.first.numel());
+    QK_CHECK(held >= needed,
+             "{}: config.json describes a model of at least {:.0f} weights (vocab_size {}, "
+             "hidden_size {}, {} layers, MLP width {}), but the checkpoint holds {:.0f}; the "
+             "config does not belong to these weights",
+             dir, needed, c.vocab_size, c.n_embd, c.n_layer, c.mlp_width(), held);
 }
 
 // The checkpoint's names as the map writes them: GPT-2 files from the Hub have no "transformer."
@@ -199,10 +223,9 @@ Tensor take(Checkpoint& ck, const std::string& name, const Shape& expected, cons
     return t;
 }
 
-// The tensors of dir into `model`, built from `hf` (its config.json, read once by the caller).
-void load_weights(GPT& model, const std::string& dir, const HFConfig& hf) {
+// The tensors of dir (read into `ck`) into `model`, built from `hf` (its config.json).
+void load_weights(GPT& model, Checkpoint ck, const std::string& dir, const HFConfig& hf) {
     const std::string arch = architecture_name(hf.family);
-    Checkpoint ck = read_checkpoint(dir);
     if (hf.family == HFFamily::gpt2) normalise_gpt2_names(ck);
     const DType dtype = model.wte->weight.dtype();
     std::map<std::string, Tensor> params;
@@ -256,8 +279,10 @@ void load_weights(GPT& model, const std::string& dir, const HFConfig& hf) {
 
 std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype) {
     const HFConfig hf = read_hf_config(dir + "/config.json");
+    Checkpoint ck = read_checkpoint(dir);
+    check_checkpoint_holds(ck, hf, dir);
     auto model = std::make_unique<GPT>(hf.config, 0, dtype);
-    load_weights(*model, dir, hf);
+    load_weights(*model, std::move(ck), dir, hf);
     return model;
 }
 
@@ -269,7 +294,7 @@ void load_hf_weights(GPT& model, const std::string& dir) {
              "load_hf_weights: the model is not the one {}/config.json describes ({}: theirs vs "
              "the model's)",
              dir, difference);
-    load_weights(model, dir, hf);
+    load_weights(model, read_checkpoint(dir), dir, hf);
 }
 
 namespace {
