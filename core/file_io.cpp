@@ -110,6 +110,15 @@ JsonExtent measure_json(std::string_view json) {
     return extent;
 }
 
+std::string json_error_text(const std::exception& e) {
+    std::string text = e.what();
+    if (text.rfind("[json.exception.", 0) == 0) {
+        const size_t end = text.find("] ");
+        if (end != std::string::npos) text.erase(0, end + 2);
+    }
+    return text;
+}
+
 void check_json_extent(std::string_view json, const std::string& what, int64_t max_depth,
                        uint64_t max_elements) {
     const size_t nul = json.find('\0');

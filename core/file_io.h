@@ -8,6 +8,8 @@
 // read that way would cost to parse.
 #pragma once
 
+#include <exception>
+
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -55,6 +57,10 @@ JsonExtent measure_json(std::string_view json);
 // before it for the whole file). Call it before parsing text a user or a download supplied.
 void check_json_extent(std::string_view json, const std::string& what, int64_t max_depth,
                        uint64_t max_elements);
+
+// The JSON library's message without its error code: "[json.exception.parse_error.101] parse
+// error at line 1, ..." -> "parse error at line 1, ...". For messages a user reads.
+std::string json_error_text(const std::exception& e);
 
 // "a directory", "a FIFO", "a character device", ... for an st_mode; used in messages.
 const char* file_kind(unsigned mode);

@@ -219,7 +219,8 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& o
         header = nlohmann::json::parse(
             bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(header_len), watch_keys);
     } catch (const nlohmann::json::exception& e) {
-        throw Error(fmt::format("safetensors {}: header is not valid JSON: {}", origin, e.what()));
+        throw Error(fmt::format("safetensors {}: header is not valid JSON: {}", origin,
+                                json_error_text(e)));
     }
     QK_CHECK(header.is_object(), "safetensors {}: header must be a JSON object", origin);
     QK_CHECK(!duplicate, "safetensors {}: tensor name '{}' appears twice", origin, duplicate_name);

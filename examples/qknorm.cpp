@@ -19,6 +19,7 @@
 #include <ctime>
 #include <filesystem>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
@@ -323,6 +324,25 @@ std::string elide_long_words(const std::string& message) {
     return out;
 }
 
+// std::filesystem's "filesystem error: cannot create directories: Not a directory [runs/x]" in
+// words: "runs/x: cannot create directories: not a directory (a file is in the way ...)".
+std::string describe(const fs::filesystem_error& e) {
+    std::string operation = e.what();  // "filesystem error: OPERATION: REASON [PATH]..."
+    const std::string prefix = "filesystem error: ";
+    if (operation.rfind(prefix, 0) == 0) operation.erase(0, prefix.size());
+    const std::string reason = ": " + e.code().message();
+    const size_t at = operation.find(reason);
+    operation = at == std::string::npos ? operation.substr(0, operation.find(" ["))
+                                        : operation.substr(0, at);
+    std::string why = e.code().message();
+    if (!why.empty()) why[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(why[0])));
+    if (e.code() == std::errc::not_a_directory) why += " (a file is in the way of a directory)";
+    if (e.code() == std::errc::permission_denied) why += " (this user cannot write there)";
+    if (e.code() == std::errc::no_space_on_device) why += " (the disk is full)";
+    const std::string path = e.path1().empty() ? "" : e.path1().string() + ": ";
+    return fmt::format("{}{}: {}", path, operation, why);
+}
+
 // Prints "qknorm: message" and returns status. Under mpirun it ends every rank of the job
 // instead, so that the others do not wait for this one in their next collective.
 int fail(const std::string& full_message, int status) {
@@ -481,10 +501,14 @@ int main(int argc, char** argv) {
     } catch (const UsageError& e) {
         return fail(fmt::format("{}\nRun with --help for more information.", e.what()), kExitUsage);
     } catch (const fs::filesystem_error& e) {
-        // "filesystem error: cannot create directories: Not a directory [runs/x]"
-        return fail(e.what(), kExitError);
+        return fail(describe(e), kExitError);
+    } catch (const nlohmann::json::exception& e) {  // one no check caught first
+        return fail(json_error_text(e), kExitError);
     } catch (const std::bad_alloc&) {
-        return fail("out of memory (a smaller --batch-size or model fits)", kExitError);
+        const bool trains = train_cmd->parsed() || sweep_cmd->parsed() || sample_cmd->parsed();
+        return fail(trains ? "out of memory (a smaller --batch-size or model fits)"
+                           : "out of memory (a smaller input file, or more memory)",
+                    kExitError);
     } catch (const std::exception& e) {  // qk::Error, and anything a library below us throws
         return fail(e.what(), kExitError);
     }

@@ -142,6 +142,25 @@ TEST_CASE("paths of the wrong kind are named: a file as a directory, a directory
     check_refused(run_qknorm({"train", "--data", empty, "--run-dir", dir / "r2"}), 1,
                   {"--data", empty, "is empty"});
     check_refused(run_qknorm({"train", "--resume", file}), 1, {"resume", file});
+    // A file in the way of a directory further down, in words rather than the library's
+    // "filesystem error: cannot create directories: Not a directory [a_file/r]".
+    const Outcome below = run_qknorm(tiny(dir, {"--steps", "1", "--run-dir", file + "/r"}));
+    check_refused(
+        below, 1,
+        {file + "/r", "cannot create directories", "not a directory", "a file is in the way"});
+    CHECK(below.output.find("filesystem error") == std::string::npos);
+    check_refused(run_qknorm({"prepare", "--tokenizer", "byte", "--out", file + "/shards",
+                              write_corpus(dir)}),
+                  1, {"a file is in the way"});
+    // A run whose config.json lost a key: named, without the JSON library's error code.
+    const std::string run = dir / "run";
+    test::require_ok(run_qknorm(tiny(dir, {"--steps", "1", "--run-dir", run})));
+    std::string config = read_file(run + "/config.json");
+    config.replace(config.find("\"model\""), 7, "\"mdl\"");
+    std::ofstream(run + "/config.json") << config;
+    const Outcome resumed = run_qknorm({"train", "--resume", run});
+    check_refused(resumed, 1, {"key 'model' not found"});
+    CHECK(resumed.output.find("json.exception") == std::string::npos);
     check_refused(run_qknorm({"sweep", "--jobs", "0"}), 2, {"--jobs", "0"});
     check_refused(run_qknorm({"sweep", "--variants", "lp:p=inf", "--lrs", "0.01"}), 2,
                   {"lp:p=inf", "inf"});

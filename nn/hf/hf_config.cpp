@@ -376,7 +376,7 @@ HFConfig read_hf_config(const std::string& path) {
     try {
         j = json::parse(text);
     } catch (const json::exception& e) {
-        throw Error(fmt::format("{}: not valid JSON: {}", path, e.what()));
+        throw Error(fmt::format("{}: not valid JSON: {}", path, json_error_text(e)));
     }
     QK_CHECK(j.is_object(), "{}: must be a JSON object, got {}", path, j.type_name());
     QK_CHECK(j.contains("architectures") && j["architectures"].is_array() &&

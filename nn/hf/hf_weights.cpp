@@ -123,7 +123,7 @@ std::vector<std::string> shard_files(const std::string& index_path,
         check_json_extent(text, index_path, 16, uint64_t{16} << 20);
         index = json::parse(text);
     } catch (const json::exception& e) {
-        throw Error(fmt::format("{}: not valid JSON: {}", index_path, e.what()));
+        throw Error(fmt::format("{}: not valid JSON: {}", index_path, json_error_text(e)));
     }
     QK_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
              "{}: must be an object with a 'weight_map' object", index_path);

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "nn/text/bpe.h"
 
 namespace qk::nn::bpe {
@@ -239,7 +240,7 @@ BpeSpec parse_tokenizer_json(const std::string& json_text, const std::string& so
     try {
         root = json::parse(json_text);
     } catch (const json::exception& e) {
-        r.fail(fmt::format("not JSON: {}", e.what()));
+        r.fail(fmt::format("not JSON: {}", json_error_text(e)));
     }
     if (!root.is_object()) r.fail("the top level must be a JSON object");
     BpeSpec spec;
@@ -256,7 +257,7 @@ BpeSpec parse_tokenizer_json(const std::string& json_text, const std::string& so
             r.fail(fmt::format("decoder '{}' is not supported (ByteLevel)",
                                root.at("decoder").at("type").get<std::string>()));
     } catch (const json::exception& e) {
-        r.fail(fmt::format("malformed: {}", e.what()));
+        r.fail(fmt::format("malformed: {}", json_error_text(e)));
     }
     spec.json = json_text;
     return spec;

@@ -345,7 +345,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
                                     fmt::join(keys, ", ")));
         }
     } catch (const json::exception& e) {
-        throw Error(fmt::format("train config: {}", e.what()));
+        throw Error(fmt::format("train config: {}", json_error_text(e)));
     }
     c.validate();
     return c;
