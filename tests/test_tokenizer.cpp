@@ -217,6 +217,40 @@ TEST_CASE("Split behaviours cut as Hugging Face's do") {
     CHECK(cut(B::removed, true, text) == V{"-", "-", "-"});
 }
 
+// Hugging Face's rules where the fixtures' texts never decide: equal-rank merges go leftmost
+// first, the longest added token wins at a position, lstrip eats the spaces before a token and
+// rstrip those after it (each rule once broken by a planted bug that the suite did not see).
+TEST_CASE("BPE follows Hugging Face where only an edge case tells: merge order, added tokens") {
+    const TempDir dir("tokenizer_rules");
+    json j = json::parse(read_file(fixture("gpt2_style.json")));
+    const Tokenizer plain = Tokenizer::from_file(fixture("gpt2_style.json"));
+    const int32_t dash = j["model"]["vocab"]["-"], dashes = j["model"]["vocab"]["--"];
+    using V = std::vector<int32_t>;
+    CHECK((plain.encode("---") == V{dashes, dash}));  // not "-", "--": the leftmost pair merges
+    CHECK((plain.encode("-----") == V{dashes, dashes, dash}));
+    auto added = [](int id, const std::string& content, bool lstrip, bool rstrip) {
+        return json{{"id", id},         {"content", content}, {"single_word", false},
+                    {"lstrip", lstrip}, {"rstrip", rstrip},   {"normalized", false},
+                    {"special", true}};
+    };
+    j["added_tokens"].push_back(added(1000, "<a>", false, false));
+    j["added_tokens"].push_back(added(1001, "<a><b>", false, false));
+    j["added_tokens"].push_back(added(1002, "<l>", true, false));
+    j["added_tokens"].push_back(added(1003, "<r>", false, true));
+    const Tokenizer tok = Tokenizer::from_file(write_file(dir, "rules.json", j.dump()));
+    auto joined = [](std::initializer_list<V> parts) {
+        V out;
+        for (const V& p : parts) out.insert(out.end(), p.begin(), p.end());
+        return out;
+    };
+    CHECK((tok.encode("x<a><b>y") == joined({plain.encode("x"), {1001}, plain.encode("y")})));
+    CHECK((tok.encode("x<a>y") == joined({plain.encode("x"), {1000}, plain.encode("y")})));
+    CHECK((tok.encode("hi  <l> there") ==
+           joined({plain.encode("hi"), {1002}, plain.encode(" there")})));
+    CHECK((tok.encode("hi <r>  there") ==
+           joined({plain.encode("hi "), {1003}, plain.encode("there")})));
+}
+
 TEST_CASE("hostile tokenizer files give a clean error naming the file") {
     TempDir dir("tokenizer_hostile");
     const json good = json::parse(read_file(fixture("gpt2_style.json")));
