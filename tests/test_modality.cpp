@@ -3,7 +3,10 @@
 // the mixed stream's layout (markers and sub-vocabularies never mix, the text intact), the mixed
 // tokenizer, the split signals against a hand computation on a fixed batch, and training runs
 // that log them.
+#include <sentencepiece_trainer.h>
+
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -125,12 +128,42 @@ TEST_CASE("the mixed tokenizer: ids after the text's, markers parsed, saved and 
     CHECK(throws_with([] { Tokenizer::deserialize("mixed:1:bytes"); }, {"codes must be in"}));
 }
 
+// A text token need not be a whole character, nor keep its space alone: SentencePiece's byte
+// fallback spells an emoji in four byte pieces, and its dummy prefix drops the space of a
+// sequence's first piece. The mixed tokenizer decodes each run of text ids together.
+TEST_CASE("the mixed tokenizer decodes runs of text ids together: bytes and spaces intact") {
+    const test::TempDir dir("mixed_sp");
+    {
+        std::ofstream corpus(dir.path / "corpus.txt");
+        for (int i = 0; i < 300; ++i)
+            corpus << "to be or not to be, that is the question " << i << "\n";
+    }
+    REQUIRE(sentencepiece::SentencePieceTrainer::Train(
+                "--input=" + (dir.path / "corpus.txt").string() +
+                " --model_prefix=" + (dir.path / "sp").string() +
+                " --vocab_size=320 --model_type=bpe --byte_fallback=true --minloglevel=2")
+                .ok());
+    const Tokenizer text = Tokenizer::from_file((dir.path / "sp.model").string());
+    const Tokenizer mixed = mixed_tokenizer(text, 10);
+    const std::string line = "to be \xF0\x9F\x98\x80 or not[BOI][EOI] that is the question";
+    const std::vector<int32_t> ids = mixed.encode(line);
+    CHECK(mixed.decode(ids) == text.decode(text.encode("to be \xF0\x9F\x98\x80 or not")) +
+                                   "[BOI][EOI]" +
+                                   text.decode(text.encode(" that is the question")));
+    CHECK(mixed.decode(ids).find("\xF0\x9F\x98\x80 or not[BOI]") != std::string::npos);
+}
+
 TEST_CASE("signals by modality equal a hand computation on a fixed batch") {
+    // Grouped-query (4 query heads on 2 key heads: heads 0, 1 read key head 0) and a window of
+    // 5 keys, so that tiling the key heads or a window one key too wide would show.
     GPTConfig config;
-    config.vocab_size = 12, config.block_size = 8, config.n_layer = 1, config.n_head = 2;
-    config.n_embd = 8, config.qk_norm = QKNorm::layernorm, config.bias = false;
+    config.vocab_size = 12, config.block_size = 8, config.n_layer = 1, config.n_head = 4;
+    config.n_kv_head = 2, config.sliding_window = 5;
+    config.n_embd = 16, config.qk_norm = QKNorm::layernorm, config.bias = false;
     GPT model(config, 3);
     const ModalityVocab vocab{4, 6};  // text 0-3, codes 4-9, markers 10, 11
+    for (int32_t t = 0; t < 12; ++t) CHECK(vocab.is_image(t) == (t >= 4 && t <= 9));
+    auto is_code = [](int32_t t) { return t >= 4 && t <= 9; };  // the markers are not images
     const Tensor ids = from_ids({0, 10, 4, 5, 6, 11, 1, 2, 3, 10, 7, 8, 9, 4, 11, 0}, {2, 8});
     const Tensor targets = from_ids({10, 4, 5, 6, 11, 1, 2, 3, 10, 7, 8, 9, 4, 11, 0, 1}, {2, 8});
     const GPTOutput out = model.forward(ids, targets, true);
@@ -141,7 +174,7 @@ TEST_CASE("signals by modality equal a hand computation on a fixed batch") {
     const auto z = out.logits.to_vector<double>();
     double loss[2] = {}, norm[2] = {}, lse[2] = {}, n[2] = {};
     for (size_t p = 0; p < 16; ++p) {
-        const int m = vocab.is_image(target[p]) ? 1 : 0;
+        const int m = is_code(target[p]) ? 1 : 0;
         double top = -INFINITY, sq = 0, e = 0;
         for (size_t v = 0; v < 12; ++v) top = std::max(top, z[p * 12 + v]);
         for (size_t v = 0; v < 12; ++v)
@@ -160,45 +193,50 @@ TEST_CASE("signals by modality equal a hand computation on a fixed batch") {
     // Attention side, from the layer's input: q, k = c_attn(ln_1(x)), LayerNorm per head.
     const auto& attn = model.h[0]->attn;
     const Tensor qkv = attn->c_attn->forward(model.h[0]->ln_1->forward(model.embed(ids)));
-    const auto w = qkv.to_vector<double>();  // (2, 8, 24): q then k then v
+    const auto w = qkv.to_vector<double>();  // (2, 8, 32): q (16), then k (8), then v (8)
     const auto gq = attn->q_norm->weight.to_vector<double>();
     const auto gk = attn->k_norm->weight.to_vector<double>();
-    auto head = [&](size_t b, size_t t, size_t h, size_t part, bool normed) {
+    // query head h, or key head h / 2 (the group it belongs to)
+    auto head = [&](size_t b, size_t t, size_t h, bool key, bool normed) {
         std::vector<double> x(4);
-        for (size_t d = 0; d < 4; ++d) x[d] = w[(b * 8 + t) * 24 + part * 8 + h * 4 + d];
+        const size_t at = key ? 16 + (h / 2) * 4 : h * 4;
+        for (size_t d = 0; d < 4; ++d) x[d] = w[(b * 8 + t) * 32 + at + d];
         if (!normed) return x;
         double mean = 0, var = 0;
         for (double v : x) mean += v / 4;
         for (double v : x) var += (v - mean) * (v - mean) / 4;
-        const auto& g = part == 0 ? gq : gk;
+        const auto& g = key ? gk : gq;
         for (size_t d = 0; d < 4; ++d) x[d] = (x[d] - mean) / std::sqrt(var + 1e-5) * g[d];
         return x;
     };
-    double qn[2] = {}, qc[2] = {}, top[2][2] = {}, overall = 0;
+    double qn[2] = {}, qc[2] = {}, top[2][2] = {}, pairs[2][2] = {}, overall = 0;
     for (size_t b = 0; b < 2; ++b)
-        for (size_t h = 0; h < 2; ++h)
+        for (size_t h = 0; h < 4; ++h)
             for (size_t i = 0; i < 8; ++i) {
-                const int a = vocab.is_image(id[b * 8 + i]) ? 1 : 0;
-                const auto q_raw = head(b, i, h, 0, false);
+                const int a = is_code(id[b * 8 + i]) ? 1 : 0;
+                const auto q_raw = head(b, i, h, false, false);
                 double sq = 0;
                 for (double v : q_raw) sq += v * v;
                 qn[a] += std::sqrt(sq), qc[a] += 1;
-                const auto q = head(b, i, h, 0, true);
-                for (size_t j = 0; j <= i; ++j) {
-                    const int c = vocab.is_image(id[b * 8 + j]) ? 1 : 0;
-                    const auto k = head(b, j, h, 1, true);
+                const auto q = head(b, i, h, false, true);
+                for (size_t j = i >= 4 ? i - 4 : 0; j <= i; ++j) {  // the last 5 keys
+                    const int c = is_code(id[b * 8 + j]) ? 1 : 0;
+                    const auto k = head(b, j, h, true, true);
                     double dot = 0;
                     for (size_t d = 0; d < 4; ++d) dot += q[d] * k[d];
                     top[a][c] = std::max(top[a][c], std::abs(dot) / 2);  // 1 / sqrt(D), D = 4
                     overall = std::max(overall, std::abs(dot) / 2);
+                    pairs[a][c] += 1;
                 }
             }
     const ModalitySignals::Layer& layer = s.layers.at(0);
     for (int m = 0; m < 2; ++m) {
         CHECK(layer.q_vectors[m] == qc[m]);
         CHECK(layer.q_norm[m] == doctest::Approx(qn[m]).epsilon(1e-5));
-        for (int c = 0; c < 2; ++c)
+        for (int c = 0; c < 2; ++c) {
             CHECK(layer.max_logit[m][c] == doctest::Approx(top[m][c]).epsilon(1e-5));
+            CHECK(layer.pairs[m][c] == pairs[m][c]);
+        }
     }
     // The pairs' maxima split the layer's max |s|, which the attention kernel measured.
     CHECK(out.stats[0].max_logit == doctest::Approx(overall).epsilon(1e-5));
