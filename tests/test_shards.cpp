@@ -190,6 +190,20 @@ TEST_CASE("prepare: shards of a corpus, split as --data FILE splits it") {
             expected += fmt::format("<|endoftext|>story {} <|endoftext|> é\n", i);
         CHECK(tok.decode(all) == expected);  // the literal <|endoftext|> came back as text...
         CHECK(std::count(all.begin(), all.end(), *tok.document_separator()) == 20);  // ...not ids
+        // Whole documents: the one the 90 % cut falls inside goes to validation, as do those
+        // after it (the bytes of the file, its last empty line included, set the cut).
+        const std::string file = jsonl + "\n";
+        const auto cut = static_cast<size_t>(static_cast<double>(file.size()) * 0.9);
+        std::string expected_val;
+        bool straddled = false;
+        for (size_t begin = 0, i = 0; i < 20; ++i) {
+            const size_t end = file.find('\n', begin);
+            straddled |= begin < cut && cut < end;
+            if (end > cut) expected_val += fmt::format("<|endoftext|>story {} <|endoftext|> é\n", i);
+            begin = end + 1;
+        }
+        REQUIRE(straddled);  // else this would not test the document on the cut
+        CHECK(tok.decode(jv) == expected_val);
     }
     SUBCASE("refusals") {
         CHECK(throws_with([&] { prepare_token_shards(tok, {dir / "corpus.txt"}, prep); },
