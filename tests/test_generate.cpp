@@ -388,7 +388,17 @@ TEST_CASE("bf16-stored weights: the logits of bf16 GEMMs on float32 weights, bit
         reference.eval(), stored.eval();
         const int64_t f32_bytes = stored.weight_bytes_per_token();
         stored.store_weights_bf16();
-        // The matrices halve; gains, biases and the embedding lookups stay float32.
+        // The matrices halve; gains, biases and the embedding lookups stay float32; a tied head
+        // reads its bf16 copy of the table (an untied one its own matrix, and no copy is made).
+        int64_t f32_expected = c.tie_embeddings ? c.vocab_size * c.n_embd * 4 : 0,
+                bf16_expected = c.tie_embeddings ? c.vocab_size * c.n_embd * 2 : 0;
+        for (const auto& [name, p] : reference.named_parameters()) {
+            if (name == "transformer.wte.weight" || name == "transformer.wpe.weight") continue;
+            f32_expected += p.numel() * 4;
+            bf16_expected += p.numel() * (p.dim() == 2 ? 2 : 4);
+        }
+        CHECK(f32_bytes == f32_expected);
+        CHECK(stored.weight_bytes_per_token() == bf16_expected);
         CHECK(stored.weight_bytes_per_token() < f32_bytes * 0.6);
         CHECK(stored.h[0]->mlp->parameters()[0].dtype() == kBF16);
         CHECK(stored.wte->weight.dtype() == kF32);
