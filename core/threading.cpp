@@ -104,6 +104,7 @@ class Pool {
         for (std::thread& w : workers_) w.join();
     }
     int threads() const { return threads_; }
+    JobShare last_share() const { return last_share_; }
 
     void park() { park_.store(true, std::memory_order_relaxed); }
 
@@ -111,12 +112,14 @@ class Pool {
         task_ = &task;
         tasks_ = tasks;
         const Clock::time_point start = Clock::now();
+        last_share_ = {};
         if (meter_.workers_resting(start, threads_)) {
             next_task_.store(0, std::memory_order_relaxed);
             run_tasks();
         } else {
             const int by_caller = run_with_workers();
             meter_.record(tasks, by_caller, threads_, start);
+            last_share_ = {tasks, by_caller};
         }
         task_ = nullptr;
         if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
@@ -187,7 +190,8 @@ class Pool {
     }
 
     HelpMeter meter_;
-    int threads_ = 1;  // the workers that started, and the calling thread
+    JobShare last_share_;  // written and read under pool_mutex
+    int threads_ = 1;      // the workers that started, and the calling thread
     const std::chrono::nanoseconds spin_;
     std::vector<std::thread> workers_;
     std::atomic<uint32_t> generation_{0};    // one increment per job
@@ -246,6 +250,11 @@ void enable_flush_to_zero() {
 }
 
 bool in_parallel_region() { return inside_task; }
+
+JobShare last_job_share() {
+    const std::lock_guard<std::mutex> lock(pool_mutex);
+    return pool ? pool->last_share() : JobShare{};
+}
 
 void park_threads() {
     const std::lock_guard<std::mutex> lock(pool_mutex);

@@ -72,6 +72,15 @@ class ThreadTask {
 // on the calling thread: same results, no waiting.
 void parallel_run(int tasks, ThreadTask task);
 
+// What the pool told its help meter (core/help_meter.h) of the last job its workers were woken
+// for: the job's tasks and how many the calling thread ran, its own task 0 included. Zero tasks
+// when the last parallel_run woke no worker (serial, or the workers resting). For tests: the
+// meter's judgement of whether the workers help rests on this count.
+struct JobShare {
+    int tasks = 0, by_caller = 0;
+};
+JobShare last_job_share();
+
 // Puts the pool's idle workers to sleep now rather than at the end of their spin budget: for a
 // program about to hand the cores to other threads (another library's, a child process's).
 void park_threads();

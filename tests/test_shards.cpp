@@ -199,7 +199,8 @@ TEST_CASE("prepare: shards of a corpus, split as --data FILE splits it") {
         for (size_t begin = 0, i = 0; i < 20; ++i) {
             const size_t end = file.find('\n', begin);
             straddled |= begin < cut && cut < end;
-            if (end > cut) expected_val += fmt::format("<|endoftext|>story {} <|endoftext|> é\n", i);
+            if (end > cut)
+                expected_val += fmt::format("<|endoftext|>story {} <|endoftext|> é\n", i);
             begin = end + 1;
         }
         REQUIRE(straddled);  // else this would not test the document on the cut

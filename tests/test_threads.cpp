@@ -57,7 +57,6 @@ TEST_CASE("parallel_run shares a job with the workers") {
 
 namespace {
 bool never_free(int) { return false; }
-bool always_free(int) { return true; }
 using MeterClock = HelpMeter::Clock;
 using std::chrono::milliseconds;
 // One window of 2-task jobs on 2 threads, in which the worker ran one task of each, or none.
@@ -92,12 +91,45 @@ TEST_CASE("the pool rests its workers while they cannot help, longer while that 
     CHECK(!meter.workers_resting(t + milliseconds(500), 2));
 }
 
-TEST_CASE("a resting pool wakes its workers as soon as the system has cores free") {
+// Free cores for exactly one worker: the pool of 2 threads needs that many (the caller has its
+// own core already), so asking for one more would keep the workers resting.
+int cores_asked_for = -1;
+bool one_core_free(int workers) {
+    cores_asked_for = workers;
+    return workers <= 1;
+}
+
+TEST_CASE("a resting pool wakes its workers as soon as the system has cores free for them") {
     const MeterClock::time_point t = MeterClock::time_point{} + std::chrono::hours(1);
-    HelpMeter meter(always_free);
+    HelpMeter meter(one_core_free);
     window(meter, t, false);
     window(meter, t, false);
     CHECK(!meter.workers_resting(t + milliseconds(1), 2));
+    CHECK(cores_asked_for == 1);  // the workers' cores, not one more for the caller
+}
+
+TEST_CASE("the pool tells its meter every task the caller ran, its own task 0 included") {
+    const int threads_before = num_threads();
+    set_num_threads(2);
+    const std::thread::id caller = std::this_thread::get_id();
+    // A resting pool (this machine busy) wakes no worker and records nothing: try for a while.
+    JobShare share;
+    int counted = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (share.tasks == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::atomic<int> by_caller{0};
+        auto task = [&](int) {
+            if (std::this_thread::get_id() == caller) ++by_caller;
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+        };
+        parallel_run(8, task);
+        share = last_job_share(), counted = by_caller;
+        if (share.tasks == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    set_num_threads(threads_before);
+    REQUIRE(share.tasks == 8);
+    CHECK(share.by_caller == counted);
+    CHECK(counted >= 1);
 }
 
 TEST_CASE("jobs of one task, which a worker cannot share, never send the workers to rest") {

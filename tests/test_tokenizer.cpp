@@ -380,7 +380,7 @@ TEST_CASE("SentencePiece encodes a long line in bounded spans with the whole lin
                 " --model_prefix=" + dummy_prefix +
                 " --vocab_size=300 --model_type=bpe --character_coverage=1.0 --minloglevel=2")
                 .ok());
-    for (const std::string file : {fixture("sp_bpe.model"), dummy_prefix + ".model"}) {
+    for (const std::string& file : {fixture("sp_bpe.model"), dummy_prefix + ".model"}) {
         CAPTURE(file);
         const Tokenizer tok = Tokenizer::from_file(file);
         const std::vector<int32_t> whole = tok.encode(line);  // one span: under kSentencePieceSpan
