@@ -6,6 +6,7 @@
 #include <sentencepiece_trainer.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 
 #include "helpers.h"
@@ -249,6 +250,29 @@ TEST_CASE("BPE follows Hugging Face where only an edge case tells: merge order, 
            joined({plain.encode("hi"), {1002}, plain.encode(" there")})));
     CHECK((tok.encode("hi <r>  there") ==
            joined({plain.encode("hi "), {1003}, plain.encode("there")})));
+}
+
+// PCRE2 bounds each match; a pattern that backtracks on every short piece stays under that bound
+// and once took two minutes for 80 kB. The pre-tokenizer has a budget per text instead.
+TEST_CASE("a pre-tokenizer regex that backtracks is stopped by its time budget, by name") {
+    const TempDir dir("tokenizer_backtrack");
+    json j = json::parse(read_file(fixture("gpt2_style.json")));
+    j["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Removed"}},
+          {{"type", "Split"}, {"pattern", {{"Regex", "(a|a)*b"}}}, {"behavior", "Isolated"}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+    const Tokenizer tok = Tokenizer::from_file(write_file(dir, "backtracks.json", j.dump()));
+    CHECK(tok.encode("aab ab b").size() > 0);  // a short text is fine
+    std::string text;
+    // every piece "aa…aXb": a 'b' is there (so PCRE2 tries), and each start backtracks 2^n ways
+    while (text.size() < 80000) text += std::string(21, 'a') + "Xb ";
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(throws_with([&] { tok.encode(text); }, {"(a|a)*b", "time budget", "80016 bytes"}));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(seconds < 10);  // the budget: 0.5 s + 2 s a MB, and the last matches before the look
 }
 
 TEST_CASE("hostile tokenizer files give a clean error naming the file") {

@@ -103,13 +103,22 @@ Regex::Regex(const std::string& pattern, bool literal)
 
 Regex::~Regex() = default;
 
-void Regex::find_all(std::string_view text, std::vector<Span>& matches) const {
+void Regex::find_all(std::string_view text, std::vector<Span>& matches,
+                     std::chrono::steady_clock::time_point deadline) const {
     matches.clear();
     pcre2_match_data* data = pcre2_match_data_create_from_pattern(compiled_->code, nullptr);
     QK_CHECK(data, "tokenizer: out of memory for a regex match");
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t start = 0;
+    // Counted across calls: a text cut into many short pieces makes a match or two per piece.
+    static thread_local uint32_t calls = 0;
     while (start <= text.size()) {
+        if (++calls % 32 == 0 && std::chrono::steady_clock::now() > deadline) {
+            pcre2_match_data_free(data);
+            throw RegexPastDeadline(fmt::format(
+                "tokenizer: the regex '{}' ran past its time budget on a piece of {} bytes",
+                pattern_, text.size()));
+        }
         const int rc = pcre2_match(compiled_->code, subject, text.size(), start, 0, data, nullptr);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
@@ -138,8 +147,9 @@ namespace {
 // One step on one piece: the matches and the gaps between them, in order, then grouped as the
 // behaviour says.
 void split_piece(const SplitStep& step, std::string_view piece, std::vector<Span>& matches,
-                 std::vector<std::string_view>& out) {
-    step.regex->find_all(piece, matches);
+                 std::vector<std::string_view>& out,
+                 std::chrono::steady_clock::time_point deadline) {
+    step.regex->find_all(piece, matches, deadline);
     struct Part {
         Span span;
         bool is_match;
@@ -191,9 +201,22 @@ void pre_tokenize(const std::vector<SplitStep>& steps, std::string_view text,
     if (!text.empty()) pieces.push_back(text);
     std::vector<std::string_view> next;
     std::vector<Span> matches;
+    const double seconds =
+        kRegexSeconds + kRegexSecondsPerMB * static_cast<double>(text.size()) / (1 << 20);
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(seconds));
     for (const SplitStep& step : steps) {
         next.clear();
-        for (std::string_view piece : pieces) split_piece(step, piece, matches, next);
+        try {
+            for (std::string_view piece : pieces) split_piece(step, piece, matches, next, deadline);
+        } catch (const RegexPastDeadline&) {
+            throw Error(fmt::format(
+                "tokenizer: the pre-tokenizer's regex '{}' ran past its time budget ({:.1f} s) on "
+                "a text of {} bytes; it backtracks far more than a tokenizer's pattern does "
+                "(GPT-2's takes ~0.03 s a MB)",
+                step.regex->pattern(), seconds, text.size()));
+        }
         pieces.swap(next);
     }
 }

@@ -4,10 +4,13 @@
 // flags never need them (nn/text/bpe.h is the public side).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/error.h"
 
 namespace qk::nn::bpe {
 
@@ -25,6 +28,11 @@ struct Span {
 // A Unicode regex (PCRE2 in UTF mode with Unicode properties, so \p{L}, \s and \w mean their
 // Unicode classes; compiled by its JIT). Invalid UTF-8 in a subject never matches: it is left
 // to the gaps between matches.
+// What Regex::find_all throws past its deadline.
+struct RegexPastDeadline : Error {
+    using Error::Error;
+};
+
 class Regex {
   public:
     // Throws qk::Error with PCRE2's message and the offset in the pattern; `literal` matches the
@@ -35,7 +43,12 @@ class Regex {
     Regex& operator=(const Regex&) = delete;
 
     // Every match, left to right, none overlapping (an empty match moves on by one character).
-    void find_all(std::string_view text, std::vector<Span>& matches) const;
+    // Past `deadline` it throws qk::Error: PCRE2 bounds each match, not a text's many, and a
+    // pattern that backtracks ("(a|a)*b") stayed under that bound on every piece of an 80 kB text
+    // and took two minutes.
+    void find_all(std::string_view text, std::vector<Span>& matches,
+                  std::chrono::steady_clock::time_point deadline =
+                      std::chrono::steady_clock::time_point::max()) const;
     const std::string& pattern() const { return pattern_; }
 
   private:
@@ -59,7 +72,10 @@ inline constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // Cuts `text` into the pieces `steps` give, each step applied to every piece of the one before.
-// Pieces are views into text; none is empty.
+// Pieces are views into text; none is empty. The regexes get kRegexSeconds plus
+// kRegexSecondsPerMB per MB of text in all (GPT-2's pattern takes ~0.03 s a MB here), then
+// qk::Error names the pattern.
+inline constexpr double kRegexSeconds = 0.5, kRegexSecondsPerMB = 2.0;
 void pre_tokenize(const std::vector<SplitStep>& steps, std::string_view text,
                   std::vector<std::string_view>& pieces);
 
