@@ -72,6 +72,25 @@ TEST_CASE("the image source's entropy matches its setting, measured from samples
     CHECK(throws_with([] { image_entropy_bits({1, 6, 1}, 10, 1); }, {"codes must be in"}));
 }
 
+// 64x64 images of 4096 codes, all in range, sat minutes before step 1: every bisection probe drew
+// 256 images at N² · K evaluations each. Each probe is now bounded; the settings that were cheap
+// keep their 256 images, so their temperature and images are those of before.
+TEST_CASE("fitting the images' temperature is bounded, and the same where it was cheap") {
+    CHECK(probe_images(64, 6) == 256);  // the defaults
+    CHECK(probe_images(256, 16) == 256);
+    CHECK(probe_images(4096, 64) == 2);  // 2 x 64 x 64 x 4096 = 2^25
+    for (const int64_t size : {1, 8, 33, 64})
+        for (const int64_t codes : {2, 100, 4096}) {
+            const int64_t images = probe_images(codes, size);
+            CHECK(images >= 1);
+            CHECK((images == 1 || images * size * size * codes <= int64_t{1} << 25));
+        }
+    // The default source's temperature, as fitted before the bound (and the cut-off of the
+    // cells' far codes, whose weights exp gives as exactly 0 anyway).
+    CHECK(temperature_for_entropy(3, 64, 6) == doctest::Approx(1.8663098660918203).epsilon(1e-12));
+    CHECK(temperature_for_entropy(1, 64, 6) == doctest::Approx(0.45866822786013461).epsilon(1e-12));
+}
+
 TEST_CASE("a mixed stream: spans of N^2 codes between markers, the text intact and in order") {
     std::vector<int32_t> text;
     for (int i = 0; i < 50000; ++i) text.push_back(i % 65);

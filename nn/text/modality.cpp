@@ -13,6 +13,7 @@ namespace {
 constexpr int64_t kMaxCodes = 4096;
 constexpr int64_t kMaxImageSize = 64;
 constexpr int64_t kBisectionImages = 256;
+constexpr int64_t kProbeBudget = int64_t{1} << 25;
 constexpr uint64_t kBisectionSeed = 0x1a9e5;
 constexpr double kMinTemperature = 0.05, kMaxTemperature = 1e4;
 
@@ -28,8 +29,15 @@ double cell_distribution(double mu, double temperature, std::vector<double>& p) 
     // underflow every weight to 0.
     const double nearest = std::clamp(std::round(mu), 0.0, static_cast<double>(K - 1));
     const double inv = 1.0 / (2.0 * temperature * temperature), dn = nearest - mu;
+    // Past |x - μ| = reach the exponent is below -746, where exp is exactly 0: those codes are
+    // set to 0 without calling it (the same p, and a small τ costs O(τ), not O(K)).
+    const double reach = std::sqrt(746.0 / inv + dn * dn);
+    const auto first = static_cast<int64_t>(std::max(0.0, std::floor(mu - reach)));
+    const auto last =
+        static_cast<int64_t>(std::min(static_cast<double>(K - 1), std::ceil(mu + reach)));
+    std::fill(p.begin(), p.end(), 0.0);
     double total = 0;
-    for (int64_t x = 0; x < K; ++x) {
+    for (int64_t x = first; x <= last; ++x) {
         const double dx = static_cast<double>(x) - mu;
         p[static_cast<size_t>(x)] = std::exp(-(dx * dx - dn * dn) * inv);
         total += p[static_cast<size_t>(x)];
@@ -101,9 +109,14 @@ double image_entropy_bits(const ImageSource& source, int64_t images, uint64_t se
     return bits / static_cast<double>(images * source.size * source.size);
 }
 
+int64_t probe_images(int64_t codes, int64_t size) {
+    return std::clamp(kProbeBudget / (size * size * codes), int64_t{1}, kBisectionImages);
+}
+
 double temperature_for_entropy(double bits, int64_t codes, int64_t size) {
+    const int64_t images = probe_images(codes, size);
     auto entropy = [&](double temperature) {
-        return image_entropy_bits({codes, size, temperature}, kBisectionImages, kBisectionSeed);
+        return image_entropy_bits({codes, size, temperature}, images, kBisectionSeed);
     };
     const double lowest = entropy(kMinTemperature), highest = entropy(kMaxTemperature);
     QK_CHECK(std::isfinite(bits) && bits >= lowest && bits <= highest,

@@ -37,9 +37,14 @@ double draw_image(const ImageSource& source, Generator& gen, int32_t* out);
 // mean over cells of H(p(· | μ)) (exact per cell; only the contexts μ are sampled).
 double image_entropy_bits(const ImageSource& source, int64_t images, uint64_t seed);
 
-// The τ whose image_entropy_bits (over a fixed sample of 256 images) is `bits`, by bisection;
-// a qk::Error naming the reachable range when `bits` is outside it (near log2(K)/N² … log2 K).
+// The τ whose image_entropy_bits (over a fixed sample of probe_images images) is `bits`, by
+// bisection; a qk::Error naming the reachable range when `bits` is outside it (near
+// log2(K)/N² … log2 K).
 double temperature_for_entropy(double bits, int64_t codes, int64_t size);
+// The images each bisection probe draws: 256, fewer where that would cost more than 2^25 code
+// evaluations (N² · K per image; 64x64 images of 4096 codes took minutes before step 1), and at
+// least one. About 36 probes make a fit: at most ~10 s here.
+int64_t probe_images(int64_t codes, int64_t size);
 
 // A text stream mixed with image spans: what --image-fraction and its companions set.
 struct ModalityMix {

@@ -1,8 +1,10 @@
 #include "nn/train/train_data.h"
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 
+#include "core/distributed.h"
 #include "core/error.h"
 
 namespace qk::nn {
@@ -18,6 +20,23 @@ std::string fnv1a(std::string_view bytes) {
     uint64_t h = 0xcbf29ce484222325u;
     for (const char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3u;
     return fmt::format("{:016x}", h);
+}
+
+// The image source, its temperature fitted to --image-entropy: up to ~10 s for the largest
+// images (64x64 of 4096 codes), so the wait is announced and timed.
+ImageSource image_source_with_progress(const TrainConfig& cfg) {
+    const ModalityMix& mix = cfg.modalities;
+    const bool show = cfg.progress && dist::is_root();
+    if (show)
+        fmt::print(stderr,
+                   "images: fitting the temperature for {} bits per code ({}x{}, K = {})...",
+                   mix.image_entropy, mix.image_size, mix.image_size, mix.image_codes);
+    const auto t0 = std::chrono::steady_clock::now();
+    const ImageSource source = mix.image_source();
+    if (show)
+        fmt::print(stderr, " {:.1f} s\n",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return source;
 }
 
 TrainingData from_text_file(const TrainConfig& cfg) {
@@ -36,7 +55,7 @@ TrainingData from_text_file(const TrainConfig& cfg) {
         d.modalities = {d.tokenizer.vocab_size(), cfg.modalities.image_codes};
         d.tokenizer = mixed_tokenizer(d.tokenizer, cfg.modalities.image_codes);
         const double fraction = cfg.modalities.image_fraction;
-        const ImageSource images = fraction > 0 ? cfg.modalities.image_source() : ImageSource{};
+        const ImageSource images = fraction > 0 ? image_source_with_progress(cfg) : ImageSource{};
         MixedStream train_mix = mix_modalities(train, d.modalities, fraction, images, kImageSeed);
         train = std::move(train_mix.tokens);
         d.train_mix = train_mix.summary;
