@@ -111,6 +111,7 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
         }
         import_model_config(cfg);  // the architecture, for the line below (a bad file: exit 1)
         as_usage([&] { cfg.validate(); });
+        refuse_inert_flags(cmd, cfg);
     }
     cfg.progress = !quiet;
     if (cfg.run_dir.empty())  // rank 0's clock names it for every rank

@@ -361,6 +361,50 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& args) {
     add_value(cmd, "--seed", args.seed, "sampling seed");
 }
 
+void refuse_inert_flags(const CLI::App* cmd, const nn::TrainConfig& cfg) {
+    const nn::GPTConfig& m = cfg.model;
+    const bool lp_family = m.qk_norm == nn::QKNorm::l2 || m.qk_norm == nn::QKNorm::lp;
+    const std::string precision = "--precision " + nn::to_string(m.precision);
+    const std::string qk_norm = "--qk-norm " + nn::to_string(m.qk_norm);
+    // flag, and why it does nothing here ("" when it does something)
+    const std::pair<const char*, std::string> rules[] = {
+        {"--loss-scale",
+         m.precision != Precision::fp16 ? "sets fp16's loss scaler; " + precision : ""},
+        {"--loss-scale-interval",
+         m.precision != Precision::fp16 ? "sets fp16's loss scaler; " + precision : ""},
+        {"--image-size",
+         cfg.modalities.image_fraction == 0 ? "shapes the images; --image-fraction is 0" : ""},
+        {"--image-entropy",
+         cfg.modalities.image_fraction == 0 ? "shapes the images; --image-fraction is 0" : ""},
+        {"--image-codes", !cfg.multimodal() ? "sizes the images' vocabulary; there are no images "
+                                              "(--image-fraction 0) and no --modality-signals"
+                                            : ""},
+        {"--muon-momentum",
+         cfg.optimizer != "muon" ? "sets Muon; --optimizer is " + cfg.optimizer : ""},
+        {"--lp-p", m.qk_norm != nn::QKNorm::lp ? "is the p of --qk-norm lp; " + qk_norm : ""},
+        {"--qk-scale-init", !lp_family ? "sets the scale of --qk-norm l2 or lp; " + qk_norm : ""},
+        {"--qk-scale-per-head",
+         !lp_family ? "shapes the scale of --qk-norm l2 or lp; " + qk_norm : ""},
+        {"--qk-norm-scope", m.qk_norm == nn::QKNorm::none ? "scopes the QK-norm; " + qk_norm : ""},
+        {"--qk-norm-order",
+         m.qk_norm == nn::QKNorm::none || m.pos_emb != nn::PosEmb::rope
+             ? "orders the QK-norm and RoPE; " + qk_norm + ", --pos-emb " + nn::to_string(m.pos_emb)
+             : ""},
+        {"--rope-theta",
+         m.pos_emb != nn::PosEmb::rope ? "is RoPE's base; --pos-emb is learned" : ""},
+        {"--rope-local-theta",
+         m.pos_emb != nn::PosEmb::rope || m.sliding_window == 0
+             ? "is the sliding layers' RoPE base; there are none (--pos-emb rope and a "
+               "--sliding-window needed)"
+             : ""},
+    };
+    for (const auto& [flag, why] : rules) {
+        const CLI::Option* option = cmd->get_option_no_throw(flag);
+        if (option && option->count() > 0 && !why.empty())
+            throw UsageError(fmt::format("train: {} does nothing in this run: it {}", flag, why));
+    }
+}
+
 CLI::Option* add_verbatim_positionals(CLI::App* cmd, const std::string& name,
                                       std::vector<std::string>& values, const std::string& help) {
     cmd->allow_extras();

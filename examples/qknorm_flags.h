@@ -38,6 +38,14 @@ CLI::Option* add_verbatim_positionals(CLI::App* cmd, const std::string& name,
                                       std::vector<std::string>& values, const std::string& help);
 void take_verbatim_positionals(CLI::App* cmd, std::vector<std::string>& values);
 
+// One rule for flags whose setting does nothing in the run they describe (--loss-scale with
+// bf16, --image-size without images, --lp-p without lp): given on the command line or in a config
+// file, they are refused by name, as --tf32 on cpu and --fp8-attention without fp8 always were, so
+// that a user never believes a setting took effect. `cfg` is the run's final configuration. The
+// flags that depend on how the program was launched (--bucket-mb, --overlap, --zero,
+// --dist-timeout: under mpirun) are not judged by the configuration and stay accepted.
+void refuse_inert_flags(const CLI::App* cmd, const nn::TrainConfig& cfg);
+
 // The enum-valued model flags, parsed into GPTConfig after the command line is read.
 struct ModelFlags {
     std::string norm = "layernorm", qk_norm = "layernorm", qk_scope = "head";

@@ -105,6 +105,19 @@ TEST_CASE("every numeric flag is checked where it enters, naming the flag, value
         {{"--qk-clip", "-5", "--qk-norm", "none"}, {"--qk-clip", "-5", "> 0"}},
         {{"--qk-clip", "100"}, {"--qk-clip", "--qk-norm none", "layernorm"}},
         {{"--optimizer", "muon", "--zero", "1"}, {"--optimizer muon", "--zero 1"}},
+        // One rule: a flag that does nothing in the run it describes is refused by name.
+        {{"--loss-scale", "1024"}, {"--loss-scale", "does nothing", "--precision bf16"}},
+        {{"--precision", "fp32", "--loss-scale-interval", "10"},
+         {"--loss-scale-interval", "does nothing", "--precision fp32"}},
+        {{"--image-size", "8"}, {"--image-size", "does nothing", "--image-fraction is 0"}},
+        {{"--image-entropy", "4"}, {"--image-entropy", "does nothing"}},
+        {{"--image-codes", "32"}, {"--image-codes", "does nothing", "--modality-signals"}},
+        {{"--muon-momentum", "0.9"}, {"--muon-momentum", "does nothing", "adamw"}},
+        {{"--lp-p", "3"}, {"--lp-p", "does nothing", "--qk-norm layernorm"}},
+        {{"--qk-scale-per-head", "true"}, {"--qk-scale-per-head", "does nothing"}},
+        {{"--qk-norm", "none", "--qk-norm-scope", "full"}, {"--qk-norm-scope", "does nothing"}},
+        {{"--pos-emb", "learned", "--rope-theta", "500"}, {"--rope-theta", "does nothing"}},
+        {{"--rope-local-theta", "500"}, {"--rope-local-theta", "does nothing", "--sliding-window"}},
     };
     for (const Case& c : cases) {
         CAPTURE(c.flags[0]);
