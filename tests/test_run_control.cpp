@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "helpers.h"
+#include "nn/train/run_control.h"
 #include "run_program.h"
 
 using namespace qk::test;
@@ -59,14 +60,24 @@ size_t lines_in(const std::string& path) {
     return n;
 }
 
-// Starts args with its output in log, waits until run_dir/metrics.jsonl has `lines` lines, sends
-// SIGINT, and, with `twice`, a second one once the first has been taken (pending signals of one
+// How interrupt_after signals the program.
+enum class Interrupt {
+    once,     // SIGINT, as Ctrl-C
+    twice,    // SIGINT, and again once the first was taken and kDuplicateSeconds later
+    group,    // SIGTERM to the program and at once to its process group (kill -TERM -PGID)
+    timeout,  // the program runs under GNU timeout, which gets SIGTERM and passes it on twice
+};
+
+// Starts args with its output in log (in a process group of its own), waits until
+// run_dir/metrics.jsonl has `lines` lines, and interrupts it as `how` says (pending signals of one
 // kind merge into one). Returns the wait status.
-int interrupt_after(const std::vector<std::string>& args, const std::string& log,
-                    const std::string& run_dir, size_t lines, bool twice = false) {
+int interrupt_after(std::vector<std::string> args, const std::string& log,
+                    const std::string& run_dir, size_t lines, Interrupt how = Interrupt::once) {
+    if (how == Interrupt::timeout) args.insert(args.begin(), {"/usr/bin/timeout", "600"});
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
+        ::setpgid(0, 0);
         const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         ::dup2(fd, 1), ::dup2(fd, 2);
         ::setenv("QK_NUM_THREADS", "1", 1);
@@ -83,12 +94,18 @@ int interrupt_after(const std::vector<std::string>& args, const std::string& log
     };
     wait_for(exited_or([&] { return lines_in(run_dir + "/metrics.jsonl") >= lines; }));
     if (exited) return status;
-    ::kill(pid, SIGINT);
-    if (twice) {
+    const int signal = how == Interrupt::once || how == Interrupt::twice ? SIGINT : SIGTERM;
+    ::kill(pid, signal);
+    if (how == Interrupt::twice || how == Interrupt::group) {
+        // The second after the first was taken (else the two merge into one pending signal):
+        // at once for the group, as timeout does; later for a user's second Ctrl-C.
         wait_for(
             exited_or([&] { return read_file(log).find("stopping after") != std::string::npos; }));
         if (exited) return status;
-        ::kill(pid, SIGINT);
+        if (how == Interrupt::twice)
+            std::this_thread::sleep_for(
+                std::chrono::duration<double>(1.5 * qk::nn::kDuplicateSeconds));
+        ::kill(how == Interrupt::group ? -pid : pid, signal);
     }
     ::waitpid(pid, &status, 0);
     return status;
@@ -135,14 +152,38 @@ TEST_CASE("Ctrl-C then resume gives the losses of a run never stopped, bit for b
 
 TEST_CASE("a second Ctrl-C quits at once") {
     TempDir dir("run_control_twice");
-    // Steps of a second or more (C = 512, T = 256), so that the second signal comes mid-step.
+    // Steps of about two seconds (C = 512, T = 256, B = 32): the first signal comes as the second
+    // step starts, the second 0.3 s after it (past the duplicate window), mid-step.
     const std::vector<std::string> args = with_flags(
         tiny_train(dir, "run", 100),
-        {"--n-embd", "512", "--n-head", "8", "--block-size", "256", "--batch-size", "16"});
-    const int status = interrupt_after(args, dir / "log", dir / "run", 1, true);
+        {"--n-embd", "512", "--n-head", "8", "--block-size", "256", "--batch-size", "32"});
+    const int status = interrupt_after(args, dir / "log", dir / "run", 1, Interrupt::twice);
     INFO(read_file(dir / "log"));
     REQUIRE(WIFSIGNALED(status));
     CHECK(WTERMSIG(status) == SIGINT);
+}
+
+// GNU timeout passes its SIGTERM to the program and then to the program's process group: one
+// request arriving twice, which the "second signal quits at once" rule took for a second Ctrl-C
+// (a run under `timeout 900` lost its checkpoint). kill -TERM of the group does the same.
+TEST_CASE(
+    "the same signal twice at once (timeout, a process group) still stops with a checkpoint") {
+    for (const Interrupt how : {Interrupt::group, Interrupt::timeout}) {
+        TempDir dir("run_control_duplicate");
+        // Steps of a few tenths of a second, so that the second signal finds the run in its last
+        // step, as timeout's does (a tiny run could be past its stop by then).
+        const std::vector<std::string> args =
+            with_flags(tiny_train(dir, "run", 3000),
+                       {"--n-embd", "256", "--n-head", "4", "--block-size", "128"});
+        const int status = interrupt_after(args, dir / "log", dir / "run", 2, how);
+        const std::string log = read_file(dir / "log");
+        INFO(log);
+        REQUIRE(WIFEXITED(status));
+        CHECK(WEXITSTATUS(status) == 128 + SIGTERM);  // timeout passes the program's status on
+        const int64_t at = metrics_by_step(dir / "run").rbegin()->first;
+        CHECK(fs::exists(dir / "run" + fmt::format("/step-{:06d}.model.safetensors", at)));
+        CHECK(log.find("qknorm train --resume") != std::string::npos);
+    }
 }
 
 TEST_CASE("--resume DIR --steps N extends a finished run; the schedule keeps its length") {

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 
 #include "core/error.h"
 
@@ -16,17 +17,30 @@ namespace qk::nn {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
+std::atomic<int64_t> g_first_ns{0};  // when the first signal came (CLOCK_MONOTONIC)
 struct sigaction g_previous_int, g_previous_term;
 
-// Async-signal-safe: only an atomic store, write(2), and sigaction/raise for the second signal.
+int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
+    timespec t{};
+    ::clock_gettime(CLOCK_MONOTONIC, &t);
+    return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
+// Async-signal-safe: only atomics, clock_gettime, write(2), and sigaction/raise for the second
+// signal.
 void on_stop_signal(int signal_number) {
+    const int64_t now = monotonic_ns();
     int expected = 0;
     if (g_stop_signal.compare_exchange_strong(expected, signal_number)) {
+        g_first_ns = now;
         static const char notice[] =
             "\nqknorm: stopping after this step, with a checkpoint (again to quit at once)\n";
         [[maybe_unused]] const ssize_t n = ::write(2, notice, sizeof notice - 1);
         return;
     }
+    if (expected == signal_number &&
+        static_cast<double>(now - g_first_ns.load()) < kDuplicateSeconds * 1e9)
+        return;  // the same request delivered twice (timeout: to the program, then its group)
     std::signal(signal_number, SIG_DFL);
     std::raise(signal_number);
 }

@@ -9,7 +9,10 @@ namespace qk::nn {
 // While alive, SIGINT and SIGTERM ask the run to stop at the end of the current step instead of
 // killing the process: requested() turns true, and a one-line notice says what happens. A second
 // signal restores the default action and re-raises it: the process ends at once. The previous
-// handlers come back when it is destroyed.
+// handlers come back when it is destroyed. The same signal again within kDuplicateSeconds is the
+// same request, not a second one: GNU timeout sends SIGTERM to the program and then to its
+// process group, so the program gets it twice at once (and lost its checkpoint to the rule).
+inline constexpr double kDuplicateSeconds = 0.2;
 class StopSignals {
   public:
     StopSignals();
