@@ -26,6 +26,7 @@
 #include "core/distributed.h"
 #include "core/file_io.h"
 #include "core/threading.h"
+#include "examples/progress.h"
 #include "examples/qknorm_config.h"
 #include "examples/qknorm_flags.h"
 #include "examples/qknorm_models.h"
@@ -255,12 +256,15 @@ int run_sample(const SampleArgs& args) {
     std::vector<Generator> gens;
     for (const std::string& text :
          args.prompts.empty() ? std::vector<std::string>{""} : args.prompts) {
-        const std::vector<int32_t> ids =
+        std::vector<int32_t> ids =
             text.empty() ? std::vector<int32_t>{0} : loaded.tokenizer.encode(text);
-        if (static_cast<int64_t>(ids.size()) > context)
-            throw UsageError(fmt::format(
-                "sample: --prompt is {} tokens long, more than the model's context of {}",
-                ids.size(), context));
+        if (static_cast<int64_t>(ids.size()) > context) {  // what the model can see of it
+            fmt::print(stderr,
+                       "qknorm sample: a --prompt of {} tokens is longer than the model's context "
+                       "of {}: its last {} are kept\n",
+                       ids.size(), context, context);
+            ids.erase(ids.begin(), ids.end() - context);
+        }
         for (int64_t n = 0; n < args.num_samples; ++n) {
             gens.emplace_back(args.seed + gens.size());
             prompts.push_back(ids);
@@ -275,6 +279,11 @@ int run_sample(const SampleArgs& args) {
     // of a UTF-8 sequence); the stop strings are looked for in that text.
     std::vector<StreamDecoder> decoders;
     for (const auto& prompt : prompts) decoders.emplace_back(loaded.tokenizer, prompt);
+    // Several texts are drawn together and printed at the end: a bar on stderr shows how far.
+    Progress progress(fmt::format("sampling {} texts", prompts.size()), stream);
+    std::vector<int64_t> drawn(prompts.size(), 0);
+    std::vector<bool> stopped(prompts.size(), false);  // by a --stop text
+    int64_t longest = 0;
     const auto texts = generate(*loaded.model, prompts, options, gens, [&](int64_t s, int32_t id) {
         StreamDecoder& decoder = decoders[static_cast<size_t>(s)];
         const std::string piece = decoder.push(id);
@@ -282,11 +291,23 @@ int run_sample(const SampleArgs& args) {
             fmt::print("{}", piece);
             std::fflush(stdout);
         }
-        return std::none_of(args.stops.begin(), args.stops.end(), [&](const std::string& stop) {
-            return decoder.text().find(stop) != std::string::npos;
-        });
+        if (++drawn[static_cast<size_t>(s)] > longest)
+            progress(longest = drawn[static_cast<size_t>(s)], options.max_new_tokens, "tokens");
+        stopped[static_cast<size_t>(s)] =
+            std::any_of(args.stops.begin(), args.stops.end(), [&](const std::string& stop) {
+                return decoder.text().find(stop) != std::string::npos;
+            });
+        return !stopped[static_cast<size_t>(s)];
     });
     if (stream) fmt::print("{}\n", decoders[0].finish());
+    std::fflush(stdout);
+    for (size_t s = 0; s < texts.size(); ++s)  // ended by the context, not by a stop or the count
+        if (!stopped[s] && drawn[s] < options.max_new_tokens)
+            fmt::print(stderr,
+                       "qknorm sample: {}the model's context of {} tokens is full after {} of the "
+                       "{} tokens asked (--when-full stop; --when-full slide goes on)\n",
+                       stream ? "" : fmt::format("sample {}: ", s + 1), context, drawn[s],
+                       options.max_new_tokens);
     for (size_t s = 0; !stream && s < texts.size(); ++s)
         fmt::print("--- sample {} (seed {}) ---\n{}\n", s + 1, args.seed + s,
                    loaded.tokenizer.decode(texts[s]));

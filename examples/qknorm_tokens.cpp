@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "examples/progress.h"
 #include "examples/qknorm_flags.h"
 #include "nn/text/data.h"
 #include "nn/train/trainer.h"
@@ -16,37 +17,6 @@
 namespace qk::cli {
 
 namespace {
-
-// A progress bar on stderr: redrawn in place on a terminal, a line every 5 % into a file.
-class Progress {
-  public:
-    Progress(std::string what, bool quiet) : what_(std::move(what)), quiet_(quiet) {}
-    void operator()(int64_t done, int64_t total, const char* unit) {
-        if (quiet_ || total <= 0) return;
-        const int percent = static_cast<int>(100 * done / total);
-        const double seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-        const bool terminal = ::isatty(2) == 1;
-        if (!terminal && percent / 5 == last_ / 5 && done < total) return;
-        if (percent == last_ && done < total) return;
-        last_ = percent;
-        const int filled = percent * 24 / 100;
-        const std::string rate = std::string(unit) == "MB"
-                                     ? fmt::format("{:.1f} MB/s", static_cast<double>(done) / 1e6 /
-                                                                      std::max(seconds, 1e-9))
-                                     : fmt::format("{}/{}", done, total);
-        fmt::print(stderr, "{}[{}{}] {:3d}% {} {}{}", terminal ? "\r" : "",
-                   std::string(filled, '#'), std::string(24 - filled, '.'), percent, what_, rate,
-                   terminal ? "   " : "\n");
-        if (terminal && done >= total) fmt::print(stderr, "\n");
-    }
-
-  private:
-    std::string what_;
-    bool quiet_;
-    int last_ = -1;
-    std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-};
 
 std::vector<int32_t> parse_ids(const std::vector<std::string>& words) {
     std::vector<int32_t> ids;
@@ -94,7 +64,8 @@ CLI::App* add_tokenizer_command(CLI::App& app, TokenizerArgs& args) {
     args.train->add_flag("--quiet", args.quiet, "no progress bar");
 
     args.encode = cmd->add_subcommand("encode", "print the ids of a text, one line");
-    args.decode = cmd->add_subcommand("decode", "print the text of ids");
+    args.decode = cmd->add_subcommand(
+        "decode", "print the text of ids, byte for byte (a newline after it on a terminal only)");
     for (CLI::App* sub : {args.encode, args.decode})
         sub->add_option("--tokenizer", args.tokenizer,
                         "a tokenizer.json, tokenizer.model, a directory holding one, or a qknorm "
@@ -156,7 +127,9 @@ int run_tokenizer(const TokenizerArgs& args) {
     }
     std::string text;  // ids that are not numbers, or not the tokenizer's: usage errors (exit 2)
     as_usage([&] { text = tok.decode(parse_ids(args.inputs)); });
-    fmt::print("{}\n", text);
+    // The text byte for byte, so that encode then decode through a pipe or a file gives it back;
+    // a newline only for a terminal, where the shell's prompt would follow the text on its line.
+    fmt::print("{}{}", text, ::isatty(1) == 1 ? "\n" : "");
     return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <sstream>
 #include <vector>
 
 #include "core/safetensors.h"
@@ -301,9 +302,26 @@ TEST_CASE("sample: options checked, tokens streamed, non-finite logits refused")
                   {"--stop", "empty stop string"});
     check_refused(run_qknorm({"sample", "--run-dir", run, "--when-full", "wrap"}), 2,
                   {"--when-full", "wrap"});
-    // The tiny model's context is 16 characters.
-    check_refused(run_qknorm({"sample", "--run-dir", run, "--prompt", std::string(17, 'a')}), 2,
-                  {"17 tokens long", "context of 16"});
+    // The tiny model's context is 16 characters: of a longer prompt it sees the last 16, and
+    // says so; at its end, --when-full stop says why the text is shorter than asked.
+    const Outcome long_prompt =
+        run_qknorm({"sample", "--run-dir", run, "--prompt", std::string(17, 'a'), "--tokens", "3"});
+    CAPTURE(long_prompt.output);
+    CHECK(long_prompt.exit_code == 0);
+    CHECK(long_prompt.output.find("a --prompt of 17 tokens is longer than the model's context "
+                                  "of 16: its last 16 are kept") != std::string::npos);
+    const Outcome full = run_qknorm({"sample", "--run-dir", run, "--prompt", "All: the kin",
+                                     "--tokens", "10", "--when-full", "stop"});
+    CAPTURE(full.output);
+    CHECK(full.exit_code == 0);
+    CHECK(full.output.find("context of 16 tokens is full after 5 of the 10 tokens asked "
+                           "(--when-full stop") != std::string::npos);
+    // Several texts decode together and print at the end, with a bar on stderr meanwhile.
+    const Outcome several = run_qknorm(
+        {"sample", "--run-dir", run, "--prompt", "All:", "--prompt", "a", "--tokens", "8"});
+    CAPTURE(several.output);
+    CHECK(several.output.find("100% sampling 2 texts 8/8") != std::string::npos);
+    CHECK(several.output.find("--- sample 2 (seed 1) ---\na") != std::string::npos);
     // Every character is a stop string: it stops after the first one; the filters all at once.
     const Outcome stopped =
         run_qknorm({"sample", "--run-dir",   run,    "--prompt", "All:", "--tokens",
@@ -462,6 +480,14 @@ TEST_CASE("free text is taken verbatim: a special token in brackets stays in its
     const Outcome ids = run_qknorm({"tokenizer", "encode", "--tokenizer", out, "--text", "[PAD]"});
     CAPTURE(ids.output);
     CHECK(ids.output.rfind("0\n", 0) == 0);  // the first special token, one id
+    // encode then decode gives the text back byte for byte (no newline added off a terminal).
+    const Outcome line =
+        run_qknorm({"tokenizer", "encode", "--tokenizer", out, "--text", "to be\n"});
+    std::vector<std::string> line_ids{"tokenizer", "decode", "--tokenizer", out};
+    std::istringstream words(line.output);
+    for (std::string id; words >> id;) line_ids.push_back(id);
+    const Outcome decoded = run_qknorm(line_ids);
+    CHECK(decoded.output == "to be\n");
 }
 
 TEST_CASE("file names given as positionals are taken verbatim, brackets and commas included") {
