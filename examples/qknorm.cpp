@@ -115,7 +115,8 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
         refuse_inert_flags(cmd, cfg);
     }
     cfg.progress = !quiet;
-    if (cfg.run_dir.empty())  // rank 0's clock names it for every rank
+    cfg.program = cmd->get_parent()->get_name();  // argv[0], as the user typed it
+    if (cfg.run_dir.empty())                      // rank 0's clock names it for every rank
         cfg.run_dir = broadcast_string(
             fmt::format("runs/{:%Y%m%d-%H%M%S}", fmt::localtime(std::time(nullptr))));
     if (!dist::is_root()) cfg.progress = false;  // rank 0 reports for every rank

@@ -295,10 +295,12 @@ void set_sweep_defaults(SweepSpec& spec) {
 }
 
 void add_sweep_flags(CLI::App* cmd, SweepSpec& spec) {
-    cmd->add_option("--variants", spec.variants,
-                    "comma-separated variants, each a preset with optional :key=value overrides; "
-                    "presets: baseline, qk_layernorm, qk_rmsnorm, l2, lp, softcap, qk_norm_cap, "
-                    "qkv_norm; keys: p, g0, cap, scope, L, H, C (e.g. lp:p=3:g0=1)")
+    cmd->add_option(
+           "--variants", spec.variants,
+           fmt::format("comma-separated variants, each a preset with optional :key=value "
+                       "overrides; presets: {}; keys: {} (e.g. lp:p=3:g0=1; "
+                       "docs/stability-lab.md says what each sets)",
+                       fmt::join(nn::variant_presets(), ", "), fmt::join(nn::variant_keys(), ", ")))
         ->delimiter(',')
         ->capture_default_str();
     add_value(cmd, "--lrs", spec.lrs, "comma-separated peak learning rates")->delimiter(',');

@@ -53,7 +53,10 @@ CLI::App* add_inspect_command(CLI::App& app, InspectArgs& args) {
         ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));  // -5 was the default, silently
     cmd->add_option("--max-tokens", args.max_tokens, "read at most this many tokens of the text")
         ->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
-    cmd->add_option("--out", args.out, "the SVG of the signals per head");
+    cmd->add_option("--out", args.out,
+                    "the SVG of the signals per head (written in the current directory unless "
+                    "a path says otherwise)")
+        ->capture_default_str();
     return cmd;
 }
 

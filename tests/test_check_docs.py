@@ -38,6 +38,9 @@ BROKEN = [
     ("a missing docs page", {"src/op.cpp": "// docs/missing.md\nint x;\nint y;\n"}, "no such page"),
     ("a docs anchor that is not a heading", {"src/op.cpp": "// docs/guide.md#elsewhere\nint x;\nint y;\n"}, "#elsewhere is not a heading"),
     ("a tour stop whose code moved", {"docs/tour.md": CLEAN["docs/tour.md"].replace("int y;", "int z;")}, "is not in src/op.cpp:1-3"),
+    ("a flag the program does not define", {"examples/prog.cpp": 'add_option("--real,--alias", x);\n',
+                                            "docs/guide.md": CLEAN["docs/guide.md"] + "Run `prog --real --alias --fake`.\n"},
+     "--fake is not a flag"),
     ("notes outside the repository", {"src/op.cpp": "// see ../" + "shared/notes\nint x;\nint y;\n"}, "outside the repository"),
 ]
 
@@ -45,11 +48,16 @@ failures = []
 status, out = run(CLEAN)
 if status != 0:
     failures.append(f"the clean tree failed:\n{out}")
+with_flags = {**CLEAN, "examples/prog.cpp": 'add_option("--real,--alias", x);\n',
+              "docs/guide.md": CLEAN["docs/guide.md"] + "Run `prog --real --alias --prefix`.\n"}
+status, out = run(with_flags)
+if status != 0:
+    failures.append(f"the flags the program defines were refused:\n{out}")
 for what, change, expected in BROKEN:
     status, out = run({**CLEAN, **change})
     if status != 1 or expected not in out:
         failures.append(f"{what}: expected exit 1 and '{expected}', got {status}:\n{out}")
 for f in failures:
     print(f)
-print(f"test_check_docs: {len(BROKEN) + 1 - len(failures)} of {len(BROKEN) + 1} cases right")
+print(f"test_check_docs: {len(BROKEN) + 2 - len(failures)} of {len(BROKEN) + 2} cases right")
 sys.exit(1 if failures else 0)

@@ -282,6 +282,8 @@ TEST_CASE("qknorm train --init-from refuses what it cannot honour, by name") {
     GPT model(small, 0);
     save_hf_model(model, dir / "small");
     refused(train_from(dir / "small", {}), 1, "has 256 ids, more than the 100");
+    // Refused after its run directory was made: the directory goes too (none was left empty).
+    CHECK(!std::filesystem::exists(dir / "run"));
     // The char tokenizer's 30-odd symbols fit it.
     require_ok(train_from(dir / "small", {"--tokenizer", "char", "--context", "16", "--batch-size",
                                           "4", "--sample-tokens", "5"}));

@@ -122,7 +122,7 @@ TEST_CASE("Ctrl-C: a checkpoint at the end of the step, a resume command, the sa
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 130);
     CHECK(log.find("stopping after this step") != std::string::npos);
-    CHECK(log.find("qknorm train --resume " + dir / "run") != std::string::npos);
+    CHECK(log.find(qknorm() + " train --resume " + dir / "run") != std::string::npos);
     // The checkpoint is of the last step in metrics.jsonl, which the loss of no later step follows.
     const auto stopped = metrics_by_step(dir / "run");
     const int64_t at = stopped.rbegin()->first;

@@ -13,6 +13,8 @@ root), and exits 1 naming each reference that points nowhere:
     exists and has the heading.
   * the guided tour (docs/tour.md): each stop's "Look for" names text found inside the stop's
     line range, so that the ranges follow the code when it moves.
+  * every --flag the README and docs/*.md name is one the program or its tools define (a string
+    literal in examples/, bench/, tools/, qk or .ci/), or another program's (EXTERNAL_FLAGS).
   * nothing cites notes kept outside the repository.
 A file whose text says "check_docs: made-up references" is skipped.
 """
@@ -33,6 +35,12 @@ OUTSIDE = re.compile("|".join([r"DESIGN\s*" + "\u00a7", r"\.\./shared/", "DESIGN
 SKIP_MARK = "check_docs: " + "made-up references"
 TOUR_STOP = re.compile(r"^#+ .*?`((?:[\w.-]+/)*[\w.-]+):(\d+)-(\d+)`")
 TOUR_FIND = re.compile(r"^Look for:\s*`([^`]+)`")
+
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+FLAG_LITERAL = re.compile(r"[\"',]\s*(--[a-z][a-z0-9-]*)")
+# Flags of other programs the docs show: mpirun, srun, meson, pkg-config, huggingface-cli.
+EXTERNAL_FLAGS = {"--hostfile", "--oversubscribe", "--ntasks-per-node", "--prefix", "--libdir",
+                  "--cflags", "--libs", "--local-dir"}
 
 errors = []
 
@@ -175,8 +183,28 @@ def check_tour(path):
         errors.append(f"{path}: no stops found (headings with `file:first-last`)")
 
 
+def defined_flags(files):
+    """The --flags that the program and its tools define, from their sources' string literals."""
+    flags = set()
+    for path in files:
+        shell = path == "qk" or path.endswith(".sh") or path.startswith(".ci/")
+        if shell:  # a shell script's flags need no quotes
+            flags |= set(FLAG.findall(read(path)))
+        elif path.startswith(("examples/", "bench/", "tools/")):
+            flags |= set(FLAG_LITERAL.findall(read(path)))
+    return flags
+
+
+def check_flags(path, text, defined):
+    for m in FLAG.finditer(text):
+        if m.group(1) not in defined and m.group(1) not in EXTERNAL_FLAGS:
+            errors.append(f"{where(path, text, m.start())}: {m.group(1)} is not a flag of qknorm or "
+                          f"of its tools (a renamed or removed flag?)")
+
+
 def main():
     files = tracked_files()
+    defined = defined_flags(files)
     for path in files:
         if not path.endswith(TEXT_SUFFIXES) and os.path.basename(path) not in ("qk", "run"):
             continue
@@ -187,6 +215,8 @@ def main():
             continue
         if path.endswith(".md"):
             check_links(path, text)
+        if defined and (path == "README.md" or (path.startswith("docs/") and path.endswith(".md"))):
+            check_flags(path, text, defined)
         check_file_lines(path, text)
         if path.endswith(SOURCE_SUFFIXES) or path.endswith(".md"):
             check_doc_refs(path, text)

@@ -48,6 +48,13 @@ const std::vector<std::string>& variant_presets() {
     return presets;
 }
 
+const std::vector<std::string>& variant_keys() {
+    static const std::vector<std::string> keys{
+        "p",   "g0",  "cap",   "scope", "L",     "H", "C",     "precision", "fp8attn",
+        "opt", "pos", "order", "clip",  "gclip", "z", "place", "img",       "ient"};
+    return keys;
+}
+
 Variant parse_variant(const std::string& spec) {
     Variant v{spec, "", {}};
     size_t at = spec.find(':');
@@ -56,9 +63,7 @@ Variant parse_variant(const std::string& spec) {
     QK_CHECK(std::find(presets.begin(), presets.end(), v.preset) != presets.end(),
              "sweep: unknown variant '{}' in '{}'; expected one of {}", v.preset, spec,
              fmt::join(presets, ", "));
-    static const std::set<std::string> keys{"p",     "g0",        "cap", "scope", "L",     "H",
-                                            "C",     "precision", "opt", "pos",   "order", "clip",
-                                            "gclip", "fp8attn",   "img", "ient",  "z",     "place"};
+    static const std::set<std::string> keys(variant_keys().begin(), variant_keys().end());
     while (at != std::string::npos) {
         const size_t next = spec.find(':', at + 1);
         const std::string item = spec.substr(at + 1, next - at - 1);

@@ -30,6 +30,7 @@ struct Variant {
 Variant parse_variant(const std::string& spec);  // throws qk::Error on an unknown name or key
 void apply_variant(const Variant& variant, TrainConfig& config);  // model and training keys
 const std::vector<std::string>& variant_presets();
+const std::vector<std::string>& variant_keys();  // the :key=value overrides a variant takes
 
 struct SweepSpec {
     TrainConfig base;  // model and training settings shared by every run

@@ -64,6 +64,9 @@ struct TrainConfig {
     std::string run_dir = "runs/default";
     int64_t sample_tokens = 300;
     bool progress = true;  // the progress bar on stderr
+    // How the user started the program, for the commands a message suggests ("./build/examples/
+    // qknorm train --resume ..."): not saved, like progress.
+    std::string program = "qknorm";
     // The length of the learning-rate schedule (warmup, then cosine to lr_min at this step);
     // 0 = steps. A finished run extended with `--resume DIR --steps N` keeps its schedule: the
     // steps past its end run at lr_min.

@@ -215,8 +215,9 @@ std::string checkpoint_on_stop(const TrainConfig& cfg, int64_t done, GPT& model,
     write_checkpoint(cfg, model, optimizer, tokenizer,
                      training_state(cfg, done, model, data_gen, scaler));
     return fmt::format(
-        "stopped at step {} of {}: checkpoint {} written; continue with: qknorm train --resume {}",
-        done, cfg.steps, checkpoint_prefix(cfg.run_dir, done) + ".model.safetensors", cfg.run_dir);
+        "stopped at step {} of {}: checkpoint {} written; continue with: {} train --resume {}",
+        done, cfg.steps, checkpoint_prefix(cfg.run_dir, done) + ".model.safetensors", cfg.program,
+        cfg.run_dir);
 }
 
 // Where the loop starts: the step, and what metrics.jsonl says of the steps before it.
@@ -342,6 +343,20 @@ struct TrainingRun {
     }
 };
 
+// A run directory this run made, removed with what the run wrote in it if the run is refused
+// before its first step (a wrong --device, a tokenizer too large for --init-from): a refused run
+// leaves nothing behind. Cleared once the run starts.
+struct NewDirectory {
+    std::string path;
+    NewDirectory() = default;
+    NewDirectory(const NewDirectory&) = delete;
+    NewDirectory& operator=(const NewDirectory&) = delete;
+    ~NewDirectory() {
+        std::error_code ignored;
+        if (!path.empty()) fs::remove_all(path, ignored);
+    }
+};
+
 // Checks the config, reads the data, locks and prepares the run directory, builds the model and
 // the optimizer, and starts the run from scratch or from its latest checkpoint.
 TrainingRun open_run(const TrainConfig& config, bool resume) {
@@ -360,9 +375,11 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
     run.input = load_training_data(cfg);
     if (run.root && cfg.progress && cfg.modalities.image_fraction > 0)
         fmt::print("{}\n", describe_mix(cfg.modalities, run.input.train_mix));
+    NewDirectory made;  // removed again if the run is refused before it starts
     if (run.root) {
         QK_CHECK(!fs::exists(cfg.run_dir) || fs::is_directory(cfg.run_dir),
                  "train: --run-dir '{}' is a file, not a directory", cfg.run_dir);
+        made.path = fs::exists(cfg.run_dir) ? "" : cfg.run_dir;
         fs::create_directories(cfg.run_dir);
         run.lock = std::make_unique<RunDirLock>(cfg.run_dir, "train: --run-dir");
         resume = prepare_run_dir(cfg, resume);
@@ -405,6 +422,7 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
     run.last_val = begun.so_far.last_val_loss;
     run.min_loss = begun.so_far.min_loss;
     if (run.root) run.metrics.open(cfg.run_dir + "/metrics.jsonl", std::ios::app);
+    made.path.clear();  // the run starts: its directory stays
     return run;
 }
 
