@@ -172,17 +172,12 @@ Checkpoint read_checkpoint(const std::string& dir) {
     return ck;
 }
 
-// The elements of the model's matrices alone (embeddings, projections, MLP), a lower bound on
-// what its checkpoint must hold; checked before the model is built, so a config.json that says
-// vocab_size 2^24 beside a 130 kB file is refused, not allocated as a 137 GB model.
+// The checkpoint must hold at least the model's matrices (min_parameter_values), checked before
+// the model is built: a config.json that says vocab_size 2^24 beside a 130 kB file is refused,
+// not allocated as a 137 GB model.
 void check_checkpoint_holds(const Checkpoint& ck, const HFConfig& hf, const std::string& dir) {
     const GPTConfig& c = hf.config;
-    const double C = static_cast<double>(c.n_embd), gated = c.mlp == MLPKind::gelu ? 2 : 3;
-    const double per_layer = C * static_cast<double>(2 * c.q_width() + 2 * c.kv_width()) +
-                             gated * C * static_cast<double>(c.mlp_width());
-    double needed =
-        static_cast<double>(c.vocab_size) * C + static_cast<double>(c.n_layer) * per_layer;
-    if (hf.family == HFFamily::gpt2) needed += static_cast<double>(c.block_size) * C;
+    const double needed = min_parameter_values(c);
     double held = 0;
     for (const auto& [name, entry] : ck.tensors) held += static_cast<double>(entry.first.numel());
     QK_CHECK(held >= needed,

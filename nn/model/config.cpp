@@ -365,4 +365,17 @@ GPTConfig GPTConfig::from_strings(const std::map<std::string, std::string>& fiel
     return c;
 }
 
+double min_parameter_values(const GPTConfig& config) {
+    const double C = static_cast<double>(config.n_embd);
+    const double q_width = static_cast<double>(config.n_head) * config.head_dim();
+    const double kv_width = static_cast<double>(config.kv_heads()) * config.head_dim();
+    const double hidden = static_cast<double>(config.mlp_width());
+    const double mlp_matrices = config.mlp == MLPKind::gelu ? 2 : 3;
+    const double positions =
+        config.pos_emb == PosEmb::learned ? static_cast<double>(config.block_size) : 0.0;
+    const double attention = (2 * q_width + 2 * kv_width) * C;
+    return static_cast<double>(config.n_layer) * (attention + mlp_matrices * C * hidden) +
+           (static_cast<double>(config.vocab_size) + positions) * C;
+}
+
 }  // namespace qk::nn

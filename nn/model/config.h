@@ -126,4 +126,9 @@ QKNorm parse_qk_norm(const std::string& s);
 NormScope parse_norm_scope(const std::string& s);
 NormKind parse_norm_kind(const std::string& s);
 
+// A lower bound on the number of parameter values a model of this config has (its embeddings
+// and projection matrices): what a loader checks a file's own size against before allocating
+// the model (load_model, load_hf_model).
+double min_parameter_values(const GPTConfig& config);
+
 }  // namespace qk::nn

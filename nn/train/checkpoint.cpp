@@ -38,19 +38,6 @@ void check_matches(const std::string& path, const std::string& name, const Tenso
 // of C × hidden), the token table and, with learned positions only, the position table: RoPE
 // models have no wpe. Norms, biases and g add more, so this is a lower bound, in double so that
 // a hostile config cannot overflow it.
-double min_parameter_values(const GPTConfig& config) {
-    const double C = static_cast<double>(config.n_embd);
-    const double q_width = static_cast<double>(config.n_head) * config.head_dim();
-    const double kv_width = static_cast<double>(config.kv_heads()) * config.head_dim();
-    const double hidden = static_cast<double>(config.mlp_width());
-    const double mlp_matrices = config.mlp == MLPKind::gelu ? 2 : 3;
-    const double positions =
-        config.pos_emb == PosEmb::learned ? static_cast<double>(config.block_size) : 0.0;
-    const double attention = (2 * q_width + 2 * kv_width) * C;
-    return static_cast<double>(config.n_layer) * (attention + mlp_matrices * C * hidden) +
-           (static_cast<double>(config.vocab_size) + positions) * C;
-}
-
 void save_model(const std::string& path, const GPT& model, const Tokenizer& tokenizer,
                 const std::map<std::string, std::string>& extra_metadata) {
     auto metadata = model.config().to_strings();

@@ -41,9 +41,6 @@ LoadedModel load_model(const std::string& path, std::optional<Precision> precisi
 void load_weights_into(GPT& model, const std::string& path);
 // The same from a file already read (path names it in errors).
 void load_weights_into(GPT& model, const SafetensorsFile& file, const std::string& path);
-// A lower bound on the number of parameter values a model of this config has: what load_model
-// checks a file's own config against before allocating the model.
-double min_parameter_values(const GPTConfig& config);
 
 // An optimizer's state as a checkpoint holds it: named tensors (AdamW's moments
 // `exp_avg.<parameter>` and `exp_avg_sq.<parameter>`, Muon's `muon_momentum.<matrix>`) and the
