@@ -324,6 +324,10 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& args) {
         "--run-dir,--run", args.run,
         "run directory, its latest checkpoint is used (default: the newest under runs/)");
     cmd->add_option("--ckpt", args.ckpt, "a model checkpoint file, instead of --run-dir");
+    cmd->add_option("--model", args.model,
+                    "a Hugging Face model directory (config.json and safetensors of GPT-2, Qwen3, "
+                    "OLMo 2 or Gemma 3, read with its tokenizer.json or tokenizer.model; bytes "
+                    "without one), instead of --run-dir");
     // Free text, verbatim: without allow_extra_args(false) CLI11 reads "[a, b]" as a list of two.
     cmd->add_option("--prompt", args.prompts,
                     "text to continue (default: a newline); repeat it to decode several prompts "

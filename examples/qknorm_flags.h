@@ -64,11 +64,11 @@ void add_sweep_flags(CLI::App* cmd, nn::SweepSpec& spec);
 void set_sweep_defaults(nn::SweepSpec& spec);
 // What `qknorm sample` is given.
 struct SampleArgs {
-    std::string run, ckpt, when_full = "slide";
-    std::string precision;             // "" = as trained
-    std::vector<std::string> prompts;  // none: a newline
-    int64_t num_samples = 1;           // per prompt, decoded together
-    std::vector<std::string> stops;    // stop once the generated text holds one of these
+    std::string run, ckpt, model, when_full = "slide";  // model: a Hugging Face directory
+    std::string precision;                              // "" = as trained
+    std::vector<std::string> prompts;                   // none: a newline
+    int64_t num_samples = 1;                            // per prompt, decoded together
+    std::vector<std::string> stops;  // stop once the generated text holds one of these
     nn::SampleOptions options;
     uint64_t seed = 0;
 };

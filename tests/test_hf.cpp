@@ -19,6 +19,7 @@
 #include "hf_fixtures.h"
 #include "nn/hf/hf.h"
 #include "nn/lab/inspect.h"
+#include "nn/model/sample.h"
 #include "nn/train/checkpoint.h"
 #include "nn/train/trainer.h"
 #include "run_program.h"
@@ -483,6 +484,37 @@ TEST_CASE("a config.json far larger than its weights is refused before the model
     j["vocab_size"] = 300, j["intermediate_size"] = 1 << 18;
     dir.write("config.json", j);
     CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"MLP width 262144"}));
+}
+
+// The first thing a transformers or llama.cpp user does with a model directory: sample from it.
+TEST_CASE(
+    "qknorm sample --model DIR generates from a Hugging Face directory, greedy = generate()") {
+    const std::string prompt = "To be";
+    for (const std::string& family : {std::string("qwen3"), std::string("gemma3")}) {
+        CAPTURE(family);
+        // In process: the model, the text as bytes (the fixtures ship no tokenizer), greedy.
+        auto model = load_hf_model(fixture(family));
+        const Tokenizer bytes = Tokenizer::byte_level();
+        SampleOptions options;
+        options.max_new_tokens = 12, options.temperature = 0, options.vocab = bytes.vocab_size();
+        std::vector<Generator> gens{Generator(0)};
+        const auto texts = generate(*model, {bytes.encode(prompt)}, options, gens);
+        const test::Outcome out =
+            test::run_program({test::qknorm_program(), "sample", "--model", fixture(family),
+                               "--prompt", prompt, "--tokens", "12", "--temperature", "0"});
+        CHECK(out.exit_code == 0);
+        CHECK((out.output == bytes.decode(texts[0]) + "\n"));
+        // bf16 inference from the same directory, and a second source refused by name.
+        const test::Outcome bf16 =
+            test::run_program({test::qknorm_program(), "sample", "--model", fixture(family),
+                               "--prompt", prompt, "--tokens", "4", "--precision", "bf16"});
+        CHECK(bf16.exit_code == 0);
+        CHECK(bf16.output.rfind(prompt, 0) == 0);
+    }
+    const test::Outcome both = test::run_program(
+        {test::qknorm_program(), "sample", "--model", fixture("qwen3"), "--ckpt", "x.safetensors"});
+    CHECK(both.exit_code == 1);
+    CHECK(both.output.find("one of them") != std::string::npos);
 }
 
 TEST_CASE("qknorm export --hf writes a trained Qwen3-shaped model; the lab's default is refused") {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "nn/model/gpt.h"
@@ -33,8 +34,10 @@ HFFamily hf_family_for(const GPTConfig& config);
 // A model directory read into a GPT of the given dtype (float32 or float64): every tensor of the
 // checkpoint used exactly once, F32/F64/BF16/F16 converted, GPT-2's Conv1D weights transposed and
 // q, k, v concatenated into c_attn. Missing, extra, duplicated or misshapen tensors and shard
-// files outside the directory are errors naming the file and the tensor.
-std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype = kF32);
+// files outside the directory are errors naming the file and the tensor. `precision`, when
+// given, is how the model computes (bf16 for inference, say), not what it is.
+std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype = kF32,
+                                   std::optional<Precision> precision = {});
 // The same into a model already built from that config.json (its runtime switches, e.g.
 // precision or dropout, may differ: with_runtime_of); the model lives on the cpu.
 void load_hf_weights(GPT& model, const std::string& dir);

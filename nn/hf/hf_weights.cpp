@@ -272,8 +272,13 @@ void load_weights(GPT& model, Checkpoint ck, const std::string& dir, const HFCon
 
 }  // namespace
 
-std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype) {
-    const HFConfig hf = read_hf_config(dir + "/config.json");
+std::unique_ptr<GPT> load_hf_model(const std::string& dir, DType dtype,
+                                   std::optional<Precision> precision) {
+    HFConfig hf = read_hf_config(dir + "/config.json");
+    if (precision) {
+        hf.config.precision = *precision;
+        hf.config.validate();
+    }
     Checkpoint ck = read_checkpoint(dir);
     check_checkpoint_holds(ck, hf, dir);
     auto model = std::make_unique<GPT>(hf.config, 0, dtype);
