@@ -105,6 +105,7 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
         cfg = TrainConfig::from_json(read_text_file(from_json, "train: --from-json"));
     } else {
         as_usage([&] { apply_model_flags(cfg, flags); });
+        if (!cfg.init_from.empty()) apply_fine_tune_defaults(cmd, cfg);
         if (!cfg.init_from.empty() && cmd->get_option("--tokenizer")->count() == 0) {
             // The model's own tokenizer when its directory has one; else the ids an imported
             // embedding's rows can take.

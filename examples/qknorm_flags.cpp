@@ -179,7 +179,8 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
                         "fine-tune a Hugging Face model directory (config.json + safetensors of "
                         "GPT-2, Qwen3, OLMo 2 or Gemma 3): its architecture and weights replace "
                         "the model flags (--precision, --attention, --dropout, --z-loss still "
-                        "apply)")
+                        "apply); unless given, fine-tuning's defaults replace pre-training's: "
+                        "--lr 5e-05 --lr-min 5e-06 --steps 300 --warmup steps/10 --batch-size 8")
             ->check(CLI::ExistingDirectory);
     add_value(cmd, "--context", cfg.context,
               "training window length; 0 = block-size (with --init-from: the model's, at most "
@@ -365,6 +366,18 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& args) {
               "at the context limit: slide (keep the last half of the text and go on) or stop")
         ->check(CLI::IsMember({"slide", "stop"}));
     add_value(cmd, "--seed", args.seed, "sampling seed");
+}
+
+void apply_fine_tune_defaults(const CLI::App* cmd, nn::TrainConfig& cfg) {
+    auto unset = [&](const char* flag) {
+        const CLI::Option* option = cmd->get_option_no_throw(flag);
+        return option && option->count() == 0;
+    };
+    if (unset("--lr")) cfg.lr = kFineTuneLr;
+    if (unset("--lr-min")) cfg.lr_min = std::min(kFineTuneLrMin, cfg.lr);
+    if (unset("--steps")) cfg.steps = kFineTuneSteps;
+    if (unset("--warmup")) cfg.warmup = cfg.steps / 10;
+    if (unset("--batch-size")) cfg.batch_size = kFineTuneBatch;
 }
 
 void refuse_inert_flags(const CLI::App* cmd, const nn::TrainConfig& cfg) {

@@ -38,6 +38,14 @@ CLI::Option* add_verbatim_positionals(CLI::App* cmd, const std::string& name,
                                       std::vector<std::string>& values, const std::string& help);
 void take_verbatim_positionals(CLI::App* cmd, std::vector<std::string>& values);
 
+// Fine-tuning defaults for `train --init-from`, where pre-training's (lr 4.5e-3, 9,000 steps,
+// 16 windows) would wreck a trained model: AdamW at 5e-5 (full fine-tuning of 0.1–1 B-parameter
+// models uses 1e-5 to 1e-4) decaying to 5e-6, 300 steps with 10 % warmup, 8 windows a step. Each
+// applies only where its flag was not given (on the command line or in a config file).
+inline constexpr double kFineTuneLr = 5e-5, kFineTuneLrMin = 5e-6;
+inline constexpr int64_t kFineTuneSteps = 300, kFineTuneBatch = 8;
+void apply_fine_tune_defaults(const CLI::App* cmd, nn::TrainConfig& cfg);
+
 // One rule for flags whose setting does nothing in the run they describe (--loss-scale with
 // bf16, --image-size without images, --lp-p without lp): given on the command line or in a config
 // file, they are refused by name, as --tf32 on cpu and --fp8-attention without fp8 always were, so

@@ -287,6 +287,14 @@ TEST_CASE("qknorm train --init-from refuses what it cannot honour, by name") {
     // The char tokenizer's 30-odd symbols fit it.
     require_ok(train_from(dir / "small", {"--tokenizer", "char", "--context", "16", "--batch-size",
                                           "4", "--sample-tokens", "5"}));
+    // Fine-tuning's defaults where no flag was given (pre-training's lr of 4.5e-3 would wreck a
+    // trained model); the flags given (--steps 2, --batch-size 4) stay.
+    const auto config = nlohmann::json::parse(read_file(dir / "run/config.json"));
+    CHECK(config["lr"] == 5e-5);
+    CHECK(config["lr_min"] == 5e-6);
+    CHECK(config["warmup"] == 0);  // a tenth of the 2 steps
+    CHECK(config["steps"] == 2);
+    CHECK(config["batch_size"] == 4);
 }
 
 TEST_CASE("fine-tuning on the CUDA backend follows the cpu (Gemma 3: sliding layers, GQA)") {
