@@ -14,7 +14,9 @@ CLI::App* add_export_command(CLI::App& app, ExportArgs& args) {
         "export",
         "write a trained model as a Hugging Face model directory (transformers loads it)");
     cmd->add_option("--hf", args.hf_dir,
-                    "the directory to write: config.json and model.safetensors (float32)")
+                    "the directory to write: config.json, model.safetensors (float32) and the "
+                    "tokenizer the model trained with (tokenizer.json, or tokenizer.model with "
+                    "tokenizer_config.json)")
         ->required();
     cmd->add_option("--run-dir,--run", args.run_dir,
                     "run directory, its latest checkpoint is used");
@@ -33,8 +35,14 @@ int run_export(const ExportArgs& args) {
     QK_CHECK(!path.empty(), "export: {} holds no checkpoint", args.run_dir);
     const nn::LoadedModel loaded = nn::load_model(path);
     const nn::HFFamily family = nn::save_hf_model(*loaded.model, args.hf_dir, args.force);
-    fmt::print("{} -> {} ({}: config.json, model.safetensors)\n", path, args.hf_dir,
-               nn::architecture_name(family));
+    std::string why;
+    const std::vector<std::string> tokenizer_files =
+        nn::save_hf_tokenizer(loaded.tokenizer, family, args.hf_dir, &why);
+    fmt::print("{} -> {} ({}: config.json, model.safetensors{}{})\n", path, args.hf_dir,
+               nn::architecture_name(family), tokenizer_files.empty() ? "" : ", ",
+               fmt::join(tokenizer_files, ", "));
+    if (tokenizer_files.empty())
+        fmt::print(stderr, "qknorm export: no tokenizer written: {}\n", why);
     return 0;
 }
 

@@ -486,6 +486,51 @@ TEST_CASE("a config.json far larger than its weights is refused before the model
     CHECK(throws_with([&] { load_hf_model(dir.str()); }, {"MLP width 262144"}));
 }
 
+// An exported model carries the tokenizer it trained with (AutoTokenizer gave an empty one: "ROMEO:
+// hi" -> []). Each file is read back here with the ids of the tokenizer it came from; that
+// transformers reads the same ids was checked with transformers 5.x: byte and BPE files identical,
+// SentencePiece identical but for runs of spaces a collapsing model folds (docs/models.md).
+TEST_CASE("export writes the tokenizer the model trained with, which reads back with its ids") {
+    const char* fixtures = std::getenv("TOKENIZER_FIXTURES");
+    REQUIRE(fixtures);
+    const std::string text = "ROMEO: hi, 1234 \xC3\xA9 \xF0\x9F\x98\x80 <mask>";
+    const test::TempDir dir("hf_tokenizer");
+    struct Case {
+        Tokenizer tokenizer;
+        std::vector<std::string> files;
+    };
+    const std::vector<Case> cases = {
+        {Tokenizer::byte_level(), {"tokenizer.json", "tokenizer_config.json"}},
+        {Tokenizer::from_file(std::string(fixtures) + "/gpt2_style.json"),
+         {"tokenizer.json", "tokenizer_config.json"}},
+        {Tokenizer::from_file(std::string(fixtures) + "/sp_bpe.model"),
+         {"tokenizer.model", "tokenizer_config.json"}}};
+    int n = 0;
+    for (const Case& c : cases) {
+        CAPTURE(c.tokenizer.kind());
+        const std::string out = (dir.path / std::to_string(n++)).string();
+        std::filesystem::create_directories(out);
+        std::string why;
+        CHECK((save_hf_tokenizer(c.tokenizer, HFFamily::qwen3, out, &why) == c.files));
+        const Tokenizer back = Tokenizer::from_file(tokenizer_file_in(out));
+        CHECK((back.encode(text) == c.tokenizer.encode(text)));
+        CHECK(back.decode(back.encode(text)) == text);
+        const json config = json::parse(test::read_file(out + "/tokenizer_config.json"));
+        if (c.tokenizer.kind() == "sentencepiece") {  // no dummy prefix in this model
+            CHECK(config["tokenizer_class"] == "LlamaTokenizer");
+            CHECK(config["add_prefix_space"] == false);
+            CHECK(config["add_bos_token"] == false);
+        } else {
+            CHECK(config["tokenizer_class"] == "PreTrainedTokenizerFast");
+        }
+    }
+    // Characters have no Hugging Face form: nothing written, and the reason.
+    std::string why;
+    CHECK(save_hf_tokenizer(Tokenizer::char_level("ab"), HFFamily::qwen3, dir.path.string(), &why)
+              .empty());
+    CHECK(why.find("--tokenizer byte") != std::string::npos);
+}
+
 // The first thing a transformers or llama.cpp user does with a model directory: sample from it.
 TEST_CASE(
     "qknorm sample --model DIR generates from a Hugging Face directory, greedy = generate()") {

@@ -6,8 +6,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "nn/model/gpt.h"
+#include "nn/text/tokenizer.h"
 
 namespace qk::nn {
 
@@ -48,5 +50,14 @@ void load_hf_weights(GPT& model, const std::string& dir);
 // weights file (model.safetensors, the index and its shards) go first, so no stale shard or index
 // can outlive the export. A qknorm run directory (checkpoints, metrics.jsonl) is refused even so.
 HFFamily save_hf_model(const GPT& model, const std::string& dir, bool overwrite = false);
+
+// The tokenizer a model was trained with, as the files a Hugging Face directory holds for it, so
+// that AutoTokenizer gives the ids the model knows: a BPE's tokenizer.json as it is; bytes as a
+// byte-level BPE without merges (id = byte); a SentencePiece model as tokenizer.model with a
+// tokenizer_config.json naming the class that reads it (no BOS or EOS added, as qknorm's encode).
+// Returns the names written, or none when the tokenizer has no Hugging Face form (chars: one id
+// per character of a corpus; mixed text and images), with the reason in *why.
+std::vector<std::string> save_hf_tokenizer(const Tokenizer& tokenizer, HFFamily family,
+                                           const std::string& dir, std::string* why);
 
 }  // namespace qk::nn

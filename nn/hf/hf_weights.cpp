@@ -300,12 +300,17 @@ void load_hf_weights(GPT& model, const std::string& dir) {
 namespace {
 
 // The files of a Hugging Face model directory that an export replaces, and would otherwise leave
-// stale: the config, the single weights file, the index and its shards.
+// stale: the config, the single weights file, the index and its shards, and the tokenizer's files
+// (a source's tokenizer.json beside a model trained with another tokenizer would load with it).
 bool model_file(const std::string& name) {
+    static const std::set<std::string> names{
+        "config.json",      "model.safetensors", "model.safetensors.index.json",
+        "tokenizer.json",   "tokenizer.model",   "tokenizer_config.json",
+        "vocab.json",       "merges.txt",        "special_tokens_map.json",
+        "added_tokens.json"};
     const bool shard = name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
                        name.size() > 12 && name.substr(name.size() - 12) == ".safetensors";
-    return name == "config.json" || name == "model.safetensors" ||
-           name == "model.safetensors.index.json" || shard;
+    return names.count(name) || shard;
 }
 
 // Refuses what an export must not write into; with `overwrite`, clears the model's own files.
@@ -323,7 +328,8 @@ void prepare_export_dir(const std::string& dir, bool overwrite) {
     if (present.empty()) return;
     QK_CHECK(overwrite,
              "export --hf: {} is not empty (it holds {}); export into a new or empty directory, "
-             "or pass --force to replace the model in it (config.json and every weights file)",
+             "or pass --force to replace the model in it (config.json, every weights file and "
+             "the tokenizer's files)",
              dir, fmt::join(present, ", "));
     for (const std::string& name : present)
         if (model_file(name)) fs::remove(fs::path(dir) / name);
