@@ -171,6 +171,15 @@ int run_sweep_command(SweepSpec spec, const ModelFlags& flags, int threads) {
         spec.base.batch_size, spec.base.steps, spec.out_dir);
     std::fflush(stdout);
     const SweepResult result = run_sweep(spec);
+    if (result.stop_signal) {
+        fmt::print(stderr,
+                   "qknorm sweep: stopped ({}): {}\nContinue with the same command (the same "
+                   "flags and --out {}): finished runs are skipped, stopped ones resume from "
+                   "their checkpoint.\n",
+                   result.stop_signal == SIGINT ? "Ctrl-C" : "SIGTERM", result.stop_report,
+                   spec.out_dir);
+        return 128 + result.stop_signal;
+    }
     fmt::print("\n{:<28} {:>10} {:>9} {:>14} {:>9} {:>14}\n", "variant", "best loss", "best lr",
                "LR sensitivity", "diverged", "max stable lr");
     for (const VariantSummary& v : result.variants)

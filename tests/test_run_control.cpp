@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "helpers.h"
+#include "nn/lab/sweep.h"
 #include "nn/train/run_control.h"
 #include "run_program.h"
 
@@ -268,6 +269,31 @@ TEST_CASE("a sweep whose runs all fail exits with an error") {
     INFO(out.output);
     CHECK(out.exit_code == 1);
     CHECK(out.output.find("1 of 1 runs failed") != std::string::npos);
+}
+
+// A sweep of 42 runs printed nothing on Ctrl-C: only a run's log.txt said where it stopped.
+TEST_CASE("Ctrl-C stops a sweep: no new run, the running one checkpointed, and a report") {
+    TempDir dir("run_control_sweep_stop");
+    const std::vector<std::string> args = {
+        qknorm(),     "sweep",      "--data",       write_corpus(dir),
+        "--variants", "baseline",   "--lrs",        "0.01,0.02",
+        "--seeds",    "1",          "--steps",      "3000",
+        "--n-layer",  "1",          "--n-embd",     "16",
+        "--n-head",   "2",          "--block-size", "16",
+        "--out",      dir / "sweep"};
+    const std::string first = dir / "sweep/runs/" + qk::nn::run_dir_name("baseline", 0.01, 1);
+    // SIGINT to the sweep alone (kill PID): it passes it on to the run it started.
+    const int status = interrupt_after(args, dir / "log", first, 3);
+    const std::string log = read_file(dir / "log");
+    INFO(log);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 130);
+    CHECK(log.find("stopped (Ctrl-C): 0 of 2 runs finished, 1 not started") != std::string::npos);
+    CHECK(log.find("baseline lr 0.01 seed 1: stopped at step") != std::string::npos);
+    CHECK(log.find("Continue with the same command") != std::string::npos);
+    const int64_t at = metrics_by_step(first).rbegin()->first;
+    CHECK(fs::exists(first + fmt::format("/step-{:06d}.model.safetensors", at)));
+    CHECK(!fs::exists(dir / "sweep/results.csv"));  // no table of a sweep not done
 }
 
 TEST_CASE("short runs validate about 20 times; into a pipe, progress is a plain line a 1/20") {

@@ -86,8 +86,9 @@ std::vector<std::string> save_hf_tokenizer(const Tokenizer& tokenizer, HFFamily 
     }
     if (kind == "sentencepiece") {
         tokenizer.save(dir + "/tokenizer.model");
-        write_file_atomic(dir + "/tokenizer_config.json",
-                          sentencepiece_config(family, adds_dummy_prefix(tokenizer)).dump(2) + "\n");
+        write_file_atomic(
+            dir + "/tokenizer_config.json",
+            sentencepiece_config(family, adds_dummy_prefix(tokenizer)).dump(2) + "\n");
         return {"tokenizer.model", "tokenizer_config.json"};
     }
     if (why)

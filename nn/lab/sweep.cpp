@@ -17,14 +17,17 @@
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -331,22 +334,77 @@ void report_finished(const SweepSpec& spec, const Cell& cell, size_t done, size_
     std::fflush(stdout);
 }
 
-void train_cells(const SweepSpec& spec, const std::vector<Cell>& cells) {
+// The last step a run's metrics.jsonl records (0 before its first), from its last 4 kB.
+int64_t last_step(const std::string& run_dir) {
+    std::ifstream in(run_dir + "/metrics.jsonl", std::ios::binary | std::ios::ate);
+    if (!in) return 0;
+    const std::streamoff size = in.tellg();
+    in.seekg(std::max<std::streamoff>(0, size - 4096));
+    std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = tail.rfind("{\"step\":");
+    return at == std::string::npos ? 0 : std::atoll(tail.c_str() + at + 8);
+}
+
+// One line on a terminal's stderr, redrawn: where each running run is.
+void show_running(const SweepSpec& spec, const std::map<pid_t, const Cell*>& running) {
+    if (!spec.progress || ::isatty(2) != 1) return;
+    std::string line;
+    for (const auto& [pid, cell] : running)
+        line +=
+            fmt::format("{}{} lr {} seed {}: step {}/{}", line.empty() ? "" : "; ", cell->variant,
+                        cell->lr, cell->seed, last_step(cell->run_dir), spec.base.steps);
+    fmt::print(stderr, "\r  {:<100.100}", line);
+}
+
+// The runs of `cells` not finished, each with where it stands: after a stop signal.
+std::string stop_report(const std::vector<Cell>& cells, size_t finished) {
+    std::string stopped, waiting;
+    size_t not_started = 0;
+    for (const Cell& cell : cells) {
+        if (summarize_run(cell.run_dir).finished) continue;
+        const int64_t step = last_step(cell.run_dir);
+        if (step == 0 && !fs::exists(cell.run_dir + "/log.txt")) {
+            ++not_started;
+            continue;
+        }
+        stopped += fmt::format("\n  {} lr {} seed {}: stopped at step {} ({})", cell.variant,
+                               cell.lr, cell.seed, step, cell.run_dir);
+    }
+    return fmt::format("{} of {} runs finished, {} not started{}", finished, cells.size(),
+                       not_started, stopped);
+}
+
+// Trains the cells not finished yet, `spec.jobs` at a time; returns the stop signal (0: all ran).
+int train_cells(const SweepSpec& spec, const std::vector<Cell>& cells) {
     const auto t0 = std::chrono::steady_clock::now();
     auto elapsed = [&] {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     size_t done = 0, trained = 0;
     std::map<pid_t, const Cell*> running;
+    const StopSignals signals;  // Ctrl-C: no new run; the running ones stop with a checkpoint
+    bool forwarded = false;
     auto reap_one = [&] {
         int status = 0;
-        const pid_t pid = waitpid(-1, &status, 0);
+        pid_t pid = 0;
+        while ((pid = waitpid(-1, &status, WNOHANG)) == 0) {  // a look every 0.2 s meanwhile
+            if (signals.requested() && !forwarded) {
+                // A terminal's Ctrl-C reached the runs too; a kill of this process alone did
+                // not. The same signal twice at once is one request to them.
+                for (const auto& [child, cell] : running) ::kill(child, signals.signal_number());
+                forwarded = true;
+            }
+            show_running(spec, running);
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
         QK_CHECK(pid > 0, "sweep: waitpid failed: {}", std::strerror(errno));
+        if (spec.progress && ::isatty(2) == 1) fmt::print(stderr, "\r{:102}\r", "");
         const Cell* cell = running.at(pid);
         running.erase(pid);
         report_finished(spec, *cell, ++done, cells.size(), elapsed(), ++trained);
     };
     for (const Cell& cell : cells) {
+        if (signals.requested()) break;
         TrainConfig cfg = cell_config(spec, cell);
         const Start start = prepare_run(cell, cfg.to_json());
         if (start == Start::done) {
@@ -372,9 +430,11 @@ void train_cells(const SweepSpec& spec, const std::vector<Cell>& cells) {
                 ? std::vector<std::string>{"train", "--resume", cell.run_dir, "--quiet"}
                 : std::vector<std::string>{"train", "--from-json", json_path, "--quiet"};
         while (static_cast<int>(running.size()) >= std::max(spec.jobs, 1)) reap_one();
+        if (signals.requested()) break;
         running[spawn_train(spec.qknorm_exe, args, cell.run_dir + "/log.txt")] = &cell;
     }
     while (!running.empty()) reap_one();
+    return signals.signal_number();
 }
 
 // The grid's cells, in the order they train: variants, then learning rates, then seeds.
@@ -432,9 +492,15 @@ SweepResult run_sweep(const SweepSpec& spec) {
     const std::vector<Cell> cells = grid_cells(spec);
     fs::create_directories(spec.out_dir + "/runs");
     const RunDirLock lock(spec.out_dir, "sweep: --out");  // one sweep at a time in a folder
-    train_cells(spec, cells);
-
     SweepResult result;
+    result.stop_signal = train_cells(spec, cells);
+    if (result.stop_signal) {
+        size_t finished = 0;
+        for (const Cell& cell : cells) finished += summarize_run(cell.run_dir).finished;
+        result.stop_report = stop_report(cells, finished);
+        return result;
+    }
+
     for (const Cell& cell : cells) result.runs.push_back(summarize_run(cell.run_dir));
     result.variants = summarize_variants(result.runs);
     write_sweep_outputs(spec, result);

@@ -74,6 +74,11 @@ struct VariantSummary {
 struct SweepResult {
     std::vector<RunSummary> runs;
     std::vector<VariantSummary> variants;
+    // Ctrl-C or SIGTERM stopped the sweep: no run started after it, each running one stopped
+    // after its step with a checkpoint, and no table or plot was written; calling the sweep
+    // again (the same flags and --out) skips the finished runs and resumes the others.
+    int stop_signal = 0;
+    std::string stop_report;  // what finished, what stopped where, what did not start
 };
 
 std::string run_dir_name(const std::string& variant, double lr, uint64_t seed);
