@@ -1,6 +1,7 @@
 // Elementwise ops: forward against std:: math per element, float64 gradchecks (broadcast,
 // non-contiguous), and bad inputs.
 #include <functional>
+#include <optional>
 
 #include "helpers.h"
 #include "ops/elementwise_math.h"  // math::tanh_fast (internal: not in qk.h)
@@ -19,15 +20,20 @@ void check_unary(const std::function<Tensor(const Tensor&)>& op, double (*ref)(d
         CHECK(ys[i] == doctest::Approx(ref(xs[i])).epsilon(1e-12));
 }
 
-// op(NaN) and its gradient stay NaN (not clamped to a number), and op(+inf) = +inf.
-void check_nan_and_inf(const std::function<Tensor(const Tensor&)>& op) {
-    Tensor odd = from_vector({std::nan(""), INFINITY}, {2}, kF32);
+// op(NaN) and its gradient stay NaN (not clamped to a number), and op(+inf) is the function's
+// limit there: +inf for an unbounded op, its bound for a bounded one (tanh: 1), never the NaN of
+// inf / inf; likewise op(-inf) when `at_minus_inf` is given.
+void check_nan_and_inf(const std::function<Tensor(const Tensor&)>& op,
+                       double at_plus_inf = INFINITY,
+                       std::optional<double> at_minus_inf = std::nullopt) {
+    Tensor odd = from_vector({std::nan(""), INFINITY, -INFINITY}, {3}, kF32);
     odd.requires_grad_();
     Tensor y = op(odd);
-    y.backward(ones({2}));
+    y.backward(ones({3}));
     CHECK(std::isnan(y.to_vector<double>()[0]));
     CHECK(std::isnan(odd.grad().to_vector<double>()[0]));
-    CHECK(y.to_vector<double>()[1] == INFINITY);
+    CHECK(y.to_vector<double>()[1] == at_plus_inf);
+    if (at_minus_inf) CHECK(y.to_vector<double>()[2] == *at_minus_inf);
 }
 
 double gelu_ref(double x) {
@@ -98,6 +104,19 @@ TEST_CASE("unary gradients match finite differences") {
     CHECK_GRADCHECK([&] { return softcap(x * 5.0, 2.0); }, {x});
     CHECK_GRADCHECK([&] { return -x; }, {x});
     CHECK_GRADCHECK([&] { return 3.0 / pos + (1.0 - x) * 2.0 - 4.0; }, {x, pos});
+    // On a non-contiguous view too (the op makes its input contiguous; its gradient must land
+    // back in the view's layout).
+    CHECK_GRADCHECK([&] { return tanh(x.t()); }, {x});
+    CHECK_GRADCHECK([&] { return gelu(x.t()); }, {x});
+    CHECK_GRADCHECK([&] { return softcap(x.t() * 5.0, 2.0); }, {x});
+    CHECK_GRADCHECK([&] { return log(pos.t()); }, {pos});
+}
+
+TEST_CASE("bounded ops give their limits at ±inf, not NaN; NaN stays NaN") {
+    check_nan_and_inf([](const Tensor& x) { return tanh(x); }, 1.0, -1.0);
+    check_nan_and_inf([](const Tensor& x) { return sigmoid(x); }, 1.0, 0.0);
+    check_nan_and_inf([](const Tensor& x) { return softcap(x, 2.0); }, 2.0, -2.0);
+    check_nan_and_inf([](const Tensor& x) { return exp(x); }, INFINITY, 0.0);
 }
 
 TEST_CASE("binary gradients with broadcasting and non-contiguous inputs") {
