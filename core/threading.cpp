@@ -85,16 +85,32 @@ void spin_then_sleep(const std::atomic<uint32_t>& word, Done done, std::chrono::
     for (uint32_t v; !done(v = value());) word.wait(v, std::memory_order_acquire);
 }
 
+// QK_THREAD_LIMIT=N refuses thread N + 1 (the caller is thread 1) as the system refuses one
+// (std::system_error, EAGAIN): the test of that path. A real refusal by `ulimit -v` also starves
+// OpenBLAS, whose buffer allocation then retries forever, so the suite cannot provoke it that way.
+int injected_thread_limit() {
+    const char* env = std::getenv("QK_THREAD_LIMIT");
+    return env ? parse_thread_count(env, "QK_THREAD_LIMIT") : kMaxThreads;
+}
+
 class Pool {
   public:
     // A system that refuses a thread (ulimit -u, ulimit -v against the stacks) leaves the pool
     // with the workers it did start, and a notice: never std::terminate on a joinable thread.
     Pool(int threads, std::chrono::nanoseconds spin) : spin_(spin) {
+        const int limit = injected_thread_limit();
         try {
-            for (int w = 1; w < threads; ++w) workers_.emplace_back([this] { work(); });
+            for (int w = 1; w < threads; ++w) {
+                if (w >= limit)
+                    throw std::system_error(
+                        std::make_error_code(std::errc::resource_unavailable_try_again),
+                        "QK_THREAD_LIMIT");
+                workers_.emplace_back([this] { work(); });
+            }
         } catch (const std::system_error& e) {
+            // the caller is thread 1, worker w is thread w + 1
             fmt::print(stderr, "qk: the system refused thread {} of {} ({}): running on {}\n",
-                       workers_.size() + 1, threads, e.what(), workers_.size() + 1);
+                       workers_.size() + 2, threads, e.what(), workers_.size() + 1);
         }
         threads_ = static_cast<int>(workers_.size()) + 1;
     }
