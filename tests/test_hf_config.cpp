@@ -1,8 +1,8 @@
-// config.json of the four Hugging Face families read as transformers reads it (nn/hf/hf_config.cpp):
-// every default the importer fills is transformers' for that family and version, values
-// transformers cannot compute with are refused rather than read as qknorm's own "0 = default",
-// and hostile files (missing, mistyped, contradictory, unknown keys; nested, NUL, oversized) are
-// clean errors naming the file and the key. The fixtures are tests/data/hf's (test_hf.cpp).
+// config.json of the four Hugging Face families read as transformers reads it
+// (nn/hf/hf_config.cpp): every default the importer fills is transformers' for that family and
+// version; values transformers cannot compute with are refused, not read as qknorm's "0 means
+// default"; hostile files (missing, mistyped, contradictory or unknown keys; nested, NUL,
+// oversized) are clean errors naming the file and the key. Fixtures: tests/data/hf (test_hf.cpp).
 #include <filesystem>
 #include <fstream>
 #include <functional>
