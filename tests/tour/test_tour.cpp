@@ -1,7 +1,8 @@
-// The solutions of docs/tour.md's exercises, one TEST_CASE per stop, each checked the way the
-// library's own suites check an op: against an independent reference, with a float64 gradcheck,
-// and on the CUDA backend against the cpu. Read a stop's code first, try the exercise, then
-// compare with what is here.
+// The checks of docs/tour.md's exercises, one TEST_CASE per stop, each the way the library's own
+// suites check an op: against an independent reference, with a float64 gradcheck, and on the
+// CUDA backend against the cpu. The code exercises (exercises.h) are built twice: with the
+// solutions here (answers.cpp, softplus.*: suite `tour`) and with a student's files (`./qk tour`
+// copies scaffold/ to tour/ and grades them: suite `tour_yours`).
 #include <cmath>
 #include <numeric>
 
@@ -9,6 +10,7 @@
 #ifdef QK_WITH_CUDA
 #include "../cuda_parity.h"
 #endif
+#include "exercises.h"
 #include "nn/model/gpt.h"
 #include "nn/optim/optim.h"
 #include "softplus.h"
@@ -52,28 +54,12 @@ TEST_CASE("tour 2: a gradient through narrow and transpose lands in the slab") {
         }
 }
 
-// Stop 3: a node written by hand. cube(x) = x³, saved x, dx = 3x²·dy.
-struct CubeNode final : autograd::Node {
-    Tensor x;  // saved input, detached
-    std::string name() const override { return "cube"; }
-    std::vector<Tensor> backward(const Tensor& dy) override { return {dy * x * x * 3.0}; }
-    void release() override { x = Tensor(); }
-};
-
-Tensor cube(const Tensor& x_in) {
-    Tensor x = x_in.detach();
-    Tensor y = x * x * x;  // computed without recording: x is detached
-    if (!autograd::needs_recording({x_in})) return y;
-    auto node = std::make_shared<CubeNode>();
-    node->x = x;
-    return autograd::attach(y, node, {x_in});
-}
-
+// Stop 3: a node written by hand: tour::cube (answers.cpp).
 TEST_CASE("tour 3: a hand-written Node passes gradcheck") {
     Tensor x = leaf({3, 5}, 3);
-    CHECK(gradcheck([&] { return cube(x); }, {x}).ok);
-    CHECK(gradcheck([&] { return cube(x.t()) * x.t(); }, {x}).ok);  // a view, and used twice
-    CHECK(max_abs_diff(cube(x), x * x * x) == 0.0);
+    CHECK(gradcheck([&] { return tour::cube(x); }, {x}).ok);
+    CHECK(gradcheck([&] { return tour::cube(x.t()) * x.t(); }, {x}).ok);  // a view, and used twice
+    CHECK(max_abs_diff(tour::cube(x), x * x * x) == 0.0);
 }
 
 // Stop 4: the accumulation rule. y = x·x + x uses x three times: dy/dx = 2x + 1, added up; a
@@ -91,26 +77,16 @@ TEST_CASE("tour 4: gradients add up, within a graph and across backward calls") 
     CHECK_FALSE(x.grad().defined());
 }
 
-// Stop 5: why gradcheck uses a random probe. This softmax's backward subtracts the *mean* of dy
-// where the true one subtracts the y-weighted sum Σ_j dy_j y_j: the two agree whenever dy is
-// uniform, which is exactly the upstream gradient of sum(out).
-Tensor softmax_with_wrong_backward(const Tensor& x_in) {
-    Tensor x = x_in.detach();
-    Tensor y = softmax(x);
-    return autograd::record("wrong_softmax", y, {x_in}, [y](const Tensor& dy) {
-        return std::vector<Tensor>{y * (dy - mean(dy, {-1}, /*keepdim=*/true))};
-    });
-}
-
+// Stop 5: tour::softmax_with_wrong_backward (answers.cpp).
 TEST_CASE("tour 5: a bug that sum(out) misses and the random probe finds") {
     Tensor x = leaf({3, 6}, 6);
     // With a uniform upstream gradient (what sum(out) sends back) the wrong backward agrees with
     // finite differences: both are zero, as every softmax row sums to 1.
-    Tensor y = softmax_with_wrong_backward(x);
+    Tensor y = tour::softmax_with_wrong_backward(x);
     y.backward(ones(y.shape(), kF64));
     CHECK(max_abs_diff(x.grad(), zeros({3, 6}, kF64)) < 1e-15);
     // gradcheck's sum(out · r) with a random r does not.
-    CHECK_FALSE(gradcheck([&] { return softmax_with_wrong_backward(x); }, {x}).ok);
+    CHECK_FALSE(gradcheck([&] { return tour::softmax_with_wrong_backward(x); }, {x}).ok);
     CHECK(gradcheck([&] { return softmax(x); }, {x}).ok);  // the library's is right
 }
 
@@ -215,27 +191,19 @@ TEST_CASE("tour 11: softplus on cuda matches the cpu") {
 #endif
 }
 
-// Stop 12: a new attention variant from existing ops: cosine attention with a temperature g,
-// s = g · (q/‖q‖)·(k/‖k‖). The logits are bounded by g whatever q and k do, and the whole
-// variant (normalise, then the fused attention with g as its learnable scale) differentiates.
-Tensor cosine_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                        AttentionSignals* signals = nullptr) {
-    AttentionOptions options{.causal = true, .scale_tensor = g};
-    return attention(lp_normalize(q, 2.0, -1), lp_normalize(k, 2.0, -1), v, options, signals);
-}
-
+// Stop 12: tour::cosine_attention (answers.cpp): bounded by g, and differentiable.
 TEST_CASE("tour 12: cosine attention bounds |s| by g and passes gradcheck") {
     Tensor q = leaf({1, 2, 5, 4}, 12), k = leaf({1, 2, 5, 4}, 13), v = leaf({1, 2, 5, 4}, 14);
     Tensor g = full({2}, 3.0, kF64).requires_grad_();
     AttentionSignals signals;
-    cosine_attention(q.detach() * 1e6, k.detach() * 1e6, v.detach(), g.detach(), &signals);
+    tour::cosine_attention(q.detach() * 1e6, k.detach() * 1e6, v.detach(), g.detach(), &signals);
     CHECK(max(signals.max_abs_logit).item() <= 3.0 + 1e-12);
 }
 
 TEST_CASE("tour 12: cosine attention's gradient, g included") {
     Tensor q = leaf({1, 2, 5, 4}, 12), k = leaf({1, 2, 5, 4}, 13), v = leaf({1, 2, 5, 4}, 14);
     Tensor g = full({2}, 3.0, kF64).requires_grad_();
-    CHECK(gradcheck([&] { return cosine_attention(q, k, v, g); }, {q, k, v, g}).ok);
+    CHECK(gradcheck([&] { return tour::cosine_attention(q, k, v, g); }, {q, k, v, g}).ok);
 }
 
 // Stop 13: the whole model. A tiny QK-LayerNorm GPT overfits one fixed batch.
