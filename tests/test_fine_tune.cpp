@@ -319,3 +319,58 @@ TEST_CASE("fine-tuning on the CUDA backend follows the cpu (Gemma 3: sliding lay
                   doctest::Approx(la[i]["layers"][layer]["max_logit"]).epsilon(1e-4));
     }
 }
+
+// The path a newcomer takes, chained as issue reports walked it: train a Qwen3-shaped model on
+// bytes, sample from the run, export it with its tokenizer, inspect and sample the exported
+// directory, fine-tune it, sample the fine-tuned run, export that, and read it back with the same
+// ids and weights. Each step through the qknorm program; transformers' side of the export (the
+// same ids from AutoTokenizer, the same logits from from_pretrained) is tools/check_hf_export.py's.
+TEST_CASE("the newcomer's path: train, sample, export, inspect, sample, fine-tune, export again") {
+    TempDir dir("newcomer_path");
+    const std::string corpus = write_corpus(dir), run = dir / "run", hf = dir / "hf";
+    auto qknorm = [](std::vector<std::string> args) {
+        args.insert(args.begin(), qknorm_program());
+        const Outcome out = run_program(args, {}, 120);
+        INFO(out.output);
+        REQUIRE(out.exit_code == 0);
+        return out.output;
+    };
+    qknorm({"train",     "--data",
+            corpus,      "--tokenizer",
+            "byte",      "--norm",
+            "rmsnorm",   "--qk-norm",
+            "rmsnorm",   "--pos-emb",
+            "rope",      "--mlp",
+            "swiglu",    "--bias",
+            "false",     "--n-kv-head",
+            "1",         "--n-layer",
+            "1",         "--n-head",
+            "2",         "--n-embd",
+            "16",        "--block-size",
+            "32",        "--steps",
+            "3",         "--batch-size",
+            "2",         "--sample-tokens",
+            "0",         "--quiet",
+            "--run-dir", run});
+    CHECK(qknorm({"sample", "--run-dir", run, "--prompt", "to", "--tokens", "5"}).rfind("to", 0) ==
+          0);
+    CHECK(qknorm({"export", "--run-dir", run, "--hf", hf}).find("tokenizer.json") !=
+          std::string::npos);
+    CHECK(qknorm({"inspect", "--model", hf, "--text", corpus, "--out", dir / "inspect.svg"})
+              .find("loss") != std::string::npos);
+    const std::string from_hf = qknorm({"sample", "--model", hf, "--prompt", "to", "--tokens", "5",
+                                        "--temperature", "0"}),
+                      from_run = qknorm({"sample", "--run-dir", run, "--prompt", "to", "--tokens",
+                                         "5", "--temperature", "0"});
+    CHECK(from_hf == from_run);  // the exported model and its tokenizer are the run's
+    const std::string tuned = dir / "tuned", tuned_hf = dir / "tuned_hf";
+    qknorm({"train", "--init-from", hf, "--data", corpus, "--steps", "2", "--batch-size", "2",
+            "--context", "16", "--sample-tokens", "0", "--quiet", "--run-dir", tuned});
+    qknorm({"sample", "--run-dir", tuned, "--prompt", "to", "--tokens", "5"});
+    qknorm({"export", "--run-dir", tuned, "--hf", tuned_hf});
+    const LoadedModel trained = load_model(latest_model_checkpoint(tuned));
+    check_same_parameters(*load_hf_model(tuned_hf), *trained.model);
+    const std::string text = "to be or not";
+    CHECK((Tokenizer::from_file(tokenizer_file_in(tuned_hf)).encode(text) ==
+           trained.tokenizer.encode(text)));
+}
