@@ -2,6 +2,7 @@
 // docs/models.md): what `qknorm export --hf` adds beside config.json and the weights, so that
 // transformers' AutoTokenizer.from_pretrained gives the ids the model knows.
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/safetensors.h"
 #include "nn/hf/hf.h"
@@ -41,32 +42,10 @@ constexpr const char* kFastTokenizerConfig = "{\"tokenizer_class\": \"PreTrained
 // qknorm's byte tokenizer (token b is byte b) as a tokenizer.json: a byte-level BPE without merges
 // whose vocabulary spells byte b as its GPT-2 stand-in, with id b (a trained BPE orders its 256
 // byte tokens by stand-in instead).
-nlohmann::ordered_json byte_tokenizer_json() {
-    nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
-    for (int b = 0; b < 256; ++b) vocab[bpe::byte_stand_ins()[static_cast<size_t>(b)]] = b;
-    const nlohmann::ordered_json byte_level = {{"type", "ByteLevel"},
-                                               {"add_prefix_space", false},
-                                               {"trim_offsets", true},
-                                               {"use_regex", false}};
-    return {{"version", "1.0"},
-            {"truncation", nullptr},
-            {"padding", nullptr},
-            {"added_tokens", nlohmann::ordered_json::array()},
-            {"normalizer", nullptr},
-            {"pre_tokenizer", byte_level},
-            {"post_processor", nullptr},
-            {"decoder", byte_level},
-            {"model",
-             {{"type", "BPE"},
-              {"dropout", nullptr},
-              {"unk_token", nullptr},
-              {"continuing_subword_prefix", nullptr},
-              {"end_of_word_suffix", nullptr},
-              {"fuse_unk", false},
-              {"byte_fallback", false},
-              {"ignore_merges", false},
-              {"vocab", vocab},
-              {"merges", nlohmann::ordered_json::array()}}}};
+std::string byte_tokenizer_json() {
+    const auto& stand_ins = bpe::byte_stand_ins();
+    return bpe::byte_level_tokenizer_json({stand_ins.begin(), stand_ins.end()}, 0, {},
+                                          /*use_regex=*/false);
 }
 
 }  // namespace
@@ -80,7 +59,7 @@ std::vector<std::string> save_hf_tokenizer(const Tokenizer& tokenizer, HFFamily 
         return {"tokenizer.json", "tokenizer_config.json"};
     }
     if (kind == "bytes") {
-        write_file_atomic(dir + "/tokenizer.json", byte_tokenizer_json().dump() + "\n");
+        write_file_atomic(dir + "/tokenizer.json", byte_tokenizer_json() + "\n");
         write_file_atomic(dir + "/tokenizer_config.json", kFastTokenizerConfig);
         return {"tokenizer.json", "tokenizer_config.json"};
     }

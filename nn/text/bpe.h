@@ -65,6 +65,15 @@ struct BpeSpec {
 
 BpeSpec parse_tokenizer_json(const std::string& json_text, const std::string& source);
 
+// A byte-level BPE as a tokenizer.json that Hugging Face tokenizers reads: GPT-2's ByteLevel
+// pre-tokenizer (its regex on or off) and decoder. tokens[id] is spelled as in the file (stand-in
+// characters; the first `specials` are special tokens, written as they are and listed in
+// added_tokens); merges are pairs of such strings, in rank order. The strings must be distinct:
+// the file maps each to one id.
+std::string byte_level_tokenizer_json(
+    const std::vector<std::string>& tokens, size_t specials,
+    const std::vector<std::pair<std::string, std::string>>& merges, bool use_regex);
+
 class BpeTokenizer final : public TokenizerModel {
   public:
     explicit BpeTokenizer(BpeSpec spec);

@@ -263,4 +263,45 @@ BpeSpec parse_tokenizer_json(const std::string& json_text, const std::string& so
     return spec;
 }
 
+std::string byte_level_tokenizer_json(
+    const std::vector<std::string>& tokens, size_t specials,
+    const std::vector<std::pair<std::string, std::string>>& merges, bool use_regex) {
+    using json = nlohmann::ordered_json;  // the vocabulary in id order, as tokenizers writes it
+    json vocab = json::object(), merge_list = json::array(), added = json::array();
+    for (size_t id = 0; id < tokens.size(); ++id) vocab[tokens[id]] = id;
+    for (const auto& [left, right] : merges) merge_list.push_back(json::array({left, right}));
+    for (size_t id = 0; id < specials; ++id)
+        added.push_back({{"id", id},
+                         {"content", tokens[id]},
+                         {"single_word", false},
+                         {"lstrip", false},
+                         {"rstrip", false},
+                         {"normalized", false},
+                         {"special", true}});
+    const json byte_level = {{"type", "ByteLevel"},
+                             {"add_prefix_space", false},
+                             {"trim_offsets", true},
+                             {"use_regex", use_regex}};
+    const json file = {{"version", "1.0"},
+                       {"truncation", nullptr},
+                       {"padding", nullptr},
+                       {"added_tokens", added},
+                       {"normalizer", nullptr},
+                       {"pre_tokenizer", byte_level},
+                       {"post_processor", nullptr},
+                       {"decoder", byte_level},
+                       {"model",
+                        {{"type", "BPE"},
+                         {"dropout", nullptr},
+                         {"unk_token", nullptr},
+                         {"continuing_subword_prefix", nullptr},
+                         {"end_of_word_suffix", nullptr},
+                         {"fuse_unk", false},
+                         {"byte_fallback", false},
+                         {"ignore_merges", false},
+                         {"vocab", vocab},
+                         {"merges", merge_list}}}};
+    return file.dump();
+}
+
 }  // namespace qk::nn::bpe

@@ -13,7 +13,6 @@
 // with its pair counts taken out before and put back after. Counts only fall, except for pairs
 // containing the new symbol, which are pushed then. tools/bpe_reference.py is the same rule with
 // every pair recounted before every merge; the tests check both give Hugging Face's merges.
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <queue>
@@ -194,56 +193,25 @@ Tokenizer train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions
             options.progress("merge", static_cast<int64_t>(merges.size()), wanted);
     }
 
-    // As a tokenizer.json: GPT-2's ByteLevel pre-tokenizer and decoder.
-    nlohmann::ordered_json vocab = nlohmann::ordered_json::object(),
-                           merge_list = nlohmann::ordered_json::array();
+    // As a tokenizer.json: GPT-2's ByteLevel pre-tokenizer (with its regex) and decoder.
+    std::vector<std::string> keys;
+    std::unordered_set<std::string> seen;
     for (size_t id = 0; id < tokens.size(); ++id) {
-        const std::string key =
-            id < options.special_tokens.size() ? tokens[id] : bpe::to_stand_ins(tokens[id]);
-        QK_CHECK(!vocab.contains(key),
+        keys.push_back(id < options.special_tokens.size() ? tokens[id]
+                                                          : bpe::to_stand_ins(tokens[id]));
+        QK_CHECK(seen.insert(keys.back()).second,
                  "tokenizer train: the special token '{}' is also a merged token of the corpus; "
                  "one string holds one id in tokenizer.json: choose another special",
-                 key);
-        vocab[key] = id;
+                 keys.back());
     }
+    std::vector<std::pair<std::string, std::string>> merge_keys;
     for (const Pair& p : merges)
-        merge_list.push_back(nlohmann::ordered_json::array(
-            {bpe::to_stand_ins(tokens[static_cast<size_t>(p.first)]),
-             bpe::to_stand_ins(tokens[static_cast<size_t>(p.second)])}));
-    nlohmann::ordered_json added = nlohmann::ordered_json::array();
-    for (size_t id = 0; id < options.special_tokens.size(); ++id)
-        added.push_back({{"id", id},
-                         {"content", tokens[id]},
-                         {"single_word", false},
-                         {"lstrip", false},
-                         {"rstrip", false},
-                         {"normalized", false},
-                         {"special", true}});
-    const nlohmann::ordered_json byte_level = {{"type", "ByteLevel"},
-                                               {"add_prefix_space", false},
-                                               {"trim_offsets", true},
-                                               {"use_regex", true}};
-    nlohmann::ordered_json file = {{"version", "1.0"},
-                                   {"truncation", nullptr},
-                                   {"padding", nullptr},
-                                   {"added_tokens", added},
-                                   {"normalizer", nullptr},
-                                   {"pre_tokenizer", byte_level},
-                                   {"post_processor", nullptr},
-                                   {"decoder", byte_level},
-                                   {"model",
-                                    {{"type", "BPE"},
-                                     {"dropout", nullptr},
-                                     {"unk_token", nullptr},
-                                     {"continuing_subword_prefix", nullptr},
-                                     {"end_of_word_suffix", nullptr},
-                                     {"fuse_unk", false},
-                                     {"byte_fallback", false},
-                                     {"ignore_merges", false},
-                                     {"vocab", vocab},
-                                     {"merges", merge_list}}}};
+        merge_keys.emplace_back(bpe::to_stand_ins(tokens[static_cast<size_t>(p.first)]),
+                                bpe::to_stand_ins(tokens[static_cast<size_t>(p.second)]));
+    const std::string file = bpe::byte_level_tokenizer_json(keys, options.special_tokens.size(),
+                                                            merge_keys, /*use_regex=*/true);
     return Tokenizer(
-        std::make_shared<bpe::BpeTokenizer>(bpe::parse_tokenizer_json(file.dump(), "(trained)")));
+        std::make_shared<bpe::BpeTokenizer>(bpe::parse_tokenizer_json(file, "(trained)")));
 }
 
 }  // namespace qk::nn
