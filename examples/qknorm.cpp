@@ -31,7 +31,6 @@
 #include "examples/qknorm_flags.h"
 #include "examples/qknorm_models.h"
 #include "examples/qknorm_tokens.h"
-#include "nn/hf/hf.h"
 #include "nn/model/sample.h"
 #include "nn/optim/data_parallel.h"
 #include "nn/text/data.h"
@@ -252,20 +251,6 @@ std::string checkpoint_to_sample(const SampleArgs& args) {
     return path;
 }
 
-// A Hugging Face directory as sample reads it: the model, and the directory's own tokenizer (its
-// ids must be the model's), or the text as bytes when it has none.
-LoadedModel load_hf_for_sampling(const std::string& dir, std::optional<Precision> precision) {
-    LoadedModel loaded;
-    loaded.model = load_hf_model(dir, kF32, precision);
-    const std::string own = tokenizer_file_in(dir);
-    if (!own.empty()) loaded.tokenizer = Tokenizer::from_file(own);
-    QK_CHECK(loaded.model->config().vocab_size >= loaded.tokenizer.vocab_size(),
-             "sample: --model {} has {} token ids, fewer than the {} of its tokenizer{}", dir,
-             loaded.model->config().vocab_size, loaded.tokenizer.vocab_size(),
-             own.empty() ? " (bytes: the directory has none of its own)" : "");
-    return loaded;
-}
-
 int run_sample(const SampleArgs& args) {
     SampleOptions options = args.options;
     options.when_full = args.when_full == "stop" ? WhenFull::stop : WhenFull::slide;
@@ -275,7 +260,7 @@ int run_sample(const SampleArgs& args) {
     QK_CHECK(!args.ckpt.empty() + !args.run.empty() + !args.model.empty() <= 1,
              "sample: give the model as --run-dir RUN, --ckpt FILE or --model DIR (one of them)");
     LoadedModel loaded = args.model.empty() ? load_model(checkpoint_to_sample(args), precision)
-                                            : load_hf_for_sampling(args.model, precision);
+                                            : load_hf_directory(args.model, "sample", precision);
     // bf16 inference reads bf16-stored weights: the same logits, half the bytes per token.
     if (loaded.model->config().precision == Precision::bf16) loaded.model->store_weights_bf16();
     options.vocab = loaded.tokenizer.vocab_size();

@@ -68,6 +68,19 @@ CLI::App* add_inspect_command(CLI::App& app, InspectArgs& args) {
     return cmd;
 }
 
+nn::LoadedModel load_hf_directory(const std::string& dir, const char* command,
+                                  std::optional<Precision> precision) {
+    nn::LoadedModel loaded;
+    loaded.model = nn::load_hf_model(dir, kF32, precision);
+    const std::string own = nn::tokenizer_file_in(dir);
+    if (!own.empty()) loaded.tokenizer = nn::Tokenizer::from_file(own);
+    QK_CHECK(loaded.model->config().vocab_size >= loaded.tokenizer.vocab_size(),
+             "{}: {} has {} token ids, fewer than the {} of its tokenizer{}", command, dir,
+             loaded.model->config().vocab_size, loaded.tokenizer.vocab_size(),
+             own.empty() ? " (bytes: the directory has none of its own)" : "");
+    return loaded;
+}
+
 int run_inspect(const InspectArgs& args) {
     const int sources = !args.model_dir.empty() + !args.ckpt.empty() + !args.run_dir.empty();
     QK_CHECK(sources == 1,
@@ -85,15 +98,9 @@ int run_inspect(const InspectArgs& args) {
         ids = loaded.tokenizer.encode(text);
         model = std::move(loaded.model);
     } else {
-        // The model's own tokenizer when its directory has one, else the text as bytes.
-        model = nn::load_hf_model(args.model_dir);
-        const std::string own = nn::tokenizer_file_in(args.model_dir);
-        const nn::Tokenizer tok =
-            own.empty() ? nn::Tokenizer::byte_level() : nn::Tokenizer::from_file(own);
-        QK_CHECK(model->config().vocab_size >= tok.vocab_size(),
-                 "inspect: {} has {} token ids, fewer than the {} of its tokenizer", args.model_dir,
-                 model->config().vocab_size, tok.vocab_size());
-        ids = tok.encode(text);
+        nn::LoadedModel loaded = load_hf_directory(args.model_dir, "inspect");
+        ids = loaded.tokenizer.encode(text);
+        model = std::move(loaded.model);
     }
     if (static_cast<int64_t>(ids.size()) > args.max_tokens) ids.resize(args.max_tokens);
     const int64_t window =

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
+
+#include "nn/train/checkpoint.h"
 
 namespace qk::cli {
 
@@ -21,6 +24,12 @@ struct InspectArgs {
 };
 
 CLI::App* add_inspect_command(CLI::App& app, InspectArgs& args);
+
+// A Hugging Face directory as `inspect` and `sample` read it: the model (computing in `precision`
+// when given), with the directory's own tokenizer, or the text as bytes when it has none; a
+// tokenizer with more ids than the model's embedding is refused, naming `command`.
+nn::LoadedModel load_hf_directory(const std::string& dir, const char* command,
+                                  std::optional<Precision> precision = {});
 int run_inspect(const InspectArgs& args);
 
 }  // namespace qk::cli
