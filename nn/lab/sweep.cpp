@@ -356,12 +356,15 @@ void show_running(const SweepSpec& spec, const std::map<pid_t, const Cell*>& run
     fmt::print(stderr, "\r  {:<100.100}", line);
 }
 
-// The runs of `cells` not finished, each with where it stands: after a stop signal.
-std::string stop_report(const std::vector<Cell>& cells, size_t finished) {
-    std::string stopped, waiting;
-    size_t not_started = 0;
+// After a stop signal: how many runs of `cells` finished, where each other one stands.
+std::string stop_report(const std::vector<Cell>& cells) {
+    std::string stopped;
+    size_t finished = 0, not_started = 0;
     for (const Cell& cell : cells) {
-        if (summarize_run(cell.run_dir).finished) continue;
+        if (summarize_run(cell.run_dir).finished) {
+            ++finished;
+            continue;
+        }
         const int64_t step = last_step(cell.run_dir);
         if (step == 0 && !fs::exists(cell.run_dir + "/log.txt")) {
             ++not_started;
@@ -495,9 +498,7 @@ SweepResult run_sweep(const SweepSpec& spec) {
     SweepResult result;
     result.stop_signal = train_cells(spec, cells);
     if (result.stop_signal) {
-        size_t finished = 0;
-        for (const Cell& cell : cells) finished += summarize_run(cell.run_dir).finished;
-        result.stop_report = stop_report(cells, finished);
+        result.stop_report = stop_report(cells);
         return result;
     }
 
