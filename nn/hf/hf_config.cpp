@@ -122,8 +122,8 @@ class Keys {
     // A soft-cap: absent or null is none (returned as 0); a value must be positive (0 would
     // divide by zero in transformers' tanh(s / cap)).
     double softcap_or_none(const char* key) {
-        if (!has(key)) return used_.insert(key), 0.0;
-        return positive_number_or(key, 0);
+        used_.insert(key);
+        return has(key) ? positive_number_or(key, 0) : 0.0;
     }
     void use(const char* key) { used_.insert(key); }
     void finish() const {
