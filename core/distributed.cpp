@@ -195,6 +195,7 @@ void broadcast(const Tensor& t, int root) {
               "broadcast");
     wait_for(request, "broadcast");
     finish_host(t, host);
+    mark_written(t);
 }
 
 std::vector<std::string> all_gather(const std::string& value) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "core/dtype.h"
@@ -35,10 +36,30 @@ class Storage {
     std::size_t nbytes() const { return nbytes_; }
     Device device() const { return device_; }
 
+    // How many times the library has written into this buffer in place: copy_into, add_,
+    // Tensor::set, the optimizers' updates and broadcasts each advance it, so that a copy made
+    // from the values at one version is known stale at the next. A raw write through data<T>()
+    // does not: code that writes a weight that way calls mark_written (core/tensor.h).
+    std::uint64_t version() const { return version_; }
+    void bump_version() { ++version_; }
+
+    // One copy of the whole buffer in another dtype, and the version of the values it holds: a
+    // weight rounded to bfloat16 once for every GEMM that reads it until the next write, where
+    // it was rounded at every call (cast_once in core/tensor.h). The optimizer rewrites it in
+    // the same pass as the weight, so in training a weight is rounded once per step.
+    struct CastCopy {
+        std::shared_ptr<Storage> storage;  // null: none made yet
+        DType dtype = DType::f32;
+        std::uint64_t version = 0;
+    };
+    CastCopy& cast_copy() { return cast_copy_; }
+
   private:
     void* data_ = nullptr;
     std::size_t nbytes_ = 0;
     Device device_;
+    std::uint64_t version_ = 0;
+    CastCopy cast_copy_;
 };
 
 }  // namespace qk

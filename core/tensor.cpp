@@ -85,6 +85,7 @@ double Tensor::at(std::initializer_list<int64_t> index) const {
 
 void Tensor::set(std::initializer_list<int64_t> index, double value) {
     int64_t off = element_offset(*this, index);
+    mark_written(*this);
     dispatch_all(dtype(), [&](auto tag) {
         using T = decltype(tag);
         data<T>()[off] = static_cast<T>(value);
@@ -225,6 +226,7 @@ void copy_cuda(const Tensor& dst, const Tensor& src) {
 void copy_into(const Tensor& dst, const Tensor& src) {
     QK_CHECK(dst.shape() == src.shape(), "copy: shapes differ: dst {} and src {}", dst.shape(),
              src.shape());
+    mark_written(dst);
     if (dst.device() == Device::cpu && src.device() == Device::cpu) return copy_cpu(dst, src);
     if (dst.numel() == 0) return;
 #ifdef QK_WITH_CUDA
@@ -232,6 +234,27 @@ void copy_into(const Tensor& dst, const Tensor& src) {
 #else
     throw_built_without_cuda("copy");
 #endif
+}
+
+void mark_written(const Tensor& t) { t.storage()->bump_version(); }
+
+Tensor cast_once(const Tensor& t, DType dtype) {
+    Storage& storage = *t.storage();
+    const bool whole_buffer = t.offset() == 0 && t.is_contiguous() &&
+                              std::size_t(t.numel()) * dtype_size(t.dtype()) == storage.nbytes();
+    if (!whole_buffer || dtype == t.dtype()) return t.detach().to(dtype).detach();
+    Storage::CastCopy& copy = storage.cast_copy();
+    if (copy.storage && copy.dtype == dtype && copy.version == storage.version()) {
+        auto impl = std::make_shared<TensorImpl>();
+        impl->storage = copy.storage;
+        impl->shape = t.shape();
+        impl->strides = t.strides();
+        impl->dtype = dtype;
+        return Tensor(std::move(impl));
+    }
+    const Tensor cast = t.detach().to(dtype).detach();
+    copy = {cast.storage(), dtype, storage.version()};
+    return cast;
 }
 
 namespace {

@@ -123,6 +123,16 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
 // may differ: a cross-device copy goes through a contiguous staging copy). No autograd.
 void copy_into(const Tensor& dst, const Tensor& src);
 
+// Records that t's values were written in place (advances its storage's version, so copies made
+// from the old values are not used again). The library's in-place writes call it themselves.
+void mark_written(const Tensor& t);
+
+// `t` cast to `dtype` (no autograd). A tensor that is its whole buffer, contiguous from its
+// start (a parameter), keeps the result beside its storage and returns it again until its values
+// are written (Storage::cast_copy): bf16 training rounds each weight once, not at every GEMM.
+// Anything else is cast afresh.
+Tensor cast_once(const Tensor& t, DType dtype);
+
 std::string to_string(const Tensor& t);
 
 // Launchers of cuda/copy.cu (device pointers; built only with the CUDA backend).

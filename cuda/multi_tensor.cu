@@ -27,9 +27,12 @@
 #include <cstdint>
 #include <memory>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
+#include "core/float16.h"
 #include "core/storage.h"
+#include "cuda/bf16_convert.h"
 #include "cuda/runtime.h"
 #include "cuda/warp_reduce.h"
 #include "nn/optim/optim.h"
@@ -106,7 +109,14 @@ __global__ void adamw_update_all_kernel(const nn::AdamWSlot<T>* slots, T lr, T b
         s.v[i] = vi;
         const T m_hat = mi / bias1, v_hat = vi / bias2;  // bias corrections
         const T pi = s.p[i];
-        s.p[i] = pi - lr * (m_hat / (dev_sqrt(v_hat) + eps) + s.decay * pi);  // decoupled decay
+        const T updated = pi - lr * (m_hat / (dev_sqrt(v_hat) + eps) + s.decay * pi);  // decay
+        s.p[i] = updated;
+        if constexpr (std::is_same_v<T, float>) {  // the weight's cast copy, in the same pass
+            if (s.half_dtype == DType::bf16)
+                static_cast<bf16*>(s.half)[i] = float_to_bf16(updated);
+            else if (s.half_dtype == DType::f16)
+                static_cast<f16*>(s.half)[i] = convert_element<f16>(updated);
+        }
     }
 }
 
@@ -159,12 +169,17 @@ void adamw_update_all(const std::vector<nn::AdamWSlot<T>>& slots, T lr, T beta1,
     for (const nn::AdamWSlot<T>& s : slots) sizes.push_back(s.n);
     const auto table = chunks_of<nn::AdamWSlot<T>>(
         slots, sizes, [](const nn::AdamWSlot<T>& s, int64_t start, int64_t n) {
-            return nn::AdamWSlot<T>{s.p + start, s.g + start, s.m + start, s.v + start, n, s.decay};
+            void* half = s.half ? static_cast<char*>(s.half) + 2 * start : nullptr;
+            return nn::AdamWSlot<T>{s.p + start, s.g + start, s.m + start, s.v + start,
+                                    n,           s.decay,     half,        s.half_dtype};
         });
     if (table.empty()) return;
     const auto device_slots = upload(table);
     const int64_t elements = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-    ledger::declare_elements<T>(4 * elements, 3 * elements, 12 * elements);
+    int64_t half_elements = 0;  // the cast copies written beside their weights, 2 bytes each
+    for (const nn::AdamWSlot<T>& s : slots) half_elements += s.half ? s.n : 0;
+    ledger::declare(double(sizeof(T)) * 7.0 * double(elements) + 2.0 * double(half_elements),
+                    12.0 * double(elements), 0, sizeof(T) == 8);
     QK_LAUNCH((adamw_update_all_kernel<T>), static_cast<unsigned>(table.size()), kThreads, 0,
               stream(), static_cast<const nn::AdamWSlot<T>*>(device_slots->data()), lr, beta1,
               beta2, eps, bias1, bias2);

@@ -102,14 +102,16 @@ __global__ void layer_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, co
 
 // ---- parameter gradients, shared by layer_norm (mean given) and rms_norm (mean null) ---------
 
-// Stage 1. partial_dw, partial_db: (chunks, C) out (partial_db may be null); dy, x: (rows, C);
-// mean: (rows) or null for rms_norm; rstd: (rows). grid (ceil(C / 32), chunks), block (32, 8):
-// lane (x, y) of block (bx, c) sums rows y, y + 8, ... of chunk c for column 32·bx + x, so a warp
-// reads 128 consecutive bytes of a row; row 0 of lanes then adds the 8 sums in lane order.
+// Both stages in one launch. dweight, dbias: (C) out (dbias may be null); partial_dw, partial_db:
+// (chunks, C) scratch; counters: one per tile (arrived_last); dy, x: (rows, C); mean: (rows) or
+// null for rms_norm; rstd: (rows). grid (ceil(C / 32), chunks), block (32, 8): lane (x, y) of
+// block (bx, k) sums rows y, y + 8, ... of chunk k for column 32·bx + x, so a warp reads 128
+// consecutive bytes of a row; row 0 of lanes then adds the 8 sums in lane order. The tile's last
+// block to finish adds its chunks' partials in chunk order.
 template <class T>
-__global__ void norm_param_partials_kernel(T* partial_dw, T* partial_db, const T* dy, const T* x,
-                                           const T* mean, const T* rstd, int64_t rows, int64_t C,
-                                           int64_t per_chunk) {
+__global__ void norm_param_grads_kernel(T* dweight, T* dbias, T* partial_dw, T* partial_db,
+                                        unsigned* counters, const T* dy, const T* x, const T* mean,
+                                        const T* rstd, int64_t rows, int64_t C, int64_t per_chunk) {
     const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
     const int64_t r0 = int64_t(blockIdx.y) * per_chunk;
     const int64_t r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
@@ -123,33 +125,19 @@ __global__ void norm_param_partials_kernel(T* partial_dw, T* partial_db, const T
     const auto add = [](T a, T b) { return a + b; };
     dw = combine_lane_rows(dw, add);
     db = combine_lane_rows(db, add);
-    if (threadIdx.y != 0 || c >= C) return;
-    partial_dw[int64_t(blockIdx.y) * C + c] = dw;
-    if (partial_db) partial_db[int64_t(blockIdx.y) * C + c] = db;
-}
-
-// Stage 2. dweight, dbias: (C) out (dbias may be null); partial_dw, partial_db: (chunks, C).
-// grid ceil(C / 32), block (32, 8): lane x of warp w adds partials w, w + 8, ... of
-// column 32·blockIdx.x + x; warp 0 then adds the 8 sums in warp order.
-template <class T>
-__global__ void norm_param_finish_kernel(T* dweight, T* dbias, const T* partial_dw,
-                                         const T* partial_db, int64_t chunks, int64_t C) {
-    const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
-    T dw = 0, db = 0;
-    if (c < C)
-        for (int64_t k = threadIdx.y; k < chunks; k += kLaneRows) {
-            dw += partial_dw[k * C + c];
-            if (dbias) db += partial_db[k * C + c];
-        }
-    const auto add = [](T a, T b) { return a + b; };
-    dw = combine_lane_rows(dw, add);
-    db = combine_lane_rows(db, add);
+    if (threadIdx.y == 0 && c < C) {
+        partial_dw[int64_t(blockIdx.y) * C + c] = dw;
+        if (partial_db) partial_db[int64_t(blockIdx.y) * C + c] = db;
+    }
+    if (!arrived_last(counters)) return;
+    dw = combine_chunks(partial_dw, gridDim.y, C, add, T(0));
+    if (dbias) db = combine_chunks(partial_db, gridDim.y, C, add, T(0));
     if (threadIdx.y != 0 || c >= C) return;
     dweight[c] = dw;
     if (dbias) dbias[c] = db;
 }
 
-// dweight (and dbias if not null): (C) out, by the two stages above.
+// dweight (and dbias if not null): (C) out, by the kernel above.
 template <class T>
 void norm_param_grads(T* dweight, T* dbias, const T* dy, const T* x, const T* mean, const T* rstd,
                       int64_t rows, int64_t C) {
@@ -164,17 +152,13 @@ void norm_param_grads(T* dweight, T* dbias, const T* dy, const T* x, const T* me
     Storage scratch(sizeof(T) * size_t(chunks * C) * (dbias ? 2 : 1), Device::cuda);
     T* partial_dw = static_cast<T*>(scratch.data());
     T* partial_db = dbias ? partial_dw + chunks * C : nullptr;
-    ledger::declare_elements<T>(2 * rows * C + 2 * rows, (dbias ? 2 : 1) * chunks * C,
-                                5 * rows * C);
-    QK_LAUNCH((norm_param_partials_kernel<T>), dim3(unsigned(tiles), unsigned(chunks)),
-              dim3(kWarp, kLaneRows), 0, stream(), partial_dw, partial_db, dy, x, mean, rstd, rows,
-              C, per_chunk);
-    QK_CUDA_CHECK_LAUNCH("norm_param_partials_kernel");
-    ledger::declare_elements<T>((dbias ? 2 : 1) * chunks * C, (dbias ? 2 : 1) * C,
-                                (dbias ? 2 : 1) * chunks * C);
-    QK_LAUNCH((norm_param_finish_kernel<T>), blocks_for(C, kWarp), dim3(kWarp, kLaneRows), 0,
-              stream(), dweight, dbias, partial_dw, partial_db, chunks, C);
-    QK_CUDA_CHECK_LAUNCH("norm_param_finish_kernel");
+    const int64_t outputs = dbias ? 2 : 1;  // partials written and read back, then the gradients
+    ledger::declare_elements<T>(2 * rows * C + 2 * rows + outputs * chunks * C,
+                                outputs * (chunks * C + C), 5 * rows * C);
+    QK_LAUNCH((norm_param_grads_kernel<T>), dim3(unsigned(tiles), unsigned(chunks)),
+              dim3(kWarp, kLaneRows), 0, stream(), dweight, dbias, partial_dw, partial_db,
+              tile_counters(tiles), dy, x, mean, rstd, rows, C, per_chunk);
+    QK_CUDA_CHECK_LAUNCH("norm_param_grads_kernel");
 }
 
 // ---- rms_norm ------------------------------------------------------------------------------

@@ -279,10 +279,13 @@ __global__ void logsumexp_backward_kernel(T* dx, const T* x, const T* lse, const
 constexpr int64_t kMinChunk = 64;         // v3: rows per chunk, at least
 constexpr int64_t kMinSplitChunk = 4096;  // v4: elements per chunk, at least
 
-// Stage 1 of v3. partial: (chunks, n_out). grid (ceil(n_out / 32), chunks), block (32, 8):
-// lane (x, y) of block (bx, c) reduces elements y, y + 8, ... of chunk c of output 32·bx + x.
+// v3, both stages in one launch. out: (n_out); partial: (chunks, n_out) scratch; counters: one
+// per tile (arrived_last). grid (ceil(n_out / 32), chunks), block (32, 8): lane (x, y) of block
+// (bx, c) reduces elements y, y + 8, ... of chunk c of output 32·bx + x; the tile's last block
+// to finish then combines its chunks in order, as reduce_partials_kernel would.
 template <class T, class Op>
-__global__ void reduce_columns_kernel(T* partial, const T* x, Groups g, int64_t per_chunk) {
+__global__ void reduce_columns_kernel(T* out, T* partial, unsigned* counters, const T* x, Groups g,
+                                      int64_t per_chunk) {
     const Op op{};
     const int64_t r = int64_t(blockIdx.x) * 32 + threadIdx.x;
     const int64_t j0 = int64_t(blockIdx.y) * per_chunk;
@@ -298,6 +301,9 @@ __global__ void reduce_columns_kernel(T* partial, const T* x, Groups g, int64_t 
     }
     acc = combine_lane_rows(acc, op);
     if (threadIdx.y == 0 && r < g.n_out) partial[int64_t(blockIdx.y) * g.n_out + r] = acc;
+    if (!arrived_last(counters)) return;
+    acc = combine_chunks(partial, gridDim.y, g.n_out, op, Op::template identity<T>());
+    if (threadIdx.y == 0 && r < g.n_out) out[r] = acc;
 }
 
 // Stage 1 of v4. partial: (chunks, n_out). grid (n_out, chunks), block (v2's size): block (r, c)
@@ -318,7 +324,7 @@ __global__ void reduce_split_kernel(T* partial, const T* x, Groups g, int64_t pe
     if (threadIdx.x == 0) partial[int64_t(blockIdx.y) * g.n_out + r] = acc;
 }
 
-// Stage 2 of v3 and v4. out: (n_out); partial: (chunks, n_out). grid (ceil(n_out / 32)),
+// Stage 2 of v4. out: (n_out); partial: (chunks, n_out). grid (ceil(n_out / 32)),
 // block (32, 8): lane (x, y) combines chunks y, y + 8, ... of output 32·bx + x, then row 0 the 8.
 template <class T, class Op>
 __global__ void reduce_partials_kernel(T* out, const T* partial, int64_t chunks, int64_t n_out) {
@@ -344,7 +350,8 @@ bool few_huge_groups(const Groups& g) {
 
 unsigned v2_threads(const Groups& g);
 
-// v3 or v4 (`columns`): stage 1 into scratch partials, then stage 2 into out.
+// v3 (`columns`: one launch, its last blocks finishing) or v4 (stage 1 into scratch partials,
+// then stage 2 into out).
 template <class T, class Op>
 void reduce_in_chunks(T* out, const T* x, const Groups& g, bool columns) {
     const int64_t tiles = columns ? (g.n_out + 31) / 32 : g.n_out;
@@ -354,19 +361,22 @@ void reduce_in_chunks(T* out, const T* x, const Groups& g, bool columns) {
              "reduce: {} outputs of {} elements cannot be split on one grid", g.n_out, g.group);
     Storage scratch(sizeof(T) * size_t(chunks * g.n_out), Device::cuda);
     T* partial = static_cast<T*>(scratch.data());
-    ledger::declare(
-        double(sizeof(T)) * (double(g.n_out) * double(g.group) + double(chunks * g.n_out)),
-        double(g.n_out) * double(g.group), 0, sizeof(T) == 8);
+    const double partials = double(chunks * g.n_out);
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks));
-    if (columns) {
-        QK_LAUNCH((reduce_columns_kernel<T, Op>), grid, dim3(32, kLaneRows), 0, stream(), partial,
-                  x, g, per_chunk);
+    if (columns) {  // the partials written, read back by the last blocks, and out
+        ledger::declare(double(sizeof(T)) *
+                            (double(g.n_out) * double(g.group) + 2 * partials + double(g.n_out)),
+                        double(g.n_out) * double(g.group) + partials, 0, sizeof(T) == 8);
+        QK_LAUNCH((reduce_columns_kernel<T, Op>), grid, dim3(32, kLaneRows), 0, stream(), out,
+                  partial, tile_counters(tiles), x, g, per_chunk);
         QK_CUDA_CHECK_LAUNCH("reduce_columns_kernel");
-    } else {
-        QK_LAUNCH((reduce_split_kernel<T, Op>), grid, v2_threads(g), 0, stream(), partial, x, g,
-                  per_chunk);
-        QK_CUDA_CHECK_LAUNCH("reduce_split_kernel");
+        return;
     }
+    ledger::declare(double(sizeof(T)) * (double(g.n_out) * double(g.group) + partials),
+                    double(g.n_out) * double(g.group), 0, sizeof(T) == 8);
+    QK_LAUNCH((reduce_split_kernel<T, Op>), grid, v2_threads(g), 0, stream(), partial, x, g,
+              per_chunk);
+    QK_CUDA_CHECK_LAUNCH("reduce_split_kernel");
     ledger::declare_elements<T>(chunks * g.n_out, g.n_out, chunks * g.n_out);
     QK_LAUNCH((reduce_partials_kernel<T, Op>), static_cast<unsigned>((g.n_out + 31) / 32),
               dim3(32, kLaneRows), 0, stream(), out, partial, chunks, g.n_out);

@@ -6,6 +6,7 @@
 // activations of successive training steps, which have the same shapes, hit the cache.
 #include "cuda/runtime.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -80,6 +81,24 @@ void fill_zero(void* dst, std::size_t nbytes) {
     if (nbytes) QK_CUDA_CHECK(cudaMemset(dst, 0, nbytes));
 }
 void synchronize() { QK_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+unsigned* tile_counters(int64_t n) {
+    static unsigned* counters = nullptr;
+    static int64_t capacity = 0;
+    if (n > capacity) {
+        // Zeroed by a copy from the host, which a dry-run ledger does not skip (its memsets).
+        const int64_t grown = std::max<int64_t>(n, 4096);
+        const std::vector<unsigned> zeros(static_cast<std::size_t>(grown), 0u);
+        void* fresh = nullptr;
+        QK_CUDA_CHECK(cudaMalloc(&fresh, sizeof(unsigned) * zeros.size()));
+        copy_to_device(fresh, zeros.data(), sizeof(unsigned) * zeros.size());
+        synchronize();  // the old array's last users are done before it goes
+        if (counters) QK_CUDA_CHECK(cudaFree(counters));
+        counters = static_cast<unsigned*>(fresh);
+        capacity = grown;
+    }
+    return counters;
+}
 
 // ---- the caching allocator -----------------------------------------------------------------
 

@@ -43,6 +43,10 @@ void copy_to_device(void* device_dst, const void* host_src, std::size_t nbytes);
 void copy_to_host(void* host_dst, const void* device_src, std::size_t nbytes);
 void copy_on_device(void* device_dst, const void* device_src, std::size_t nbytes);
 void fill_zero(void* device_dst, std::size_t nbytes);
+// At least n counters, zero, for kernels whose last block finishes a reduction (arrived_last in
+// cuda/warp_reduce.h): each launch leaves its counters zero again, so one array serves every
+// launch on the stream. Grown when asked for more; kept for the process's life.
+unsigned* tile_counters(int64_t n);
 void synchronize();
 
 // The caching allocator's state: bytes handed out, bytes kept for reuse, cudaMalloc calls.

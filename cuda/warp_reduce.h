@@ -78,6 +78,38 @@ __device__ __forceinline__ T combine_lane_rows(T v, Op op) {
     return v;
 }
 
+// A two-stage column reduction in one launch: block (bx, k) of a grid (tiles, chunks) writes its
+// partials of tile bx's 32 columns, then counts its arrival on the tile's counter, and the block
+// that arrives last combines the tile's partials in chunk order (combine_chunks), so the result
+// does not depend on which block that was (llm.c finishes its layernorm gradients this way).
+// counters: one per tile (cuda::tile_counters), zero before the launch; the last block resets
+// its own. Every thread of the block must call it.
+__device__ __forceinline__ bool arrived_last(unsigned* counters) {
+    __shared__ bool last;
+    __threadfence();  // this block's partials are visible before its arrival is counted
+    __syncthreads();
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+        last = atomicAdd(&counters[blockIdx.x], 1u) == gridDim.y - 1;
+        if (last) counters[blockIdx.x] = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+// In the last block: column 32·blockIdx.x + x of partial (chunks, n) combined over its chunks,
+// lane row y taking chunks y, y + 8, ... and row 0 then the 8 rows in order (into lane row 0).
+template <class T, class Op>
+__device__ __forceinline__ T combine_chunks(const T* partial, int64_t chunks, int64_t n, Op op,
+                                            T identity) {
+    const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
+    T acc = identity;
+    if (c < n)
+        for (int64_t k = threadIdx.y; k < chunks; k += kLaneRows)
+            acc = op(acc, __ldcg(partial + k * n + c));
+    return combine_lane_rows(acc, op);
+}
+
 // Math overloads that pick expf or exp by type: the C names exist in device code under nvcc and
 // on the host under the emulation alike.
 __device__ __forceinline__ float dev_exp(float x) { return expf(x); }

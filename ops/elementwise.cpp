@@ -303,6 +303,7 @@ void add_(Tensor& dst, const Tensor& src) {
                  dst.shape(), dst.strides());
     QK_CHECK(broadcast_shapes(dst.shape(), src.shape(), "add_") == dst.shape(),
              "add_: source {} does not broadcast to destination {}", src.shape(), dst.shape());
+    mark_written(dst);
     on_device(
         "add_", dst.device(), dst.dtype(),
         [&](auto tag) {

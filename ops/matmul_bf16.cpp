@@ -98,7 +98,9 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     Shape out_shape = x.shape();
     out_shape.back() = N;
     Tensor y = Tensor::empty(out_shape, kF32, device);
-    const Tensor x_rounded = to_half<Half>(rows_of(x)), w_rounded = to_half<Half>(weight);
+    // The weight's rounding is made once per version of its values and kept (cast_once): in
+    // training the optimizer rewrites it in its update, so no call rounds a weight again.
+    const Tensor x_rounded = to_half<Half>(rows_of(x)), w_rounded = cast_once(weight, kHalf);
     const Tensor b = autograd::contiguous_input(bias_in);
     if (R * N > 0) {
         const Tensor y_rows = y.view({R, N});
@@ -120,7 +122,16 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     const bool need_b = bias_in.defined() && bias_in.requires_grad();
     auto backward = [need_x, need_w, need_b, R, N, K, device, x_shape = x.shape(),
                      x_saved = need_w ? autograd::saved(x_rounded) : Tensor(),
-                     w_saved = need_x ? autograd::saved(w_rounded) : Tensor()](const Tensor& dy) {
+                     w_saved = need_x ? autograd::saved(w_rounded) : Tensor(),
+                     w_version = weight.storage()->version(),
+                     w_storage = weight.storage()](const Tensor& dy) {
+        // The weight's kept rounding is rewritten in place by the optimizer: a backward after a
+        // step would read the new weights where the forward read the old.
+        QK_CHECK(!need_x || w_storage->cast_copy().storage != w_saved.storage() ||
+                     w_storage->version() == w_version,
+                 "linear: backward after the weight {} was written (an optimizer step or an "
+                 "in-place edit between this forward and its backward); run the forward again",
+                 w_saved.shape());
         const Tensor dy_rows = rows_of(dy);  // (R, N)
         const Tensor dy_rounded = need_x || need_w ? to_half<Half>(dy_rows) : Tensor();
         Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();

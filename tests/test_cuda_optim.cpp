@@ -11,8 +11,12 @@
 
 #include "cuda_kernel_check.h"
 #include "cuda_parity.h"
+#include "helpers.h"
+#include "nn/model/gpt.h"
 #include "nn/optim/muon.h"
 #include "nn/optim/optim.h"
+#include "nn_variants.h"
+#include "ops/matmul.h"
 
 using namespace qk;
 using qk::test::cuda_runnable;
@@ -273,5 +277,82 @@ TEST_CASE("clip_grad_norm on cuda gradients matches the cpu: the norm, the clip,
         CHECK(norm_dev == doctest::Approx(norm_cpu).epsilon(dt == kF64 ? 1e-14 : 1e-6));
         for (size_t i = 0; i < p_cpu.size(); ++i)
             check_close(p_dev[i].grad(), p_cpu[i].grad(), fmt::format("clipped g{}", i));
+    }
+}
+
+namespace {
+
+// Three AdamW steps of a tiny half-precision GPT on `device`: the losses, then the weights.
+// `round_every_call` marks every parameter written before each forward, so that each GEMM
+// rounds its weight afresh, as before weights were cast once.
+std::vector<double> half_training(Device device, Precision precision, bool round_every_call) {
+    nn::GPTConfig config = test::tiny_config();
+    config.precision = precision;
+    nn::GPT model(config, 4);
+    model.to(device);
+    nn::AdamW opt(model.parameters(), {.lr = 3e-2});
+    std::vector<int32_t> ids(2 * config.block_size);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 3 % config.vocab_size);
+    const Tensor x = from_ids(ids, {2, config.block_size}).to(device);
+    std::vector<double> out;
+    for (int step = 0; step < 3; ++step) {
+        if (round_every_call)
+            for (const Tensor& p : model.parameters()) mark_written(p);
+        const Tensor loss = model.forward(x, x).loss;
+        loss.backward();
+        opt.step(3e-2);
+        opt.zero_grad();
+        out.push_back(loss.item());
+    }
+    for (const Tensor& p : model.parameters())
+        for (float v : p.to(Device::cpu).to_vector<float>()) out.push_back(v);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("weights cast once: the optimizer's copy trains bit for bit as rounding every call") {
+    std::vector<Device> devices = {Device::cpu};
+    if (cuda_runnable()) devices.push_back(Device::cuda);
+    for (Device device : devices)
+        for (Precision precision : {Precision::bf16, Precision::fp16}) {
+            CAPTURE(device);
+            CAPTURE(precision);
+            const auto once = half_training(device, precision, false);
+            const auto every_call = half_training(device, precision, true);
+            REQUIRE(once.size() == every_call.size());
+            size_t differ = 0;
+            for (size_t i = 0; i < once.size(); ++i) differ += once[i] != every_call[i];
+            CHECK(differ == 0);
+            CHECK(once[2] < once[0]);  // it trains
+        }
+}
+
+TEST_CASE("weights cast once: AdamW rewrites the copy, and a stale backward is refused") {
+    std::vector<Device> devices = {Device::cpu};
+    if (cuda_runnable()) devices.push_back(Device::cuda);
+    for (Device device : devices) {
+        CAPTURE(device);
+        Tensor w = randn_seeded({4, 3}, 5, kF32).to(device);
+        w.requires_grad_();
+        Tensor x = randn_seeded({2, 3}, 6, kF32).to(device);
+        x.requires_grad_();  // dx reads the rounded weight
+        nn::AdamW opt({w}, {.lr = 0.1});
+        const Tensor y = linear(x, w, Tensor(), Precision::bf16);
+        const std::shared_ptr<Storage> copy = w.storage()->cast_copy().storage;
+        REQUIRE(copy);
+        sum(y * y).backward();
+        opt.step(0.1);
+        // The same buffer, rewritten in the update's pass with the new weights' rounding.
+        CHECK(w.storage()->cast_copy().storage == copy);
+        CHECK(w.storage()->cast_copy().version == w.storage()->version());
+        const auto got = cast_once(w, kBF16).to(Device::cpu).to_vector<bf16>();
+        const auto want = w.to(kBF16).to(Device::cpu).to_vector<bf16>();
+        for (size_t i = 0; i < want.size(); ++i) CHECK(got[i].bits == want[i].bits);
+        // A forward, an optimizer step, then that forward's backward: its weights are gone.
+        const Tensor z = linear(x, w, Tensor(), Precision::bf16);
+        opt.step(0.1);
+        CHECK(test::throws_with([&] { sum(z * z).backward(); },
+                                {"linear", "backward after the weight [4, 3] was written"}));
     }
 }

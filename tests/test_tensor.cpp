@@ -1,5 +1,8 @@
 // core: views share storage, contiguous() copies only when needed, factories, RNG, printing.
+#include <functional>
+
 #include "helpers.h"
+#include "ops/elementwise.h"
 
 using namespace qk;
 
@@ -138,4 +141,50 @@ TEST_CASE("bad inputs to views") {
     CHECK(test::throws_with([&] { x.transpose(0, 2); }, {"transpose", "dim 2"}));
     CHECK(test::throws_with([&] { x.at({2, 0}); }, {"index 2"}));
     CHECK(test::throws_with([&] { x.item(); }, {"item", "[2, 3]"}));
+}
+
+TEST_CASE("cast_once keeps a whole buffer's rounding until its values are written") {
+    Generator gen(11);
+    Tensor w = randn({6, 5}, kF32, gen);
+    const auto bits = [](const Tensor& t) { return t.to_vector<bf16>(); };
+    const auto same_bits = [&](const Tensor& a, const Tensor& b) {
+        const auto x = bits(a), y = bits(b);
+        for (size_t i = 0; i < x.size(); ++i)
+            if (x[i].bits != y[i].bits) return false;
+        return x.size() == y.size();
+    };
+    const Tensor first = cast_once(w, kBF16);
+    CHECK(first.dtype() == kBF16);
+    CHECK(first.shape() == w.shape());
+    CHECK(same_bits(first, w.to(kBF16)));
+    CHECK(cast_once(w, kBF16).storage() == first.storage());  // kept, not made again
+    // Every in-place write of the library makes it stale; the next call rounds the new values.
+    const std::vector<std::pair<const char*, std::function<void()>>> writes = {
+        {"copy_into", [&] { copy_into(w, w * 2.0); }},
+        {"add_", [&] { add_(w, full({5}, 0.5)); }},
+        {"set",
+         [&] {
+             w.set({1, 2}, 7.0);
+         }},
+        {"a view's copy_into",
+         [&] {
+             copy_into(w.narrow(0, 2, 1), zeros({1, 5}));
+         }},
+        {"mark_written", [&] { mark_written(w); }}};
+    for (const auto& [name, write] : writes) {
+        CAPTURE(name);
+        const Tensor before = cast_once(w, kBF16);
+        write();
+        const Tensor after = cast_once(w, kBF16);
+        CHECK(after.storage() != before.storage());
+        CHECK(same_bits(after, w.to(kBF16)));
+    }
+    // A view is not its whole buffer: rounded afresh each time, the buffer's copy untouched.
+    const Tensor kept = cast_once(w, kBF16);
+    const Tensor rows = w.narrow(0, 1, 3);
+    CHECK(cast_once(rows, kBF16).storage() != cast_once(rows, kBF16).storage());
+    CHECK(same_bits(cast_once(rows, kBF16), rows.to(kBF16)));
+    CHECK(cast_once(w, kBF16).storage() == kept.storage());
+    CHECK(cast_once(w, kF16).dtype() == kF16);  // another dtype replaces the copy
+    CHECK(cast_once(w, kBF16).storage() != kept.storage());
 }

@@ -117,6 +117,11 @@ template <typename T>
 inline T __ldg(const T* p) {
     return *p;
 }
+// Load that bypasses the SM's L1 (reads what another block wrote): a plain load here.
+template <typename T>
+inline T __ldcg(const T* p) {
+    return *p;
+}
 
 // Declared by glibc's <math.h> but not exported: map onto the exported functions.
 #define __expf(x) ::expf(x)

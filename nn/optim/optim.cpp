@@ -17,6 +17,7 @@
 
 #include "autograd/grad_mode.h"
 #include "core/factory.h"
+#include "core/half_convert.h"
 #include "core/threading.h"
 #include "ops/elementwise.h"
 #include "ops/reduce.h"
@@ -36,6 +37,15 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta
         const T m_hat = m[i] / bias1, v_hat = v[i] / bias2;
         p[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + decay * p[i]);
     }
+}
+
+// half[lo, hi) = p[lo, hi) rounded to bf16 or f16, as Tensor::to rounds them (the cast copy the
+// GEMMs read, core/storage.h).
+void round_into(void* half, DType dtype, const float* p, int64_t lo, int64_t hi) {
+    if (dtype == DType::f16)
+        return qk::cpu::floats_to_f16(static_cast<f16*>(half) + lo, p + lo, hi - lo);
+    bf16* out = static_cast<bf16*>(half);
+    for (int64_t i = lo; i < hi; ++i) out[i] = bf16(p[i]);
 }
 
 // Tensors laid end to end, as one index space for the threads to share: element i of tensor k is
@@ -76,6 +86,8 @@ void adamw_update_all(const std::vector<AdamWSlot<T>>& slots, T lr, T beta1, T b
             const AdamWSlot<T>& s = slots[k];
             adamw_update(s.p + lo, s.g + lo, s.m + lo, s.v + lo, hi - lo, lr, beta1, beta2, eps,
                          s.decay, bias1, bias2);
+            if constexpr (std::is_same_v<T, float>)
+                if (s.half) round_into(s.half, s.half_dtype, s.p, lo, hi);
         });
     };
     parallel_for(all.total(), range, all.total() >= kParallelUpdate);
@@ -120,6 +132,26 @@ void scale_all(const std::vector<T*>& grads, const std::vector<int64_t>& sizes, 
 
 }  // namespace cpu
 
+namespace {
+
+// The bf16 or f16 copy a GEMM made of p's values (Storage::cast_copy, made only for a tensor that
+// is its whole buffer), for the update to rewrite in its pass; null when p has none.
+const Storage::CastCopy* half_copy_of(const Tensor& p) {
+    const Storage::CastCopy& copy = p.storage()->cast_copy();
+    const bool half = copy.dtype == DType::bf16 || copy.dtype == DType::f16;
+    const bool whole = p.offset() == 0 && size_t(p.numel()) * 4 == p.storage()->nbytes();
+    return copy.storage && half && whole && p.dtype() == DType::f32 ? &copy : nullptr;
+}
+
+// After an update that wrote p and, where it has one, its half copy: the copy holds the new
+// version (anything else that writes p makes it stale again).
+void written_with_half_copy(const Tensor& p) {
+    mark_written(p);
+    if (half_copy_of(p)) p.storage()->cast_copy().version = p.storage()->version();
+}
+
+}  // namespace
+
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options, std::vector<bool> decayed)
     : params_(std::move(params)), decayed_(std::move(decayed)), options_(options) {
     if (decayed_.empty())
@@ -153,6 +185,7 @@ void AdamW::step(double lr) {
     const double bias2 = 1 - std::pow(options_.beta2, step_);
     AdamWSlots slots;
     std::vector<Tensor> keep_alive;  // contiguous copies of strided gradients, until the update
+    std::vector<Tensor> updated;
     for (size_t i = 0; i < params_.size(); ++i) {
         Tensor& p = params_[i];
         Tensor g = p.grad();
@@ -167,20 +200,30 @@ void AdamW::step(double lr) {
         if (options_.independent_weight_decay) decay /= options_.lr_max;
         dispatch_float(p.dtype(), [&](auto tag) {
             using T = decltype(tag);
-            slots.add(p.device(), AdamWSlot<T>{p.data<T>(), g.data<T>(), m_[i].data<T>(),
-                                               v_[i].data<T>(), p.numel(), T(decay)});
+            AdamWSlot<T> slot{p.data<T>(),     g.data<T>(), m_[i].data<T>(),
+                              v_[i].data<T>(), p.numel(),   T(decay)};
+            if (const Storage::CastCopy* copy = half_copy_of(p)) {
+                slot.half = copy->storage->data();
+                slot.half_dtype = copy->dtype;
+            }
+            slots.add(p.device(), slot);
         });
+        updated.push_back(p);
     }
     const auto& o = options_;
     cpu::adamw_update_all<float>(slots.cpu_f32, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
     cpu::adamw_update_all<double>(slots.cpu_f64, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
-    if (slots.cuda_f32.empty() && slots.cuda_f64.empty()) return;
+    if (!slots.cuda_f32.empty() || !slots.cuda_f64.empty()) {
 #ifdef QK_WITH_CUDA
-    qk::cuda::adamw_update_all<float>(slots.cuda_f32, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
-    qk::cuda::adamw_update_all<double>(slots.cuda_f64, lr, o.beta1, o.beta2, o.eps, bias1, bias2);
+        qk::cuda::adamw_update_all<float>(slots.cuda_f32, lr, o.beta1, o.beta2, o.eps, bias1,
+                                          bias2);
+        qk::cuda::adamw_update_all<double>(slots.cuda_f64, lr, o.beta1, o.beta2, o.eps, bias1,
+                                           bias2);
 #else
-    throw_built_without_cuda("AdamW");
+        throw_built_without_cuda("AdamW");
 #endif
+    }
+    for (const Tensor& p : updated) written_with_half_copy(p);
 }
 
 void AdamW::zero_grad() {

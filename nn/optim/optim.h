@@ -78,6 +78,9 @@ inline double clip_multiplier(double norm, double max_norm, double loss_scale) {
 namespace qk::nn {
 // One parameter's AdamW update as the kernels see it: p, m, v (n) updated in place, g (n), all
 // contiguous on one device; decay is this parameter's λ (0 where weight decay does not apply).
+// half (n), when not null, receives the new p rounded to half_dtype (bf16 or f16): the weight's
+// cast copy (Storage::cast_copy) written in the same pass, as llm.c's AdamW writes its bf16
+// weights, so no GEMM rounds the weight again.
 template <class T>
 struct AdamWSlot {
     T* p;
@@ -85,6 +88,8 @@ struct AdamWSlot {
     T *m, *v;
     int64_t n;
     T decay;
+    void* half = nullptr;
+    DType half_dtype = DType::f32;
 };
 }  // namespace qk::nn
 
