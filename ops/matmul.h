@@ -59,6 +59,15 @@ void gemm_mixed(float* y, int64_t ldy, const Half* a, bool a_trans, int64_t lda,
 // y: (batch, M, N), a: (batch, M, K), b: (batch, K, N), contiguous.    y = a · b  (tiled kernel)
 template <class T>
 void matmul_tiled(T* y, const T* a, const T* b, int64_t batch, int64_t M, int64_t N, int64_t K);
+// The mixed linear's passes around its GEMMs, one launch each (cuda/matmul_bf16.cu):
+// x_half: (R, K) out, x: (R, K) row stride ldx, y: (R, N) out, bias: (N).  x̃ = round(x), y = b
+template <class Half>
+void round_rows_fill_bias(Half* x_half, const float* x, int64_t ldx, float* y, const float* bias,
+                          int64_t R, int64_t K, int64_t N);
+// dy_half: (R, N) out, db: (N) out, dy: (R, N) row stride ldy.   dỸ = round(dY), db = Σ_r dY
+template <class Half>
+void round_and_sum_columns(Half* dy_half, float* db, const float* dy, int64_t ldy, int64_t R,
+                           int64_t N);
 }  // namespace cuda
 
 }  // namespace qk

@@ -8,6 +8,8 @@
 // beyond 65,504 becomes Inf here, which is what a loss scaler watches for (nn/optim/loss_scale.h).
 #include <algorithm>
 #include <climits>
+#include <tuple>
+#include <utility>
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -39,6 +41,39 @@ void fill_zeros(const Tensor& t) {
     cuda::fill(t.raw_data(), t.dtype(), t.numel(), 0.0);
 #endif
 }
+
+#ifdef QK_WITH_CUDA
+// x̃ = round(x) as a new (R, K) Half tensor, and y = b in every row, in one launch. x: (R, K)
+// float32 rows (row stride x.stride(0)); y: (R, N) contiguous; b: (N).
+template <class Half>
+Tensor round_rows_fill_bias(const Tensor& x, const Tensor& y, const Tensor& b) {
+    const int64_t R = x.size(0), K = x.size(1), N = y.size(1);
+    Tensor x_half = Tensor::empty({R, K}, dtype_of<Half>(), x.device());
+    cuda::round_rows_fill_bias(x_half.data<Half>(), x.data<float>(), x.strides()[0],
+                               y.data<float>(), b.data<float>(), R, K, N);
+    return x_half;
+}
+
+// dỸ = round(dY) as a new (R, N) Half tensor, and db = Σ_r dY (N), from one read of dy: (R, N).
+template <class Half>
+std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor& dy) {
+    const int64_t R = dy.size(0), N = dy.size(1);
+    Tensor dy_half = Tensor::empty({R, N}, dtype_of<Half>(), dy.device());
+    Tensor db = Tensor::empty({N}, kF32, dy.device());
+    cuda::round_and_sum_columns(dy_half.data<Half>(), db.data<float>(), dy.data<float>(),
+                                dy.strides()[0], R, N);
+    return {dy_half, db};
+}
+#else
+template <class Half>
+Tensor round_rows_fill_bias(const Tensor&, const Tensor&, const Tensor&) {
+    throw_built_without_cuda("linear");
+}
+template <class Half>
+std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor&) {
+    throw_built_without_cuda("linear");
+}
+#endif
 
 template <class Half>
 cpu::GemmJob<Half, float> half_job(const Tensor& y, const Tensor& a, bool a_trans, const Tensor& b,
@@ -100,8 +135,14 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     Tensor y = Tensor::empty(out_shape, kF32, device);
     // The weight's rounding is made once per version of its values and kept (cast_once): in
     // training the optimizer rewrites it in its update, so no call rounds a weight again.
-    const Tensor x_rounded = to_half<Half>(rows_of(x)), w_rounded = cast_once(weight, kHalf);
+    const Tensor w_rounded = cast_once(weight, kHalf);
     const Tensor b = autograd::contiguous_input(bias_in);
+    // On cuda with a bias, one launch rounds x and writes the bias rows of y (the GEMM adds to
+    // them); elsewhere x is rounded on its own.
+    const bool bias_rows_first = device == Device::cuda && b.defined() && K > 0 && R * N > 0;
+    const Tensor x_rounded = bias_rows_first
+                                 ? round_rows_fill_bias<Half>(rows_of(x), y.view({R, N}), b)
+                                 : to_half<Half>(rows_of(x));
     if (R * N > 0) {
         const Tensor y_rows = y.view({R, N});
         if (K == 0) {  // an empty sum: y is the bias, or 0
@@ -109,8 +150,7 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
                 copy_into(y_rows, b.expand({R, N}));
             else
                 fill_zeros(y_rows);
-        } else if (device == Device::cuda && b.defined()) {  // y = b in every row, then += x̃ · W̃ᵀ
-            copy_into(y_rows, b.expand({R, N}));
+        } else if (bias_rows_first) {  // y holds b in every row: y += x̃ · W̃ᵀ
             auto job = half_job<Half>(y_rows, x_rounded, false, w_rounded, true);
             job.beta = 1.0f;
             half_gemm<Half>(job, device);
@@ -133,7 +173,12 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
                  "in-place edit between this forward and its backward); run the forward again",
                  w_saved.shape());
         const Tensor dy_rows = rows_of(dy);  // (R, N)
-        const Tensor dy_rounded = need_x || need_w ? to_half<Half>(dy_rows) : Tensor();
+        Tensor db;
+        Tensor dy_rounded;
+        if (need_b && (need_x || need_w) && device == Device::cuda)  // one read of dY for both
+            std::tie(dy_rounded, db) = round_and_sum_columns<Half>(dy_rows);
+        else if (need_x || need_w)
+            dy_rounded = to_half<Half>(dy_rows);
         Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
         Tensor dw = need_w ? Tensor::empty({N, K}, kF32, device) : Tensor();
         if (R * N * K > 0) {
@@ -150,7 +195,7 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
             if (need_x) dx = zeros({R, K}, kF32, device);
             if (need_w) dw = zeros({N, K}, kF32, device);
         }
-        Tensor db = need_b ? sum_to(dy_rows, {N}) : Tensor();  // Σ_r dY, in float32
+        if (need_b && !db.defined()) db = sum_to(dy_rows, {N});  // Σ_r dY, in float32
         return std::vector<Tensor>{need_x ? dx.reshape(x_shape) : dx, dw, db};
     };
     return autograd::record("linear", y, {x_in, weight_in, bias_in}, std::move(backward));

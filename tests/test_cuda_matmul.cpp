@@ -120,6 +120,22 @@ TEST_CASE("linear in bf16 on cuda (cublasGemmStridedBatchedEx) matches the cpu's
         "bf16 linear without bias",
         [](const Inputs& in) { return linear(in[0], in[1], {}, Precision::bf16); },
         {randn_seeded({3, 11, K}, 24, kF32), randn_seeded({N, K}, 25, kF32)}, options);
+    // 450 rows: the bias gradient's column sums in 7 chunks of rows (cuda/matmul_bf16.cu), and
+    // x read through a row stride of K + 3 (a narrowed view rounds without a copy first).
+    check_cuda_parity(
+        "bf16 linear, many rows, x strided",
+        [](const Inputs& in) {
+            return linear(in[0].narrow(2, 1, K), in[1], in[2], Precision::bf16);
+        },
+        {randn_seeded({3, 150, K + 3}, 31, kF32), randn_seeded({N, K}, 32, kF32),
+         randn_seeded({N}, 33, kF32)},
+        options);
+    check_cuda_parity(  // widths that are multiples of 4: x and the bias rows four at a time
+        "bf16 linear, vector widths",
+        [](const Inputs& in) { return linear(in[0], in[1], in[2], Precision::bf16); },
+        {randn_seeded({2, 70, 32}, 34, kF32), randn_seeded({20, 32}, 35, kF32),
+         randn_seeded({20}, 36, kF32)},
+        options);
 }
 
 TEST_CASE("linear in fp16 on cuda (cublasGemmStridedBatchedEx, CUDA_R_16F) matches the cpu's") {

@@ -1,0 +1,138 @@
+// cuda/matmul_bf16.cu — the passes around the bf16 (and fp16) linear's GEMMs, one launch each
+// where plain ops take two (ops/matmul_bf16.cpp calls them; its header gives the math):
+//
+//   forward    x̃ = round(x), and y = b in every row         (the GEMM then adds x̃·W̃ᵀ, beta = 1)
+//   backward   dỸ = round(dY), and db = Σ_r dY in float32    (from one read of dY)
+//
+// cuBLAS's GEMM has no bias argument, and the rounding of x and the bias rows touch different
+// buffers, so one grid does both: rows are shared out over the blocks, and each block rounds its
+// rows of x and writes its rows of y. In the backward the rounding of dY and the column sums read
+// the same values: the column-tile layout of cuda/reduce.cu's v3 (block (bx, k) holds 32 columns
+// of chunk k of the rows, 8 row lanes) rounds each value as it adds it, and the tile's last block
+// to finish combines the chunks' partials (arrived_last, cuda/warp_reduce.h), so the sums are
+// the bits the two-launch path gave. The weight is not rounded here: the optimizer keeps its
+// rounding (core/storage.h, cast_copy).
+//
+// CPU twins: to_half and sum_to in ops/matmul_bf16.cpp (the cpu GEMM writes the bias itself).
+#include <cstddef>
+#include <cstdint>
+
+#include "core/float16.h"
+#include "cuda/bf16_convert.h"
+#include "cuda/runtime.h"
+#include "cuda/warp_reduce.h"
+#include "ops/matmul.h"
+
+namespace qk::cuda {
+
+namespace {
+
+constexpr unsigned kRowThreads = 128;
+constexpr int64_t kMinRowsPerChunk = 64;
+
+// kVec neighbours as one aligned value: with kVec = 4, a 16-byte load or store of float32 and an
+// 8-byte store of the half type, a quarter of the memory instructions.
+template <class T, int kVec>
+struct alignas(kVec * sizeof(T)) Vec {
+    T v[kVec];
+};
+
+// x_half: (R, K) out; x: (R, K) with row stride ldx; y: (R, N) out; bias: (N); K, N and ldx
+// multiples of kVec. grid (blocks), block (kRowThreads): block b takes rows b, b + gridDim.x, ...;
+// its threads walk each row kVec values at a time.
+template <class Half, int kVec>
+__global__ void round_rows_fill_bias_kernel(Half* x_half, const float* x, int64_t ldx, float* y,
+                                            const float* bias, int64_t R, int64_t K, int64_t N) {
+    using In = Vec<float, kVec>;
+    using Out = Vec<Half, kVec>;
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const In* x_row = reinterpret_cast<const In*>(x + r * ldx);
+        Out* x_half_row = reinterpret_cast<Out*>(x_half + r * K);
+        for (int64_t c = threadIdx.x; c < K / kVec; c += blockDim.x) {
+            const In in = x_row[c];
+            Out out;
+            for (int k = 0; k < kVec; ++k) out.v[k] = convert_element<Half>(in.v[k]);  // x̃
+            x_half_row[c] = out;
+        }
+        In* y_row = reinterpret_cast<In*>(y + r * N);
+        for (int64_t c = threadIdx.x; c < N / kVec; c += blockDim.x)
+            y_row[c] = reinterpret_cast<const In*>(bias)[c];  // y = b
+    }
+}
+
+bool aligned(const void* p, std::size_t bytes) {
+    return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+// dy_half: (R, N) out; db: (N) out; partial: (chunks, N) scratch; counters: one per tile;
+// dy: (R, N) with row stride ldy. grid (ceil(N / 32), chunks), block (32, 8): lane (x, y) of
+// block (bx, k) rounds and sums rows y, y + 8, ... of chunk k in column 32·bx + x.
+template <class Half>
+__global__ void round_and_sum_columns_kernel(Half* dy_half, float* db, float* partial,
+                                             unsigned* counters, const float* dy, int64_t ldy,
+                                             int64_t R, int64_t N, int64_t per_chunk) {
+    const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
+    const int64_t r0 = int64_t(blockIdx.y) * per_chunk;
+    const int64_t r1 = r0 + per_chunk < R ? r0 + per_chunk : R;
+    float sum = 0;
+    if (c < N)
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += kLaneRows) {
+            const float value = dy[r * ldy + c];
+            dy_half[r * N + c] = convert_element<Half>(value);  // dỸ = round(dY)
+            sum += value;                                         // db = Σ_r dY
+        }
+    const auto add = [](float a, float b) { return a + b; };
+    sum = combine_lane_rows(sum, add);
+    if (threadIdx.y == 0 && c < N) partial[int64_t(blockIdx.y) * N + c] = sum;
+    if (!arrived_last(counters)) return;
+    sum = combine_chunks(partial, gridDim.y, N, add, 0.0f);
+    if (threadIdx.y == 0 && c < N) db[c] = sum;
+}
+
+}  // namespace
+
+template <class Half>
+void round_rows_fill_bias(Half* x_half, const float* x, int64_t ldx, float* y, const float* bias,
+                          int64_t R, int64_t K, int64_t N) {
+    if (R == 0) return;
+    const unsigned blocks = static_cast<unsigned>(R < 8 * kFillBlocks ? R : 8 * kFillBlocks);
+    ledger::declare(double(R) * (6.0 * double(K) + 4.0 * double(N)) + 4.0 * double(N));
+    const bool by_four = K % 4 == 0 && N % 4 == 0 && ldx % 4 == 0 && aligned(x, 16) &&
+                         aligned(y, 16) && aligned(bias, 16) && aligned(x_half, 8);
+    if (by_four)
+        QK_LAUNCH((round_rows_fill_bias_kernel<Half, 4>), blocks, kRowThreads, 0, stream(), x_half,
+                  x, ldx, y, bias, R, K, N);
+    else
+        QK_LAUNCH((round_rows_fill_bias_kernel<Half, 1>), blocks, kRowThreads, 0, stream(), x_half,
+                  x, ldx, y, bias, R, K, N);
+    QK_CUDA_CHECK_LAUNCH("round_rows_fill_bias_kernel");
+}
+
+template <class Half>
+void round_and_sum_columns(Half* dy_half, float* db, const float* dy, int64_t ldy, int64_t R,
+                           int64_t N) {
+    if (N == 0) return;
+    if (R == 0) return fill_zero(db, sizeof(float) * size_t(N));
+    const int64_t tiles = (N + kWarp - 1) / kWarp;
+    const auto [per_chunk, chunks] = pieces_for(R, tiles, kMinRowsPerChunk);
+    QK_CHECK(tiles <= 0x7fffffff && chunks <= 65535,
+             "linear: a ({}, {}) gradient cannot be split on one grid", R, N);
+    // Scratch from the caching allocator; freed at return, safe as the stream orders its reuse.
+    Storage scratch(sizeof(float) * size_t(chunks * N), Device::cuda);
+    const double partials = double(chunks * N);
+    ledger::declare(6.0 * double(R) * double(N) + 4.0 * (2 * partials + double(N)),
+                    double(R) * double(N) + partials);
+    QK_LAUNCH((round_and_sum_columns_kernel<Half>), dim3(unsigned(tiles), unsigned(chunks)),
+              dim3(kWarp, kLaneRows), 0, stream(), dy_half, db, static_cast<float*>(scratch.data()),
+              tile_counters(tiles), dy, ldy, R, N, per_chunk);
+    QK_CUDA_CHECK_LAUNCH("round_and_sum_columns_kernel");
+}
+
+template void round_rows_fill_bias<bf16>(bf16*, const float*, int64_t, float*, const float*,
+                                         int64_t, int64_t, int64_t);
+template void round_rows_fill_bias<f16>(f16*, const float*, int64_t, float*, const float*, int64_t,
+                                        int64_t, int64_t);
+template void round_and_sum_columns<bf16>(bf16*, float*, const float*, int64_t, int64_t, int64_t);
+template void round_and_sum_columns<f16>(f16*, float*, const float*, int64_t, int64_t, int64_t);
+
+}  // namespace qk::cuda
