@@ -434,7 +434,6 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
     attention_finish_dq(dq, dscale, q, scale, scale_stride, sh);
 }
 
-template void attention_delta<float>(float*, const float*, const float*, const AttentionShape&);
 template void attention_finish_dq<float, bf16>(float*, float*, const bf16*, const float*, int64_t,
                                                const AttentionShape&);
 template void attention_finish_dq<float, f16>(float*, float*, const f16*, const float*, int64_t,

@@ -69,7 +69,8 @@ __device__ __forceinline__ void probability_and_grad(T& p, T& ds, T r, T dp, T g
     if (p == T(0)) ds = 0;  // 0 even where dp is not finite
 }
 
-// The backward's first and last steps, shared by the two kernels (cuda/attention.cu):
+// The CUDA-core backward's first step (the tensor-core one rounds dO in the same pass), and the
+// last step of both (cuda/attention.cu):
 //   delta: (BH, Tq) out, D_i = dO_i · O_i;
 //   dq: (BH, Tq, D) in place, Σ_j ds_ij k_j in, g times that out; dscale: (BH) out (or null),
 //   Σ over the head of q · dq_in, with q in its own type Q (bf16 from the tensor-core kernels).

@@ -4,7 +4,7 @@
 // (tiles, the two products) are cuda/attention_mma.h.
 //
 // As on CUDA cores, two kernels, so that every gradient has one writer and a fixed order (no
-// atomics), after D_i = dO_i · O_i (attention_delta):
+// atomics), after D_i = dO_i · O_i (attention_delta_round, which also rounds dO to H):
 //   dk/dv  a block per 64 keys of one key/value head, warp w owning keys 16w … 16w + 15; it walks
 //          the 64-row query tiles that see them, of every query head of the group, and per tile
 //          computes the transposed block: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys × 64 queries per
@@ -25,10 +25,42 @@
 
 #include "core/error.h"
 #include "cuda/attention_mma.h"
+#include "cuda/bf16_convert.h"
 
 namespace qk::cuda {
 
 namespace {
+
+// delta: (rows) out, D_i = dO_i · O_i, and dout_h: (rows, D) out, dO rounded to H, from one read
+// of dO: row r = (bh, t) at (bh / heads)·batch + (bh % heads)·head + t·time. out: (rows, D).
+// One warp per row, each lane taking every 32nd value, as cuda/attention.cu's delta kernel.
+template <class H>
+__global__ void attention_delta_round_kernel(float* delta, H* dout_h, const float* dout,
+                                             RowStrides s, const float* out, int64_t rows,
+                                             int64_t Tq, int64_t heads, int64_t D) {
+    const int64_t row = int64_t(blockIdx.x) * tc::kWarps + threadIdx.x / kWarp;
+    if (row >= rows) return;
+    const int64_t bh = row / Tq, t = row % Tq;
+    const float* dout_row = dout + (bh / heads) * s.batch + (bh % heads) * s.head + t * s.time;
+    float acc = 0;
+    for (int64_t d = threadIdx.x % kWarp; d < D; d += kWarp) {
+        const float g = dout_row[d];
+        dout_h[row * D + d] = convert_element<H>(g);  // the mma's dO
+        acc += g * out[row * D + d];
+    }
+    acc = warp_sum(acc);
+    if (threadIdx.x % kWarp == 0) delta[row] = acc;
+}
+
+template <class H>
+void attention_delta_round(float* delta, H* dout_h, const float* dout, RowStrides strides,
+                           const float* out, const AttentionShape& sh) {
+    const int64_t rows = sh.batch_heads * sh.Tq;
+    ledger::declare(4.0 * (2 * rows * sh.D + rows) + 2.0 * double(rows * sh.D), 2.0 * rows * sh.D);
+    QK_LAUNCH((attention_delta_round_kernel<H>), blocks_for(rows, tc::kWarps), tc::kThreads, 0,
+              stream(), delta, dout_h, dout, strides, out, rows, sh.Tq, sh.heads, sh.D);
+    QK_CUDA_CHECK_LAUNCH("attention_delta_round_kernel");
+}
 
 using tc::kThreads;
 constexpr int kTile = tc::kTileRows;
@@ -298,13 +330,14 @@ void launch_backward(float* dq, float* dk, float* dv, const float* delta, const 
 
 template <class H>
 void attention_backward_mma(float* dq, float* dk, float* dv, float* dscale, float* delta,
-                            const float* dout, const H* dout_h, const H* q, const H* k, const H* v,
-                            const float* out, const double* lse, const float* scale,
-                            int64_t scale_stride, float cap, const AttentionShape& sh) {
+                            const float* dout, RowStrides dout_strides, H* dout_h, const H* q,
+                            const H* k, const H* v, const float* out, const double* lse,
+                            const float* scale, int64_t scale_stride, float cap,
+                            const AttentionShape& sh) {
     QK_CHECK(attention_mma_supports(sh.D),
              "attention on tensor cores: head dim D must be 64, 128 or 256, got {}", sh.D);
-    if (sh.batch_heads == 0) return;
-    attention_delta(delta, dout, out, sh);
+    if (sh.batch_heads == 0 || sh.Tq == 0) return;
+    attention_delta_round(delta, dout_h, dout, dout_strides, out, sh);
     const auto launch = sh.D == 64    ? launch_backward<H, 64>
                         : sh.D == 128 ? launch_backward<H, 128>
                                       : launch_backward<H, 256>;
@@ -313,11 +346,11 @@ void attention_backward_mma(float* dq, float* dk, float* dv, float* dscale, floa
 }
 
 template void attention_backward_mma<bf16>(float*, float*, float*, float*, float*, const float*,
-                                           const bf16*, const bf16*, const bf16*, const bf16*,
+                                           RowStrides, bf16*, const bf16*, const bf16*, const bf16*,
                                            const float*, const double*, const float*, int64_t,
                                            float, const AttentionShape&);
 template void attention_backward_mma<f16>(float*, float*, float*, float*, float*, const float*,
-                                          const f16*, const f16*, const f16*, const f16*,
+                                          RowStrides, f16*, const f16*, const f16*, const f16*,
                                           const float*, const double*, const float*, int64_t, float,
                                           const AttentionShape&);
 

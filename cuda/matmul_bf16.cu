@@ -79,7 +79,7 @@ __global__ void round_and_sum_columns_kernel(Half* dy_half, float* db, float* pa
         for (int64_t r = r0 + threadIdx.y; r < r1; r += kLaneRows) {
             const float value = dy[r * ldy + c];
             dy_half[r * N + c] = convert_element<Half>(value);  // dỸ = round(dY)
-            sum += value;                                         // db = Σ_r dY
+            sum += value;                                       // db = Σ_r dY
         }
     const auto add = [](float a, float b) { return a + b; };
     sum = combine_lane_rows(sum, add);

@@ -229,14 +229,18 @@ std::pair<Tensor, Tensor> forward_results(const Tensor& q, DType dtype, bool fp8
 Grads tensor_core_backward(const FusedSaved& saved, const Tensor& dout_in) {
     const AttentionShape& sh = saved.sh;
     const Tensor &q = saved.q, &k = saved.k, &v = saved.v;
-    const Tensor dout = dout_in.contiguous(), dout_half = dout.to(q.dtype());
+    // dO is read through its strides (a transposed view of c_proj's input gradient, usually) and
+    // rounded in the kernels' first pass: no copy of it is made first.
+    const Tensor dout = dout_in.strides().back() == 1 ? dout_in : dout_in.contiguous();
+    const Tensor dout_half = Tensor::empty(dout.shape(), q.dtype(), dout.device());
+    const cuda::RowStrides strides{dout.strides()[0], dout.strides()[1], dout.strides()[2]};
     const BackwardResults r(saved, kF32);
     auto launch = [&](auto tag) {
         using H = decltype(tag);
         cuda::attention_backward_mma<H>(
             r.dq.data<float>(), r.dk.data<float>(), r.dv.data<float>(),
             saved.scale_grad ? r.dscale.data<float>() : nullptr, r.delta.data<float>(),
-            dout.data<float>(), dout_half.data<H>(), q.data<H>(), k.data<H>(), v.data<H>(),
+            dout.data<float>(), strides, dout_half.data<H>(), q.data<H>(), k.data<H>(), v.data<H>(),
             saved.out.data<float>(), saved.lse.data<double>(), saved.scale.data<float>(),
             saved.stride, float(saved.cap), sh);
     };

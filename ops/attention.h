@@ -124,13 +124,20 @@ template <class H>
 void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* entropy,
                            float* saturated, const H* q, const H* k, const H* v, const float* scale,
                            int64_t scale_stride, float cap, const AttentionShape& shape);
-// Its backward (cuda/attention_mma_backward.cu): dO both as float32 (for D_i = dO · O, with the
-// forward's float32 out) and rounded to H (the mma's input); q, k, v in H; float32 gradients.
+// Where row (b, h, t) of a (B, H, T, D) tensor starts, its D values contiguous: dO as the
+// backward receives it, usually a transposed view of the (B, T, H·D) gradient of c_proj's input.
+struct RowStrides {
+    int64_t batch, head, time;
+};
+// Its backward (cuda/attention_mma_backward.cu): dO float32 through its row strides, read once
+// for D_i = dO · O (with the forward's float32 out) and rounded to H into dout_h (B, H, T, D)
+// (scratch: the mma's input); q, k, v in H; float32 gradients.
 template <class H>
 void attention_backward_mma(float* dq, float* dk, float* dv, float* dscale, float* delta,
-                            const float* dout, const H* dout_h, const H* q, const H* k, const H* v,
-                            const float* out, const double* lse, const float* scale,
-                            int64_t scale_stride, float cap, const AttentionShape& shape);
+                            const float* dout, RowStrides dout_strides, H* dout_h, const H* q,
+                            const H* k, const H* v, const float* out, const double* lse,
+                            const float* scale, int64_t scale_stride, float cap,
+                            const AttentionShape& shape);
 }  // namespace cuda
 
 }  // namespace qk

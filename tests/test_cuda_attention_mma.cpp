@@ -229,13 +229,17 @@ struct OpResult {
     std::vector<double> out, dq, dk, dv, dscale;
 };
 
+// strided_probe: dO arrives as a transposed view of (B, T, H, D), as c_proj's input gradient
+// does in the model (the backward reads it through its strides).
 OpResult run_op(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                const Tensor& probe, AttentionOptions o, Device device) {
+                const Tensor& probe, AttentionOptions o, Device device,
+                bool strided_probe = false) {
     const auto leaf = [&](const Tensor& t) { return t.to(device).detach().requires_grad_(); };
     Tensor qd = leaf(q), kd = leaf(k), vd = leaf(v), gd = leaf(g);
     o.scale_tensor = gd;
     const Tensor out = attention(qd, kd, vd, o);
-    out.backward(probe.to(device));
+    const Tensor dout = probe.to(device);
+    out.backward(strided_probe ? dout.transpose(1, 2).contiguous().transpose(1, 2) : dout);
     return {host_values(out), host_values(qd.grad()), host_values(kd.grad()),
             host_values(vd.grad()), host_values(gd.grad())};
 }
@@ -322,7 +326,7 @@ void check_op(const Case& c, uint64_t seed) {
     for (Order order : kOrders) {
         CAPTURE(order_name(order));
         RunOrderScope scope(order);
-        const OpResult got = run_op(q, k, v, g, probe, o, Device::cuda);
+        const OpResult got = run_op(q, k, v, g, probe, o, Device::cuda, order == kOrders[0]);
         CHECK(within_bound(got.out, want.out, b.out, tolerance<float>()));
         CHECK(within_bound(got.dq, want.dq, b.dq, grad_slack));
         CHECK(within_bound(got.dk, want.dk, b.dk, grad_slack));

@@ -174,7 +174,7 @@ CausalSelfAttention::Projected CausalSelfAttention::project(const Tensor& x,
     const int64_t q_width = config_.q_width(), kv_width = config_.kv_width();
     const Tensor qkv = c_attn->forward(x);  // (B, T, H·D + 2·Hkv·D)
     Projected p{qkv.narrow(-1, 0, q_width), qkv.narrow(-1, q_width, kv_width),
-                qkv.narrow(-1, q_width + kv_width, kv_width)};
+                qkv.narrow(-1, q_width + kv_width, kv_width), qkv};
     if (stats) {
         NoGradGuard no_grad;
         stats->q_before = split_heads(p.q.detach(), config_.n_head);
@@ -188,14 +188,24 @@ CausalSelfAttention::Projected CausalSelfAttention::project(const Tensor& x,
         p.q = normalize(p.q, q_norm);
         p.k = normalize(p.k, k_norm);
         if (config_.qkv_norm) p.v = normalize(p.v, v_norm);
+        p.qkv = Tensor();  // q and k are no longer its slices
     }
     return p;
 }
 
 CausalSelfAttention::Projected CausalSelfAttention::to_heads(Projected p, int64_t first) const {
-    p.q = split_heads(p.q, config_.n_head);
-    p.k = split_heads(p.k, config_.kv_heads());
-    p.v = split_heads(p.v, config_.kv_heads());
+    const int64_t H = config_.n_head, H_kv = config_.kv_heads();
+    if (p.qkv.defined()) {  // (B, T, H + 2·Hkv, D) -> the three groups, (B, heads, T, D) each
+        const Tensor heads =
+            p.qkv.reshape({p.qkv.size(0), p.qkv.size(1), H + 2 * H_kv, config_.head_dim()});
+        p.q = heads.narrow(2, 0, H).transpose(1, 2);
+        p.k = heads.narrow(2, H, H_kv).transpose(1, 2);
+        p.v = heads.narrow(2, H + H_kv, H_kv).transpose(1, 2);
+    } else {
+        p.q = split_heads(p.q, H);
+        p.k = split_heads(p.k, H_kv);
+        p.v = split_heads(p.v, H_kv);
+    }
     const bool use_rope = config_.pos_emb == PosEmb::rope;
     const bool rotate_first = use_rope && config_.qk_norm_order == QKNormOrder::after_rope;
     if (rotate_first) {

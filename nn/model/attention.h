@@ -62,6 +62,11 @@ class CausalSelfAttention : public Module {
   private:
     struct Projected {
         Tensor q, k, v;
+        // c_attn's output while q, k and v are still its three slices (else undefined): to_heads
+        // then views each as a group of heads of it, seen as (B, T, H + 2·Hkv, D), so that the
+        // backward copies each group's gradient into place once, where slicing the width and
+        // then splitting the heads needs a copy to undo the split before the one into place.
+        Tensor qkv;
     };
     // c_attn, the signals before any norm, and the full-scope norms: (B, T, width) each.
     Projected project(const Tensor& x, AttentionStats* stats) const;
