@@ -1,6 +1,7 @@
 #include "core/tensor.h"
 
 #include <cstring>
+#include <map>
 #include <type_traits>
 
 #include "core/half_convert.h"
@@ -233,6 +234,31 @@ void copy_into(const Tensor& dst, const Tensor& src) {
     copy_cuda(dst, src);
 #else
     throw_built_without_cuda("copy");
+#endif
+}
+
+void copy_into_all(const std::vector<Tensor>& dst, const std::vector<Tensor>& src) {
+    QK_CHECK(dst.size() == src.size(), "copy_into_all: {} destinations for {} sources", dst.size(),
+             src.size());
+#ifdef QK_WITH_CUDA
+    // Device-to-device copies that a memcpy cannot do, by dtype pair; everything else one by one.
+    std::map<std::pair<DType, DType>, std::vector<cuda::StridedCopy>> groups;
+    for (size_t i = 0; i < dst.size(); ++i) {
+        const Tensor &d = dst[i], &s = src[i];
+        const bool memcpy = d.is_contiguous() && s.is_contiguous() && d.dtype() == s.dtype();
+        if (d.device() != Device::cuda || s.device() != Device::cuda || memcpy ||
+            d.shape() != s.shape() || d.numel() == 0) {
+            copy_into(d, s);
+            continue;
+        }
+        mark_written(d);
+        groups[{d.dtype(), s.dtype()}].push_back(
+            {d.raw_data(), d.strides(), s.raw_data(), s.strides(), d.shape()});
+    }
+    for (const auto& [dtypes, copies] : groups)
+        cuda::copy_strided_all(dtypes.first, dtypes.second, copies);
+#else
+    for (size_t i = 0; i < dst.size(); ++i) copy_into(dst[i], src[i]);
 #endif
 }
 

@@ -123,6 +123,10 @@ Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset)
 // may differ: a cross-device copy goes through a contiguous staging copy). No autograd.
 void copy_into(const Tensor& dst, const Tensor& src);
 
+// copy_into(dst[i], src[i]) for every i. On cuda, the copies between two dtypes that the packed
+// kernel takes share one launch: a gradient's pieces put in place, q, k and v rounded together.
+void copy_into_all(const std::vector<Tensor>& dst, const std::vector<Tensor>& src);
+
 // Records that t's values were written in place (advances its storage's version, so copies made
 // from the old values are not used again). The library's in-place writes call it themselves.
 void mark_written(const Tensor& t);
@@ -141,6 +145,16 @@ namespace cuda {
 // dims); dtypes may differ.    dst[i] = cast(src[i])
 void copy_strided(void* dst, DType dst_dtype, const Shape& dst_strides, const void* src,
                   DType src_dtype, const Shape& src_strides, const Shape& shape);
+// Several copy_strided calls of the same dtypes; those that take the packed kernel (innermost
+// dims contiguous, sizes and strides multiples of 4) share one launch, up to 4 of them.
+struct StridedCopy {
+    void* dst;
+    Shape dst_strides;
+    const void* src;
+    Shape src_strides;
+    Shape shape;
+};
+void copy_strided_all(DType dst_dtype, DType src_dtype, const std::vector<StridedCopy>& copies);
 // dst: (n) contiguous on the device.    dst[i] = value
 void fill(void* dst, DType dtype, int64_t n, double value);
 }  // namespace cuda

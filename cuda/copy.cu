@@ -77,6 +77,46 @@ __global__ void copy_packed_kernel(Pack4<D>* dst, const Pack4<S>* src, StridedIn
         });
 }
 
+// Up to kMaxCopyJobs packed copies of the same element types in one launch: job j takes blocks
+// [first_block[j], first_block[j + 1]) as its own grid. (The pieces of a gradient put in place,
+// q, k and v rounded for attention: one launch where each was one.)
+inline constexpr int kMaxCopyJobs = 4;
+template <class D, class S>
+struct PackedCopies {
+    int count = 0;
+    unsigned first_block[kMaxCopyJobs + 1] = {};
+    Pack4<D>* dst[kMaxCopyJobs] = {};
+    const Pack4<S>* src[kMaxCopyJobs] = {};
+    StridedIndex<2> index[kMaxCopyJobs];
+    int64_t n_packs[kMaxCopyJobs] = {};
+};
+
+template <class D, class S>
+__global__ void copy_packed_all_kernel(PackedCopies<D, S> jobs) {
+    int j = 0;
+    while (j + 1 < jobs.count && blockIdx.x >= jobs.first_block[j + 1]) ++j;
+    struct Element {
+        Pack4<D>* at;
+        Pack4<S> value;
+    };
+    const StridedIndex<2>& index = jobs.index[j];
+    Pack4<D>* dst = jobs.dst[j];
+    const Pack4<S>* src = jobs.src[j];
+    unrolled_grid_loop(
+        jobs.n_packs[j],
+        [&](int64_t i) {
+            int64_t off[2];
+            index.offsets(i, off);
+            return Element{dst + off[0], src[off[1]]};
+        },
+        [&](int64_t, Element e) {
+            Pack4<D> out;
+            for (int k = 0; k < 4; ++k) out.v[k] = convert_element<D>(e.value.v[k]);
+            *e.at = out;
+        },
+        blockIdx.x - jobs.first_block[j], jobs.first_block[j + 1] - jobs.first_block[j]);
+}
+
 // The index of packs for a copy whose innermost merged dim is contiguous on both sides, a multiple
 // of 4 long, every other stride a multiple of 4 and both pointers aligned to a pack; or false.
 bool pack_index(StridedIndex<2>& index, const void* dst, std::size_t dst_size, const void* src,
@@ -130,6 +170,41 @@ void copy_strided(void* dst, DType dst_dtype, const Shape& dst_strides, const vo
             QK_LAUNCH((copy_strided_kernel<D, S>), grid_for_unrolled(n), kThreads, 0, stream(),
                       static_cast<D*>(dst), static_cast<const S*>(src), index, n);
             QK_CUDA_CHECK_LAUNCH("copy_strided_kernel");
+        });
+    });
+}
+
+void copy_strided_all(DType dst_dtype, DType src_dtype, const std::vector<StridedCopy>& copies) {
+    dispatch_all(dst_dtype, [&](auto dst_tag) {
+        dispatch_all(src_dtype, [&](auto src_tag) {
+            using D = decltype(dst_tag);
+            using S = decltype(src_tag);
+            PackedCopies<D, S> jobs;
+            double bytes = 0;
+            for (const StridedCopy& c : copies) {
+                const int64_t n = numel_of(c.shape);
+                if (n == 0) continue;
+                auto index =
+                    make_strided_index<2>(c.shape, {&c.dst_strides, &c.src_strides}, "copy");
+                if (jobs.count == kMaxCopyJobs ||
+                    !pack_index(index, c.dst, sizeof(D), c.src, sizeof(S))) {
+                    copy_strided(c.dst, dst_dtype, c.dst_strides, c.src, src_dtype, c.src_strides,
+                                 c.shape);  // a launch of its own
+                    continue;
+                }
+                const int j = jobs.count++;
+                jobs.dst[j] = static_cast<Pack4<D>*>(c.dst);
+                jobs.src[j] = static_cast<const Pack4<S>*>(c.src);
+                jobs.index[j] = index;
+                jobs.n_packs[j] = n / 4;
+                jobs.first_block[j + 1] = jobs.first_block[j] + grid_for_unrolled(n / 4);
+                bytes += double(n) * double(sizeof(D) + sizeof(S));
+            }
+            if (jobs.count == 0) return;
+            ledger::declare(bytes, 0, 0, sizeof(D) == 8 || sizeof(S) == 8);
+            QK_LAUNCH((copy_packed_all_kernel<D, S>), jobs.first_block[jobs.count], kThreads, 0,
+                      stream(), jobs);
+            QK_CUDA_CHECK_LAUNCH("copy_packed_all_kernel");
         });
     });
 }

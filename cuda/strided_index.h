@@ -106,11 +106,14 @@ inline unsigned grid_for(int64_t n, unsigned threads = kThreads) {
 inline constexpr int kUnroll = 4;
 inline unsigned grid_for_unrolled(int64_t n) { return grid_for((n + kUnroll - 1) / kUnroll); }
 
+// `block` of `blocks`: this block's place in the grid that shares the loop (the whole launch's,
+// or a part of it that serves one of several jobs).
 template <class Load, class Store>
-__device__ __forceinline__ void unrolled_grid_loop(int64_t n, Load load, Store store) {
+__device__ __forceinline__ void unrolled_grid_loop(int64_t n, Load load, Store store,
+                                                   unsigned block, unsigned blocks) {
     const int64_t width = static_cast<int64_t>(blockDim.x);
-    const int64_t step = static_cast<int64_t>(gridDim.x) * width * kUnroll;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * width * kUnroll + threadIdx.x; base < n;
+    const int64_t step = static_cast<int64_t>(blocks) * width * kUnroll;
+    for (int64_t base = static_cast<int64_t>(block) * width * kUnroll + threadIdx.x; base < n;
          base += step) {
         decltype(load(base)) value[kUnroll]{};  // {}: no "maybe uninitialized" for the tail
         for (int k = 0; k < kUnroll; ++k)
@@ -118,6 +121,10 @@ __device__ __forceinline__ void unrolled_grid_loop(int64_t n, Load load, Store s
         for (int k = 0; k < kUnroll; ++k)
             if (base + k * width < n) store(base + k * width, value[k]);
     }
+}
+template <class Load, class Store>
+__device__ __forceinline__ void unrolled_grid_loop(int64_t n, Load load, Store store) {
+    unrolled_grid_loop(n, load, store, blockIdx.x, gridDim.x);
 }
 
 }  // namespace qk::cuda

@@ -303,9 +303,11 @@ bool on_tensor_cores(const Tensor& q, const AttentionOptions& o) {
 Tensor attention_on_tensor_cores(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                  const AttentionOptions& o, AttentionSignals* signals) {
     const DType half = o.precision == Precision::bf16 ? kBF16 : kF16;
-    const Tensor q = autograd::saved(q_in).to(half).contiguous(),
-                 k = autograd::saved(k_in).to(half).contiguous(),
-                 v = autograd::saved(v_in).to(half).contiguous(), scale = scale_as_tensor(q_in, o);
+    const Tensor q = Tensor::empty(q_in.shape(), half, q_in.device()),
+                 k = Tensor::empty(k_in.shape(), half, q_in.device()),
+                 v = Tensor::empty(v_in.shape(), half, q_in.device()),
+                 scale = scale_as_tensor(q_in, o);
+    copy_into_all({q, k, v}, {q_in, k_in, v_in});  // rounded together: one launch
     const AttentionShape sh = shape_of(q, k, o);
     const int64_t stride = scale.numel() == 1 ? 0 : 1;
     const auto [out, lse] = forward_results(q, kF32, o.fp8_logits, signals);

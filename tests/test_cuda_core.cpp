@@ -308,3 +308,34 @@ TEST_CASE("packed copies: four neighbours at a time where rows allow it, the sam
     check_same_values(d.narrow(3, 4, 4).contiguous(), x.narrow(3, 4, 4).contiguous());
     check_same_values(d.narrow(3, 0, 6).contiguous(), x.narrow(3, 0, 6).contiguous());
 }
+
+TEST_CASE(
+    "copy_into_all: the packed copies of one dtype pair share a launch, the rest copy alone") {
+    if (!cuda_runnable()) return;
+    // Six (B, H, T, D) heads-first views written into (B, T, H, D) places: five f32 -> bf16 (one
+    // more than a launch takes), one f32 -> f32 whose width 6 is not a multiple of 4 (not packed).
+    std::vector<Tensor> sources, places, expected;
+    for (int i = 0; i < 6; ++i) {
+        const int64_t D = i == 5 ? 6 : 8;
+        const Tensor x = randn_seeded({2, 3, 5, D}, 40 + uint64_t(i), kF32).to(Device::cuda);
+        const DType to = i == 5 ? kF32 : kBF16;
+        const Tensor full = zeros({2, 5, 3, D}, to, Device::cuda);
+        sources.push_back(x);
+        places.push_back(full.transpose(1, 2));
+        expected.push_back(x.to(Device::cpu).to(to));
+    }
+    const auto entries = qk::test::launches_of([&] { copy_into_all(places, sources); });
+    for (size_t i = 0; i < places.size(); ++i) {
+        CAPTURE(i);
+        const Tensor got = places[i].to(Device::cpu).contiguous().to(kF64);
+        CHECK(max_abs_diff(got, expected[i].to(kF64)) == 0);
+    }
+    std::vector<std::string> names;
+    for (const auto& e : entries) names.push_back(e.name);
+    // Four packed together, the fifth bf16 alone (past a launch's four), the f32 one alone.
+    std::sort(names.begin(), names.end());
+    CHECK(names == std::vector<std::string>{"(copy_packed_all_kernel<D, S>)",
+                                            "(copy_packed_kernel<D, S>)",
+                                            "(copy_strided_kernel<D, S>)"});
+    CHECK(throws_with([&] { copy_into_all({places[0]}, {}); }, {"copy_into_all", "1", "0"}));
+}
