@@ -202,12 +202,13 @@ __global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>(
         st[r].w = quad_sum(st[r].w);
         st[r].saturated = quad_sum(st[r].saturated);
         if (row[r] >= sh.Tq) continue;
-        const int64_t at = bh * sh.Tq + row[r];
+        const int64_t at = bh * sh.Tq + row[r];  // the row's statistics
+        float* out_row = out + sh.out_row(bh, row[r]) * D;
         const float l = st[r].l;
         QK_UNROLL
         for (int e = 0; e < kDTiles * 2; ++e) {  // 8-column block d, column h of the lane's pair
             const int d = e / 2, h = e % 2;
-            out[at * D + 8 * d + 2 * t + h] = l > 0.0f ? o[d][2 * r + h] / l : 0.0f;
+            out_row[8 * d + 2 * t + h] = l > 0.0f ? o[d][2 * r + h] / l : 0.0f;
         }
         if (t != 0) continue;
         const bool nan_row = l != l;

@@ -32,21 +32,24 @@ namespace qk::cuda {
 namespace {
 
 // delta: (rows) out, D_i = dO_i · O_i, and dout_h: (rows, D) out, dO rounded to H, from one read
-// of dO: row r = (bh, t) at (bh / heads)·batch + (bh % heads)·head + t·time. out: (rows, D).
+// of dO: row r = (bh, t) at (bh / heads)·batch + (bh % heads)·head + t·time. out: the forward's,
+// row (bh, t) at sh.out_row(bh, t)·D.
 // One warp per row, each lane taking every 32nd value, as cuda/attention.cu's delta kernel.
 template <class H>
 __global__ void attention_delta_round_kernel(float* delta, H* dout_h, const float* dout,
                                              RowStrides s, const float* out, int64_t rows,
-                                             int64_t Tq, int64_t heads, int64_t D) {
+                                             AttentionShape sh) {
     const int64_t row = int64_t(blockIdx.x) * tc::kWarps + threadIdx.x / kWarp;
     if (row >= rows) return;
-    const int64_t bh = row / Tq, t = row % Tq;
-    const float* dout_row = dout + (bh / heads) * s.batch + (bh % heads) * s.head + t * s.time;
+    const int64_t bh = row / sh.Tq, t = row % sh.Tq, D = sh.D;
+    const float* dout_row =
+        dout + (bh / sh.heads) * s.batch + (bh % sh.heads) * s.head + t * s.time;
+    const float* out_row = out + sh.out_row(bh, t) * D;
     float acc = 0;
     for (int64_t d = threadIdx.x % kWarp; d < D; d += kWarp) {
         const float g = dout_row[d];
         dout_h[row * D + d] = convert_element<H>(g);  // the mma's dO
-        acc += g * out[row * D + d];
+        acc += g * out_row[d];
     }
     acc = warp_sum(acc);
     if (threadIdx.x % kWarp == 0) delta[row] = acc;
@@ -58,7 +61,7 @@ void attention_delta_round(float* delta, H* dout_h, const float* dout, RowStride
     const int64_t rows = sh.batch_heads * sh.Tq;
     ledger::declare(4.0 * (2 * rows * sh.D + rows) + 2.0 * double(rows * sh.D), 2.0 * rows * sh.D);
     QK_LAUNCH((attention_delta_round_kernel<H>), blocks_for(rows, tc::kWarps), tc::kThreads, 0,
-              stream(), delta, dout_h, dout, strides, out, rows, sh.Tq, sh.heads, sh.D);
+              stream(), delta, dout_h, dout, strides, out, rows, sh);
     QK_CUDA_CHECK_LAUNCH("attention_delta_round_kernel");
 }
 

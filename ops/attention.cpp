@@ -56,6 +56,8 @@
 #include "ops/attention.h"
 
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <tuple>
 
 #include "autograd/grad_mode.h"
@@ -169,7 +171,16 @@ AttentionShape shape_of(const Tensor& q, const Tensor& k, const AttentionOptions
 Tensor scale_as_tensor(const Tensor& q, const AttentionOptions& o) {
     if (o.scale_tensor.defined()) return autograd::contiguous_input(o.scale_tensor);
     const double g = o.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
-    return full({1}, g, q.dtype(), q.device());
+    if (q.device() == Device::cpu) return full({1}, g, q.dtype());
+    // On cuda each value is copied from the host once and kept (nothing writes it), where a fill
+    // kernel per call was a launch per layer. Never freed: its storage outlives any teardown order.
+    static std::mutex mutex;
+    static auto* kept = new std::map<std::pair<double, DType>, Tensor>;
+    const std::lock_guard lock(mutex);
+    if (kept->size() > 64) kept->clear();  // a few values per model; bounded all the same
+    auto [entry, fresh] = kept->try_emplace({g, q.dtype()});
+    if (fresh) entry->second = full({1}, g, q.dtype()).to(q.device());
+    return entry->second;
 }
 
 // ∂loss/∂g from the per-head partials (B·H) to the scale tensor's shape, (1) or (H).
@@ -212,9 +223,13 @@ struct BackwardResults {
 
 // The forward's results in `dtype` on q's device: out (q's shape), lse (float64, one per row) and,
 // when asked for, the signals.
+// out_by_time: out stored (B, Tq, H, D) and returned as its (B, H, Tq, D) view.
 std::pair<Tensor, Tensor> forward_results(const Tensor& q, DType dtype, bool fp8_logits,
-                                          AttentionSignals* signals) {
-    Tensor out = Tensor::empty(q.shape(), dtype, q.device());
+                                          AttentionSignals* signals, bool out_by_time = false) {
+    Tensor out =
+        out_by_time ? Tensor::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, dtype, q.device())
+                          .transpose(1, 2)
+                    : Tensor::empty(q.shape(), dtype, q.device());
     Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, kF64, q.device());
     if (signals) {
         signals->max_abs_logit = Tensor::empty(lse.shape(), dtype, q.device());
@@ -308,9 +323,12 @@ Tensor attention_on_tensor_cores(const Tensor& q_in, const Tensor& k_in, const T
                  v = Tensor::empty(v_in.shape(), half, q_in.device()),
                  scale = scale_as_tensor(q_in, o);
     copy_into_all({q, k, v}, {q_in, k_in, v_in});  // rounded together: one launch
-    const AttentionShape sh = shape_of(q, k, o);
+    AttentionShape sh = shape_of(q, k, o);
     const int64_t stride = scale.numel() == 1 ? 0 : 1;
-    const auto [out, lse] = forward_results(q, kF32, o.fp8_logits, signals);
+    // out is written (B, Tq, H, D), the layout c_proj reads, and returned as its (B, H, Tq, D)
+    // view: merging the heads after is then a view, not a copy.
+    sh.out_by_time = true;
+    const auto [out, lse] = forward_results(q, kF32, o.fp8_logits, signals, sh.out_by_time);
     float* max_abs = signals ? signals->max_abs_logit.data<float>() : nullptr;
     float* entropy = signals ? signals->entropy.data<float>() : nullptr;
     float* saturated = signals && o.fp8_logits ? signals->saturated.data<float>() : nullptr;

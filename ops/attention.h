@@ -72,6 +72,12 @@ struct AttentionShape {
     bool causal;
     int64_t window = 0;       // sliding window, 0 = none
     bool fp8_logits = false;  // z rounded to E4M3 (saturating) before the softmax
+    // The tensor-core kernels only: out laid out (B, Tq, H, D), the layout c_proj reads, where
+    // (B, H, Tq, D) needs a copy to merge the heads. out_row(bh, i) is where row i of head bh is.
+    bool out_by_time = false;
+    constexpr int64_t out_row(int64_t bh, int64_t i) const {
+        return out_by_time ? ((bh / heads) * Tq + i) * heads + bh % heads : bh * Tq + i;
+    }
     // The key/value head that query head bh reads.
     constexpr int64_t kv_head(int64_t bh) const {
         return (bh / heads) * kv_heads + (bh % heads) / (heads / kv_heads);
