@@ -218,13 +218,14 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
     store_rows<D, kCols<D>>(dv + (kvh * sh.Tk + j0) * D, dv_acc, 16 * warp, cols, first_col);
 }
 
-// dq_unscaled: (BH, Tq, D) out, Σ_j ds_ij k_j (the factor g comes in attention_finish_dq).
+// dq_unscaled: (BH, Tq, D) out, Σ_j ds_ij k_j, times g when times_gain (no gradient for g is
+// wanted); otherwise the factor comes in attention_finish_dq, with g's gradient.
 template <class H, int D>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
     attention_dq_mma_kernel(float* dq_unscaled, const uint16_t* dout, const uint16_t* q,
                             const uint16_t* k, const uint16_t* v, const double* lse,
                             const float* delta, const float* scale, int64_t scale_stride, float cap,
-                            AttentionShape sh) {
+                            AttentionShape sh, bool times_gain) {
     QK_DYNAMIC_SHARED(double, smem);
     uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);  // (64, D) swizzled: this block's rows
     uint16_t* do_s = q_s + kTile * D;                   // (64, D): their dO
@@ -283,6 +284,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         __syncthreads();  // every warp is done with this stage before it is filled again
     }
     mma::cp_async_wait<0>();
+    if (times_gain)  // dQ = g·dQ', the product attention_finish_dq would make
+        for (auto& cell : dq_acc)
+            for (float& value : cell) value *= g;
     store_rows<D, kCols<D>>(dq_unscaled + (bh * sh.Tq + i0) * D, dq_acc, 16 * warp, rows,
                             first_col);
 }
@@ -290,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
 template <class H, int D>
 void launch_backward(float* dq, float* dk, float* dv, const float* delta, const H* dout, const H* q,
                      const H* k, const H* v, const double* lse, const float* scale,
-                     int64_t scale_stride, float cap, const AttentionShape& sh) {
+                     int64_t scale_stride, float cap, const AttentionShape& sh, bool times_gain) {
     const auto* q16 = reinterpret_cast<const uint16_t*>(q);
     const auto* k16 = reinterpret_cast<const uint16_t*>(k);
     const auto* v16 = reinterpret_cast<const uint16_t*>(v);
@@ -324,7 +328,7 @@ void launch_backward(float* dq, float* dk, float* dv, const float* delta, const 
             slices * 2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tq) + q_elems * (2 * h + 4),
             slices * 12 * pairs, (4.0 * slices + 2) * double(D) * pairs);
         QK_LAUNCH((attention_dq_mma_kernel<H, D>), grid, kThreads, tiles, stream(), dq, do16, q16,
-                  k16, v16, lse, delta, scale, scale_stride, cap, sh);
+                  k16, v16, lse, delta, scale, scale_stride, cap, sh, times_gain);
         QK_CUDA_CHECK_LAUNCH("attention_dq_mma_kernel");
     }
 }
@@ -344,8 +348,10 @@ void attention_backward_mma(float* dq, float* dk, float* dv, float* dscale, floa
     const auto launch = sh.D == 64    ? launch_backward<H, 64>
                         : sh.D == 128 ? launch_backward<H, 128>
                                       : launch_backward<H, 256>;
-    launch(dq, dk, dv, delta, dout_h, q, k, v, lse, scale, scale_stride, cap, sh);
-    attention_finish_dq(dq, dscale, q, scale, scale_stride, sh);
+    // Without a gradient for g, the dq kernel multiplies by g itself: one launch fewer.
+    const bool times_gain = dscale == nullptr;
+    launch(dq, dk, dv, delta, dout_h, q, k, v, lse, scale, scale_stride, cap, sh, times_gain);
+    if (!times_gain) attention_finish_dq(dq, dscale, q, scale, scale_stride, sh);
 }
 
 template void attention_backward_mma<bf16>(float*, float*, float*, float*, float*, const float*,

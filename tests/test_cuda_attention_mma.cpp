@@ -350,3 +350,29 @@ TEST_CASE("the attention op at bf16 precision on cuda (tensor cores) against the
     check_op({2, 2, 2, 33, 80, 128, false, 0, 0, true, false, 2.0}, 520);  // Tq < Tk, D = 128
     check_op({2, 2, 1, 70, 70, 256, true, 0, 5.0}, 530);  // D = 256: gradients in column slices
 }
+
+TEST_CASE("tensor-core attention backward: a scale number folds g into dQ, the same bits") {
+    if (!cuda_device_or_skip()) return;
+    // A scale number wants no gradient for g: the dq kernel multiplies by g itself, where a scale
+    // tensor's backward takes the finishing pass (which also sums g's gradient). Same products.
+    const Tensor q = randn_seeded({2, 2, 70, 64}, 600), k = randn_seeded({2, 2, 70, 64}, 601),
+                 v = randn_seeded({2, 2, 70, 64}, 602), probe = randn_seeded({2, 2, 70, 64}, 603);
+    auto dq_of = [&](bool as_tensor) {
+        AttentionOptions o{.causal = true, .precision = Precision::bf16};
+        if (as_tensor)
+            o.scale_tensor = full({1}, 0.3, kF32).to(Device::cuda).requires_grad_();
+        else
+            o.scale = 0.3;
+        Tensor qd = q.to(Device::cuda).detach().requires_grad_();
+        const auto launches = qk::test::launches_of([&] {
+            attention(qd, k.to(Device::cuda), v.to(Device::cuda), o)
+                .backward(probe.to(Device::cuda));
+        });
+        long finishing = 0;
+        for (const auto& e : launches)
+            finishing += e.name.find("attention_scale_kernel") != std::string::npos;
+        CHECK(finishing == (as_tensor ? 1 : 0));
+        return host_values(qd.grad());
+    };
+    CHECK(dq_of(false) == dq_of(true));
+}
