@@ -29,6 +29,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/fp8.h"
+#include "ops/glu.h"
 #include "ops/join.h"
 #include "ops/loss.h"
 #include "ops/matmul.h"

@@ -138,11 +138,12 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     const Tensor w_rounded = cast_once(weight, kHalf);
     const Tensor b = autograd::contiguous_input(bias_in);
     // On cuda with a bias, one launch rounds x and writes the bias rows of y (the GEMM adds to
-    // them); elsewhere x is rounded on its own.
+    // them); elsewhere x is rounded on its own, once for every Linear that reads the same x (a
+    // gated MLP's gate and up: cast_once keeps the rounding beside x's buffer).
     const bool bias_rows_first = device == Device::cuda && b.defined() && K > 0 && R * N > 0;
     const Tensor x_rounded = bias_rows_first
                                  ? round_rows_fill_bias<Half>(rows_of(x), y.view({R, N}), b)
-                                 : to_half<Half>(rows_of(x));
+                                 : cast_once(rows_of(x), kHalf);
     if (R * N > 0) {
         const Tensor y_rows = y.view({R, N});
         if (K == 0) {  // an empty sum: y is the bias, or 0

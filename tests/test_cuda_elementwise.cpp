@@ -3,6 +3,7 @@
 // backward sums over the broadcast dims with the reduction kernels), strided inputs, every unary
 // op and scalar form, and the in-place add_ behind gradient accumulation.
 #include "cuda_parity.h"
+#include "ops/glu.h"
 
 using namespace qk;
 using qk::test::check_cuda_parity;
@@ -156,4 +157,17 @@ TEST_CASE("elementwise ops on cuda keep NaN and inf where the cpu does") {
           +[](const Tensor& t) { return gelu(t); }, +[](const Tensor& t) { return sigmoid(t); }})
         check_cuda_parity(
             "specials", [f](const Inputs& in) { return f(in[0]); }, {x}, no_grad);
+}
+
+TEST_CASE("glu on cuda matches the cpu, forward and both gradients, SwiGLU and GeGLU") {
+    for (DType dt : {kF32, kF64})
+        for (GluActivation activation : {GluActivation::silu, GluActivation::gelu}) {
+            const auto op = [activation](const Inputs& in) {
+                return glu(in[0], in[1], activation);
+            };
+            // 3 x 37 x 45 (ragged, several blocks), gates spread over the activations' tails.
+            check_cuda_parity(
+                fmt::format("glu {} {}", int(activation), dtype_name(dt)), op,
+                {randn_seeded({3, 37, 45}, 70, dt, 4.0), randn_seeded({3, 37, 45}, 71, dt)});
+        }
 }

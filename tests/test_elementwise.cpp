@@ -5,6 +5,7 @@
 
 #include "helpers.h"
 #include "ops/elementwise_math.h"  // math::tanh_fast (internal: not in qk.h)
+#include "ops/glu.h"
 
 using namespace qk;
 using qk::test::leaf;
@@ -257,4 +258,37 @@ TEST_CASE("add_ accumulates into any view that does not repeat elements") {
     CHECK(test::throws_with([&] { add_(expanded, ones({2, 3})); }, {"add_", "[2, 3]", "stride 0"}));
     Tensor small = zeros({3});
     CHECK(test::throws_with([&] { add_(small, ones({2, 3})); }, {"add_", "[2, 3]", "[3]"}));
+}
+
+TEST_CASE("glu: the fused gated product is act(gate) * up, bit for bit, forward and backward") {
+    Generator gen(31);
+    for (auto [activation, act] :
+         {std::pair{GluActivation::silu,
+                    std::function<Tensor(const Tensor&)>([](const Tensor& t) { return silu(t); })},
+          std::pair{GluActivation::gelu, std::function<Tensor(const Tensor&)>(
+                                             [](const Tensor& t) { return gelu(t); })}}) {
+        CAPTURE(int(activation));
+        // Gates from -12 to 12 (the activations' tails), a probe r: sum(y * r) is the loss.
+        const Tensor g0 = randn({3, 7, 20}, kF32, gen) * 4.0, u0 = randn({3, 7, 20}, kF32, gen),
+                     r = randn({3, 7, 20}, kF32, gen);
+        Tensor g1 = g0.detach().requires_grad_(), u1 = u0.detach().requires_grad_();
+        Tensor g2 = g0.detach().requires_grad_(), u2 = u0.detach().requires_grad_();
+        const Tensor fused = glu(g1, u1, activation), composed = act(g2) * u2;
+        sum(fused * r).backward();
+        sum(composed * r).backward();
+        CHECK(fused.to_vector<float>() == composed.to_vector<float>());
+        CHECK(g1.grad().to_vector<float>() == g2.grad().to_vector<float>());
+        CHECK(u1.grad().to_vector<float>() == u2.grad().to_vector<float>());
+        // float64 gradients against finite differences (a random probe inside), a strided gate.
+        Tensor g = (randn({4, 6}, kF64, gen) * 3.0).detach().requires_grad_();
+        Tensor u = randn({6, 4}, kF64, gen).detach().requires_grad_();
+        CHECK_GRADCHECK([&] { return glu(g, u.t(), activation); }, {g, u});
+    }
+    const Tensor a = zeros({2, 3}), b = zeros({3, 2});
+    CHECK(test::throws_with([&] { glu(a, b, GluActivation::silu); },
+                            {"swiglu", "[2, 3]", "[3, 2]", "same shape"}));
+    CHECK(test::throws_with([&] { glu(a, a.to(kF64), GluActivation::gelu); },
+                            {"geglu", "float32", "float64", "dtype"}));
+    CHECK(test::throws_with([&] { glu(a.to(kBF16), a.to(kBF16), GluActivation::silu); },
+                            {"swiglu", "float32 or float64", "bfloat16"}));
 }

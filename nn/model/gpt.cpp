@@ -8,6 +8,7 @@
 #include "core/factory.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
+#include "ops/glu.h"
 #include "ops/join.h"
 #include "ops/loss.h"
 #include "ops/matmul.h"
@@ -49,10 +50,10 @@ Tensor MLP::forward(const Tensor& x) const {
     switch (kind) {
         case MLPKind::gelu:
             return c_proj->forward(gelu(c_fc->forward(x)));
-        case MLPKind::swiglu:
-            return c_proj->forward(silu(c_gate->forward(x)) * c_fc->forward(x));
+        case MLPKind::swiglu:  // silu(gate) * up, fused
+            return c_proj->forward(glu(c_gate->forward(x), c_fc->forward(x), GluActivation::silu));
         case MLPKind::geglu:
-            return c_proj->forward(gelu(c_gate->forward(x)) * c_fc->forward(x));
+            return c_proj->forward(glu(c_gate->forward(x), c_fc->forward(x), GluActivation::gelu));
     }
     throw Error("MLP: unknown kind");
 }
