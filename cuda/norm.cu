@@ -50,14 +50,16 @@ __device__ __forceinline__ int64_t warp_row(int64_t rows) {
 
 // ---- layer_norm --------------------------------------------------------------------------
 
-// y: (rows, C) out; mean, rstd: (rows) out; x: (rows, C); weight: (C); bias: (C) or null.
+// y: (rows, C) out; mean, rstd: (rows) out; x: rows of C where xs says; weight: (C); bias: (C) or
+// null.
 template <class T>
-__global__ void layer_norm_forward_kernel(T* y, T* mean, T* rstd, const T* x, const T* weight,
-                                          const T* bias, int64_t rows, int64_t C, T eps) {
+__global__ void layer_norm_forward_kernel(T* y, T* mean, T* rstd, const T* x, NormRows xs,
+                                          const T* weight, const T* bias, int64_t rows, int64_t C,
+                                          T eps) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r = warp_row(rows);
     if (r < 0) return;
-    const T* xr = x + r * C;
+    const T* xr = x + xs.offset(r);
     T sum = 0;
     for (int64_t c = lane; c < C; c += kWarp) sum += xr[c];
     const T m = warp_sum(sum) / T(C);
@@ -74,15 +76,15 @@ __global__ void layer_norm_forward_kernel(T* y, T* mean, T* rstd, const T* x, co
     }
 }
 
-// dx: (rows, C) out; dy, x: (rows, C); mean, rstd: (rows); weight: (C).
+// dx: (rows, C) out; dy: (rows, C); x: rows of C where xs says; mean, rstd: (rows); weight: (C).
 template <class T>
-__global__ void layer_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* mean,
-                                              const T* rstd, const T* weight, int64_t rows,
-                                              int64_t C) {
+__global__ void layer_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, NormRows xs,
+                                              const T* mean, const T* rstd, const T* weight,
+                                              int64_t rows, int64_t C) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r = warp_row(rows);
     if (r < 0) return;
-    const T *xr = x + r * C, *dyr = dy + r * C;
+    const T *xr = x + xs.offset(r), *dyr = dy + r * C;
     const T m = mean[r], s = rstd[r];
     T sum_dxhat = 0, sum_dxhat_xhat = 0;
     for (int64_t c = lane; c < C; c += kWarp) {
@@ -110,15 +112,16 @@ __global__ void layer_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, co
 // block to finish adds its chunks' partials in chunk order.
 template <class T>
 __global__ void norm_param_grads_kernel(T* dweight, T* dbias, T* partial_dw, T* partial_db,
-                                        unsigned* counters, const T* dy, const T* x, const T* mean,
-                                        const T* rstd, int64_t rows, int64_t C, int64_t per_chunk) {
+                                        unsigned* counters, const T* dy, const T* x, NormRows xs,
+                                        const T* mean, const T* rstd, int64_t rows, int64_t C,
+                                        int64_t per_chunk) {
     const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
     const int64_t r0 = int64_t(blockIdx.y) * per_chunk;
     const int64_t r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
     T dw = 0, db = 0;
     if (c < C)
         for (int64_t r = r0 + threadIdx.y; r < r1; r += kLaneRows) {
-            const T xhat = (x[r * C + c] - (mean ? mean[r] : T(0))) * rstd[r];
+            const T xhat = (x[xs.offset(r) + c] - (mean ? mean[r] : T(0))) * rstd[r];
             dw += dy[r * C + c] * xhat;  // dweight = Σ_rows dy · xhat
             db += dy[r * C + c];         // dbias = Σ_rows dy
         }
@@ -139,8 +142,8 @@ __global__ void norm_param_grads_kernel(T* dweight, T* dbias, T* partial_dw, T* 
 
 // dweight (and dbias if not null): (C) out, by the kernel above.
 template <class T>
-void norm_param_grads(T* dweight, T* dbias, const T* dy, const T* x, const T* mean, const T* rstd,
-                      int64_t rows, int64_t C) {
+void norm_param_grads(T* dweight, T* dbias, const T* dy, const T* x, const NormRows& xs,
+                      const T* mean, const T* rstd, int64_t rows, int64_t C) {
     if (rows == 0) {  // no rows: the sums are empty
         fill_zero(dweight, sizeof(T) * size_t(C));
         if (dbias) fill_zero(dbias, sizeof(T) * size_t(C));
@@ -157,7 +160,7 @@ void norm_param_grads(T* dweight, T* dbias, const T* dy, const T* x, const T* me
                                 outputs * (chunks * C + C), 5 * rows * C);
     QK_LAUNCH((norm_param_grads_kernel<T>), dim3(unsigned(tiles), unsigned(chunks)),
               dim3(kWarp, kLaneRows), 0, stream(), dweight, dbias, partial_dw, partial_db,
-              tile_counters(tiles), dy, x, mean, rstd, rows, C, per_chunk);
+              tile_counters(tiles), dy, x, xs, mean, rstd, rows, C, per_chunk);
     QK_CUDA_CHECK_LAUNCH("norm_param_grads_kernel");
 }
 
@@ -179,12 +182,12 @@ __global__ void rms_norm_forward_v1_kernel(T* y, T* rstd, const T* x, const T* w
 
 // v2: one warp per row (see the header for why it is faster). Same arguments as v1.
 template <class T>
-__global__ void rms_norm_forward_kernel(T* y, T* rstd, const T* x, const T* weight, int64_t rows,
-                                        int64_t C, T eps) {
+__global__ void rms_norm_forward_kernel(T* y, T* rstd, const T* x, NormRows xs, const T* weight,
+                                        int64_t rows, int64_t C, T eps) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r = warp_row(rows);
     if (r < 0) return;
-    const T* xr = x + r * C;
+    const T* xr = x + xs.offset(r);
     T ss = 0;
     for (int64_t c = lane; c < C; c += kWarp) ss += xr[c] * xr[c];
     const T s = T(1) / dev_sqrt(warp_sum(ss) / T(C) + eps);
@@ -193,14 +196,15 @@ __global__ void rms_norm_forward_kernel(T* y, T* rstd, const T* x, const T* weig
     if (lane == 0) rstd[r] = s;
 }
 
-// dx: (rows, C) out; dy, x: (rows, C); rstd: (rows); weight: (C) or null.
+// dx: (rows, C) out; dy: (rows, C); x: rows of C where xs says; rstd: (rows); weight: (C) or null.
 template <class T>
-__global__ void rms_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* rstd,
-                                            const T* weight, int64_t rows, int64_t C) {
+__global__ void rms_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, NormRows xs,
+                                            const T* rstd, const T* weight, int64_t rows,
+                                            int64_t C) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r = warp_row(rows);
     if (r < 0) return;
-    const T *xr = x + r * C, *dyr = dy + r * C;
+    const T *xr = x + xs.offset(r), *dyr = dy + r * C;
     const T s = rstd[r];
     T acc = 0;
     for (int64_t c = lane; c < C; c += kWarp)
@@ -304,25 +308,26 @@ __global__ void lp_normalize_backward_kernel(T* dx, const T* dy, const T* x, con
 // ---- launchers (declared in ops/norm.h) ----------------------------------------------------
 
 template <class T>
-void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
-                        int64_t rows, int64_t C, T eps) {
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
+                        const T* bias, int64_t rows, int64_t C, T eps) {
     if (rows == 0) return;
     ledger::declare_elements<T>(rows * C + 2 * C, rows * C + 2 * rows, 8 * rows * C);
     QK_LAUNCH((layer_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
-              stream(), y, mean, rstd, x, weight, bias, rows, C, eps);
+              stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C, eps);
     QK_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
 }
 
 template <class T>
-void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x, const T* mean,
-                         const T* rstd, const T* weight, int64_t rows, int64_t C) {
+void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x,
+                         const NormRows& x_rows, const T* mean, const T* rstd, const T* weight,
+                         int64_t rows, int64_t C) {
     if (rows > 0) {
         ledger::declare_elements<T>(2 * rows * C + C + 2 * rows, rows * C, 12 * rows * C);
         QK_LAUNCH((layer_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
-                  0, stream(), dx, dy, x, mean, rstd, weight, rows, C);
+                  0, stream(), dx, dy, x, x_rows, mean, rstd, weight, rows, C);
         QK_CUDA_CHECK_LAUNCH("layer_norm_backward_dx_kernel");
     }
-    norm_param_grads(dweight, dbias, dy, x, mean, rstd, rows, C);
+    norm_param_grads(dweight, dbias, dy, x, x_rows, mean, rstd, rows, C);
 }
 
 template <class T>
@@ -336,26 +341,27 @@ void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t row
 }
 
 template <class T>
-void rms_norm_forward(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C, T eps) {
+void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
+                      int64_t rows, int64_t C, T eps) {
     if (rows == 0) return;
     ledger::declare_elements<T>(rows * C + C, rows * C + rows, 4 * rows * C);
     QK_LAUNCH((rms_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
-              stream(), y, rstd, x, weight, rows, C, eps);
+              stream(), y, rstd, x, x_rows, weight, rows, C, eps);
     QK_CUDA_CHECK_LAUNCH("rms_norm_forward_kernel");
 }
 
 template <class T>
-void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const T* rstd, const T* weight,
-                       int64_t rows, int64_t C) {
+void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const NormRows& x_rows,
+                       const T* rstd, const T* weight, int64_t rows, int64_t C) {
     if (rows > 0) {
         ledger::declare_elements<T>(2 * rows * C + C + rows, rows * C, 8 * rows * C);
         QK_LAUNCH((rms_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
-                  0, stream(), dx, dy, x, rstd, weight, rows, C);
+                  0, stream(), dx, dy, x, x_rows, rstd, weight, rows, C);
         QK_CUDA_CHECK_LAUNCH("rms_norm_backward_dx_kernel");
     }
     if (dweight)
-        norm_param_grads(dweight, static_cast<T*>(nullptr), dy, x, static_cast<const T*>(nullptr),
-                         rstd, rows, C);
+        norm_param_grads(dweight, static_cast<T*>(nullptr), dy, x, x_rows,
+                         static_cast<const T*>(nullptr), rstd, rows, C);
 }
 
 template <class T>

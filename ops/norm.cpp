@@ -27,7 +27,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "autograd/node.h"
@@ -297,6 +299,38 @@ T* data_or_null(const Tensor& t) {
     return t.defined() ? t.data<T>() : nullptr;
 }
 
+// x's rows where they lie, for the cuda kernels: when x (on cuda, its last dim contiguous) has
+// rows that up to three strides describe (a per-head view of c_attn's output: (B, H, T) rows), it
+// is read in place, not copied first; otherwise none, and x is made contiguous.
+std::optional<NormRows> rows_in_place(const Tensor& x) {
+    if (x.device() != Device::cuda || x.dim() < 2 || x.strides().back() != 1 || x.numel() == 0)
+        return std::nullopt;
+    NormRows rows;
+    rows.rank = 0;
+    for (int64_t d = 0; d + 1 < x.dim(); ++d) {
+        const int64_t size = x.size(d), stride = x.strides()[d];
+        if (size == 1) continue;
+        const int last = rows.rank - 1;
+        if (last >= 0 && rows.strides[last] == size * stride) {  // steps evenly into this dim
+            rows.sizes[last] *= size;
+            rows.strides[last] = stride;
+        } else if (rows.rank == 3) {
+            return std::nullopt;
+        } else {
+            rows.sizes[rows.rank] = size, rows.strides[rows.rank] = stride;
+            ++rows.rank;
+        }
+    }
+    if (rows.rank == 0) rows = NormRows::contiguous(1, x.size(-1));
+    return rows;
+}
+
+// The input as the kernels read it (saved for the backward), and where its rows are.
+std::pair<Tensor, NormRows> norm_input(const Tensor& x_in, int64_t rows, int64_t C) {
+    if (const auto in_place = rows_in_place(x_in)) return {autograd::saved(x_in), *in_place};
+    return {autograd::contiguous_input(x_in), NormRows::contiguous(rows, C)};
+}
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps) {
@@ -306,10 +340,10 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
     check_param("layer_norm", "weight", weight_in, x_in);
     check_param("layer_norm", "bias", bias_in, x_in);
     const int64_t C = x_in.size(-1), rows = x_in.numel() / std::max<int64_t>(C, 1);
-    const Tensor x = autograd::contiguous_input(x_in),
-                 weight = autograd::contiguous_input(weight_in);
+    const auto [x, x_rows] = norm_input(x_in, rows, C);
+    const Tensor weight = autograd::contiguous_input(weight_in);
     const Tensor bias = autograd::contiguous_input(bias_in);
-    Tensor y = empty_like(x);
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     Tensor mean = Tensor::empty({rows}, x.dtype(), x.device()), rstd = empty_like(mean);
     on_device(
         "layer_norm", x.device(), x.dtype(),
@@ -321,13 +355,15 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
         [&](auto tag) {
             using T = decltype(tag);
             cuda::layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(),
-                                     weight.data<T>(), data_or_null<T>(bias), rows, C, T(eps));
+                                     x_rows, weight.data<T>(), data_or_null<T>(bias), rows, C,
+                                     T(eps));
         });
     return autograd::record(
         "layer_norm", y, {x_in, weight_in, bias_in},
-        [x = autograd::saved(x), weight = autograd::saved(weight), mean = autograd::saved(mean),
+        [x = x, x_rows = x_rows, weight = autograd::saved(weight), mean = autograd::saved(mean),
          rstd = autograd::saved(rstd), has_bias = bias.defined(), rows, C](const Tensor& dy_in) {
-            Tensor dy = dy_in.contiguous(), dx = empty_like(x), dweight = empty_like(weight);
+            Tensor dy = dy_in.contiguous(), dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+            Tensor dweight = empty_like(weight);
             Tensor dbias = has_bias ? empty_like(weight) : Tensor();
             on_device(
                 "layer_norm backward", x.device(), x.dtype(),
@@ -339,9 +375,10 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
                 },
                 [&](auto tag) {
                     using T = decltype(tag);
-                    cuda::layer_norm_backward(
-                        dx.data<T>(), dweight.data<T>(), data_or_null<T>(dbias), dy.data<T>(),
-                        x.data<T>(), mean.data<T>(), rstd.data<T>(), weight.data<T>(), rows, C);
+                    cuda::layer_norm_backward(dx.data<T>(), dweight.data<T>(),
+                                              data_or_null<T>(dbias), dy.data<T>(), x.data<T>(),
+                                              x_rows, mean.data<T>(), rstd.data<T>(),
+                                              weight.data<T>(), rows, C);
                 });
             return Grads{dx, dweight, dbias};
         });
@@ -351,9 +388,10 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
     check_norm_input("rms_norm", x_in, eps);
     check_param("rms_norm", "weight", weight_in, x_in);
     const int64_t C = x_in.size(-1), rows = x_in.numel() / std::max<int64_t>(C, 1);
-    const Tensor x = autograd::contiguous_input(x_in),
-                 weight = autograd::contiguous_input(weight_in);
-    Tensor y = empty_like(x), rstd = Tensor::empty({rows}, x.dtype(), x.device());
+    const auto [x, x_rows] = norm_input(x_in, rows, C);
+    const Tensor weight = autograd::contiguous_input(weight_in);
+    Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+    Tensor rstd = Tensor::empty({rows}, x.dtype(), x.device());
     on_device(
         "rms_norm", x.device(), x.dtype(),
         [&](auto tag) {
@@ -363,14 +401,14 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
         },
         [&](auto tag) {
             using T = decltype(tag);
-            cuda::rms_norm_forward(y.data<T>(), rstd.data<T>(), x.data<T>(),
+            cuda::rms_norm_forward(y.data<T>(), rstd.data<T>(), x.data<T>(), x_rows,
                                    data_or_null<T>(weight), rows, C, T(eps));
         });
     return autograd::record(
         "rms_norm", y, {x_in, weight_in},
-        [x = autograd::saved(x), weight = autograd::saved(weight), rstd = autograd::saved(rstd),
+        [x = x, x_rows = x_rows, weight = autograd::saved(weight), rstd = autograd::saved(rstd),
          rows, C](const Tensor& dy_in) {
-            Tensor dy = dy_in.contiguous(), dx = empty_like(x);
+            Tensor dy = dy_in.contiguous(), dx = Tensor::empty(x.shape(), x.dtype(), x.device());
             Tensor dweight = weight.defined() ? empty_like(weight) : Tensor();
             on_device(
                 "rms_norm backward", x.device(), x.dtype(),
@@ -383,8 +421,8 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
                 [&](auto tag) {
                     using T = decltype(tag);
                     cuda::rms_norm_backward(dx.data<T>(), data_or_null<T>(dweight), dy.data<T>(),
-                                            x.data<T>(), rstd.data<T>(), data_or_null<T>(weight),
-                                            rows, C);
+                                            x.data<T>(), x_rows, rstd.data<T>(),
+                                            data_or_null<T>(weight), rows, C);
                 });
             return Grads{dx, dweight};
         });

@@ -3,6 +3,7 @@
 // (layer_norm, rms_norm) and ops/lp_normalize.cpp.
 #pragma once
 
+#include "core/host_device.h"
 #include "core/tensor.h"
 
 namespace qk {
@@ -67,21 +68,42 @@ void lp_normalize_backward(T* dx, const T* dy, const T* x, const T* norm, int64_
 // The CUDA twins (cuda/norm.cu): device pointers, the same arguments and layout as the cpu
 // kernels above. rms_norm_forward_v1 (one thread per row) is the ladder's naive rung, kept for the
 // tests; the others are one warp per row, with dweight/dbias by a deterministic two-stage sum.
+// Where row r of a norm's input starts (its C values contiguous): the input may be a view whose
+// rows are not evenly spaced, such as the per-head q inside c_attn's output, (B, H, T) rows at
+// three strides; it is then read where it lies instead of copied first. r is split over up to
+// three dims, the last fastest.
+struct NormRows {
+    int rank = 1;
+    int64_t sizes[3] = {1, 1, 1}, strides[3] = {0, 0, 0};
+    QK_HOST_DEVICE int64_t offset(int64_t r) const {
+        int64_t at = 0;
+        for (int d = rank - 1; d > 0; --d) {
+            at += (r % sizes[d]) * strides[d];
+            r /= sizes[d];
+        }
+        return at + r * strides[0];
+    }
+    static NormRows contiguous(int64_t rows, int64_t C) { return {1, {rows, 1, 1}, {C, 0, 0}}; }
+};
+
 namespace cuda {
+// x's rows where x_rows says; y, dy, dx contiguous (rows, C).
 template <class T>
-void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
-                        int64_t rows, int64_t C, T eps);
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
+                        const T* bias, int64_t rows, int64_t C, T eps);
 template <class T>
-void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x, const T* mean,
-                         const T* rstd, const T* weight, int64_t rows, int64_t C);
+void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x,
+                         const NormRows& x_rows, const T* mean, const T* rstd, const T* weight,
+                         int64_t rows, int64_t C);
 template <class T>
 void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C,
                          T eps);
 template <class T>
-void rms_norm_forward(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C, T eps);
+void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
+                      int64_t rows, int64_t C, T eps);
 template <class T>
-void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const T* rstd, const T* weight,
-                       int64_t rows, int64_t C);
+void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const NormRows& x_rows,
+                       const T* rstd, const T* weight, int64_t rows, int64_t C);
 template <class T>
 void lp_normalize_forward(T* y, T* norm, const T* x, int64_t rows, int64_t C, T p, T eps);
 template <class T>

@@ -57,11 +57,13 @@ void check_layer_norm(Size s, bool has_bias, uint64_t seed, double offset) {
     for (Order order : kOrders) {
         CAPTURE(order_name(order));
         RunOrderScope scope(order);
-        cuda::layer_norm_forward(d_y.ptr, d_mean.ptr, d_rstd.ptr, d_x.ptr, d_w.ptr,
+        const qk::NormRows x_rows = qk::NormRows::contiguous(rows, C);
+        cuda::layer_norm_forward(d_y.ptr, d_mean.ptr, d_rstd.ptr, d_x.ptr, x_rows, d_w.ptr,
                                  has_bias ? d_b.ptr : nullptr, rows, C, eps);
         // The backward reads the cpu's mean and rstd, so that it is tested on the same inputs.
         cuda::layer_norm_backward(d_dx.ptr, d_dw.ptr, has_bias ? d_db.ptr : nullptr, d_dy.ptr,
-                                  d_x.ptr, d_mean_ref.ptr, d_rstd_ref.ptr, d_w.ptr, rows, C);
+                                  d_x.ptr, x_rows, d_mean_ref.ptr, d_rstd_ref.ptr, d_w.ptr, rows,
+                                  C);
         check_output("y", d_y.download(), y_ref, f_y);
         check_output("mean", d_mean.download(), mean_ref, f_mean);
         check_output("rstd", d_rstd.download(), rstd_ref, f_rstd);
@@ -97,11 +99,12 @@ void check_rms_norm(Size s, bool has_weight, uint64_t seed) {
         cuda::rms_norm_forward_v1(d_y.ptr, d_rstd.ptr, d_x.ptr, w_dev, rows, C, eps);
         check_output("y (v1)", d_y.download(), y_ref, f_y1);
         check_output("rstd (v1)", d_rstd.download(), rstd_ref, f_rstd1);
-        cuda::rms_norm_forward(d_y.ptr, d_rstd.ptr, d_x.ptr, w_dev, rows, C, eps);
+        const qk::NormRows x_rows = qk::NormRows::contiguous(rows, C);
+        cuda::rms_norm_forward(d_y.ptr, d_rstd.ptr, d_x.ptr, x_rows, w_dev, rows, C, eps);
         check_output("y (v2)", d_y.download(), y_ref, f_y);
         check_output("rstd (v2)", d_rstd.download(), rstd_ref, f_rstd);
         cuda::rms_norm_backward(d_dx.ptr, has_weight ? d_dw.ptr : nullptr, d_dy.ptr, d_x.ptr,
-                                d_rstd_ref.ptr, w_dev, rows, C);
+                                x_rows, d_rstd_ref.ptr, w_dev, rows, C);
         check_output("dx", d_dx.download(), dx_ref, f_dx);
         if (has_weight) check_output("dweight", d_dw.download(), dw_ref, f_dw);
     }
@@ -201,6 +204,24 @@ TEST_CASE("cuda layer_norm, rms_norm and lp_normalize ops match the cpu through 
         check_cuda_parity("rms_norm without weight",
                           [](const Inputs& in) { return qk::rms_norm(in[0], qk::Tensor(), 1e-6); },
                           {x});
+        // Rows read where they lie: 2 of 4 heads of a (2, 9, 4, 37) tensor, as (B, H, T, D) (three
+        // strides); and a permutation whose rows need four (made contiguous first).
+        const qk::Tensor heads = randn_seeded({2, 9, 4, 37}, 64, dtype, 2.0);
+        const auto per_head = [](const qk::Tensor& t) { return t.narrow(2, 1, 2).transpose(1, 2); };
+        check_cuda_parity(
+            "layer_norm of a head view",
+            [&](const Inputs& in) { return qk::layer_norm(per_head(in[0]), in[1], in[2], 1e-5); },
+            {heads, w, b});
+        check_cuda_parity(
+            "rms_norm of a head view",
+            [&](const Inputs& in) { return qk::rms_norm(per_head(in[0]), in[1], 1e-6); },
+            {heads, w});
+        check_cuda_parity(
+            "layer_norm of a permutation",
+            [](const Inputs& in) {
+                return qk::layer_norm(in[0].permute({3, 1, 0, 2, 4}), in[1], in[2], 1e-5);
+            },
+            {randn_seeded({2, 3, 4, 5, 37}, 65, dtype), w, b});
         for (double p : {1.0, 2.0, 3.0, 2.5}) {
             CAPTURE(p);
             check_cuda_parity("lp_normalize",
