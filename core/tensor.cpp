@@ -7,6 +7,7 @@
 #include "core/half_convert.h"
 #include "core/strided.h"
 #ifdef QK_WITH_CUDA
+#include "cuda/ledger.h"
 #include "cuda/runtime.h"
 #endif
 
@@ -264,6 +265,13 @@ void copy_into_all(const std::vector<Tensor>& dst, const std::vector<Tensor>& sr
 
 void mark_written(const Tensor& t) { t.storage()->bump_version(); }
 
+bool writes_take_effect([[maybe_unused]] const Tensor& t) {
+#ifdef QK_WITH_CUDA
+    if (t.device() == Device::cuda && cuda::ledger::dry_run()) return false;
+#endif
+    return true;
+}
+
 Tensor cast_once(const Tensor& t, DType dtype) {
     Storage& storage = *t.storage();
     const bool whole_buffer = t.offset() == 0 && t.is_contiguous() &&
@@ -279,7 +287,7 @@ Tensor cast_once(const Tensor& t, DType dtype) {
         return Tensor(std::move(impl));
     }
     const Tensor cast = t.detach().to(dtype).detach();
-    copy = {cast.storage(), dtype, storage.version()};
+    if (writes_take_effect(t)) copy = {cast.storage(), dtype, storage.version()};
     return cast;
 }
 

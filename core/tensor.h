@@ -127,6 +127,11 @@ void copy_into(const Tensor& dst, const Tensor& src);
 // kernel takes share one launch: a gradient's pieces put in place, q, k and v rounded together.
 void copy_into_all(const std::vector<Tensor>& dst, const std::vector<Tensor>& src);
 
+// Whether kernels that write t's values run now: not while a dry-run launch ledger is open and t
+// is on cuda (cuda/ledger.h records those launches without running them). A copy made or
+// rewritten then holds nothing, and must not be kept as current.
+bool writes_take_effect(const Tensor& t);
+
 // Records that t's values were written in place (advances its storage's version, so copies made
 // from the old values are not used again). The library's in-place writes call it themselves.
 void mark_written(const Tensor& t);

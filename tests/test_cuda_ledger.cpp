@@ -280,3 +280,32 @@ TEST_CASE("the cost model: a one-block pass over 2.4 M floats costs far more tha
     const std::string table = cost::table({one_block, full_grid, gemm}, h200);
     CHECK(table.find("| **all** | 3 |") != std::string::npos);
 }
+
+TEST_CASE(
+    "a dry run leaves no bf16 copy marked current: a real step after it trains as without it") {
+    if (!cuda_runnable()) return;
+#ifndef QK_CUDA_EMULATION
+    return;  // a dry run is the emulator's
+#endif
+    // The weights' bf16 copies made (or rewritten by AdamW) while launches are only recorded hold
+    // nothing: the next real forward must round the weights afresh.
+    auto losses = [](bool dry_step_first) {
+        nn::GPTConfig config = test::tiny_config();
+        config.precision = Precision::bf16;
+        nn::GPT model(config, 3);
+        model.to(Device::cuda);
+        nn::AdamW opt(model.parameters(), {.lr = 1e-2});
+        std::vector<int32_t> ids(2 * config.block_size);
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 7 % config.vocab_size);
+        const Tensor x = from_ids(ids, {2, config.block_size}).to(Device::cuda);
+        if (dry_step_first) {
+            ledger::open(false, /*dry_run=*/true);
+            model.forward(x, x).loss.backward();
+            opt.zero_grad();
+            (void)model.forward(x, x);  // a forward after the dry backward, still recorded only
+            (void)ledger::close();
+        }
+        return model.forward(x, x).loss.item();
+    };
+    CHECK(losses(true) == losses(false));
+}
