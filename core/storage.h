@@ -51,6 +51,9 @@ class Storage {
         std::shared_ptr<Storage> storage;  // null: none made yet
         DType dtype = DType::f32;
         std::uint64_t version = 0;
+        // Made or rewritten under a dry-run launch ledger (cuda/ledger.h), whose kernels are
+        // recorded, not run: it holds nothing, and serves only further dry runs.
+        bool recorded_only = false;
     };
     CastCopy& cast_copy() { return cast_copy_; }
 

@@ -278,7 +278,9 @@ Tensor cast_once(const Tensor& t, DType dtype) {
                               std::size_t(t.numel()) * dtype_size(t.dtype()) == storage.nbytes();
     if (!whole_buffer || dtype == t.dtype()) return t.detach().to(dtype).detach();
     Storage::CastCopy& copy = storage.cast_copy();
-    if (copy.storage && copy.dtype == dtype && copy.version == storage.version()) {
+    const bool dry = !writes_take_effect(t);
+    if (copy.storage && copy.dtype == dtype && copy.version == storage.version() &&
+        (dry || !copy.recorded_only)) {
         auto impl = std::make_shared<TensorImpl>();
         impl->storage = copy.storage;
         impl->shape = t.shape();
@@ -287,7 +289,7 @@ Tensor cast_once(const Tensor& t, DType dtype) {
         return Tensor(std::move(impl));
     }
     const Tensor cast = t.detach().to(dtype).detach();
-    if (writes_take_effect(t)) copy = {cast.storage(), dtype, storage.version()};
+    copy = {cast.storage(), dtype, storage.version(), dry};
     return cast;
 }
 

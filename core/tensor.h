@@ -129,7 +129,7 @@ void copy_into_all(const std::vector<Tensor>& dst, const std::vector<Tensor>& sr
 
 // Whether kernels that write t's values run now: not while a dry-run launch ledger is open and t
 // is on cuda (cuda/ledger.h records those launches without running them). A copy made or
-// rewritten then holds nothing, and must not be kept as current.
+// rewritten then holds nothing: it serves later dry runs only (Storage::CastCopy).
 bool writes_take_effect(const Tensor& t);
 
 // Records that t's values were written in place (advances its storage's version, so copies made

@@ -147,8 +147,10 @@ const Storage::CastCopy* half_copy_of(const Tensor& p) {
 // version (anything else that writes p makes it stale again).
 void written_with_half_copy(const Tensor& p) {
     mark_written(p);
-    if (half_copy_of(p) && writes_take_effect(p))  // (a dry run left the copy stale)
-        p.storage()->cast_copy().version = p.storage()->version();
+    if (!half_copy_of(p)) return;
+    Storage::CastCopy& copy = p.storage()->cast_copy();
+    copy.version = p.storage()->version();
+    copy.recorded_only = !writes_take_effect(p);  // a dry run's update wrote nothing
 }
 
 }  // namespace
