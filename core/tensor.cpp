@@ -272,11 +272,14 @@ bool writes_take_effect([[maybe_unused]] const Tensor& t) {
     return true;
 }
 
+bool is_whole_buffer(const Tensor& t) {
+    return t.offset() == 0 && t.is_contiguous() &&
+           std::size_t(t.numel()) * dtype_size(t.dtype()) == t.storage()->nbytes();
+}
+
 Tensor cast_once(const Tensor& t, DType dtype) {
     Storage& storage = *t.storage();
-    const bool whole_buffer = t.offset() == 0 && t.is_contiguous() &&
-                              std::size_t(t.numel()) * dtype_size(t.dtype()) == storage.nbytes();
-    if (!whole_buffer || dtype == t.dtype()) return t.detach().to(dtype).detach();
+    if (!is_whole_buffer(t) || dtype == t.dtype()) return t.detach().to(dtype).detach();
     Storage::CastCopy& copy = storage.cast_copy();
     const bool dry = !writes_take_effect(t);
     if (copy.storage && copy.dtype == dtype && copy.version == storage.version() &&

@@ -136,10 +136,14 @@ bool writes_take_effect(const Tensor& t);
 // from the old values are not used again). The library's in-place writes call it themselves.
 void mark_written(const Tensor& t);
 
-// `t` cast to `dtype` (no autograd). A tensor that is its whole buffer, contiguous from its
-// start (a parameter), keeps the result beside its storage and returns it again until its values
-// are written (Storage::cast_copy): bf16 training rounds each weight once, not at every GEMM.
-// Anything else is cast afresh.
+// Whether t is its storage's whole buffer, contiguous from its start (a parameter, a fresh
+// result): the tensors whose storage can keep a cast copy of them.
+bool is_whole_buffer(const Tensor& t);
+
+// `t` cast to `dtype` (no autograd). A tensor that is its whole buffer (a parameter) keeps the
+// result beside its storage and returns it again until its values are written
+// (Storage::cast_copy): bf16 training rounds each weight once, not at every GEMM. Anything else
+// is cast afresh.
 Tensor cast_once(const Tensor& t, DType dtype);
 
 std::string to_string(const Tensor& t);

@@ -56,9 +56,12 @@ struct alignas(4 * sizeof(T)) Pack4 {
 // The same copy four elements at a time, where the innermost dim is contiguous on both sides
 // (a cast, or the heads of (B, T, H, D) regrouped into (B, H, T, D)): index counts packs, so the
 // index arithmetic and the number of memory instructions drop 4x and each is a vector access.
+// copy_packs is one block's share (`block` of `blocks`): of the whole grid in copy_packed_kernel,
+// of the blocks one job owns in copy_packed_all_kernel.
 template <class D, class S>
-__global__ void copy_packed_kernel(Pack4<D>* dst, const Pack4<S>* src, StridedIndex<2> index,
-                                   int64_t n_packs) {
+__device__ __forceinline__ void copy_packs(Pack4<D>* dst, const Pack4<S>* src,
+                                           const StridedIndex<2>& index, int64_t n_packs,
+                                           unsigned block, unsigned blocks) {
     struct Element {
         Pack4<D>* at;
         Pack4<S> value;
@@ -74,7 +77,14 @@ __global__ void copy_packed_kernel(Pack4<D>* dst, const Pack4<S>* src, StridedIn
             Pack4<D> out;
             for (int k = 0; k < 4; ++k) out.v[k] = convert_element<D>(e.value.v[k]);
             *e.at = out;
-        });
+        },
+        block, blocks);
+}
+
+template <class D, class S>
+__global__ void copy_packed_kernel(Pack4<D>* dst, const Pack4<S>* src, StridedIndex<2> index,
+                                   int64_t n_packs) {
+    copy_packs(dst, src, index, n_packs, blockIdx.x, gridDim.x);
 }
 
 // Up to kMaxCopyJobs packed copies of the same element types in one launch: job j takes blocks
@@ -95,26 +105,8 @@ template <class D, class S>
 __global__ void copy_packed_all_kernel(PackedCopies<D, S> jobs) {
     int j = 0;
     while (j + 1 < jobs.count && blockIdx.x >= jobs.first_block[j + 1]) ++j;
-    struct Element {
-        Pack4<D>* at;
-        Pack4<S> value;
-    };
-    const StridedIndex<2>& index = jobs.index[j];
-    Pack4<D>* dst = jobs.dst[j];
-    const Pack4<S>* src = jobs.src[j];
-    unrolled_grid_loop(
-        jobs.n_packs[j],
-        [&](int64_t i) {
-            int64_t off[2];
-            index.offsets(i, off);
-            return Element{dst + off[0], src[off[1]]};
-        },
-        [&](int64_t, Element e) {
-            Pack4<D> out;
-            for (int k = 0; k < 4; ++k) out.v[k] = convert_element<D>(e.value.v[k]);
-            *e.at = out;
-        },
-        blockIdx.x - jobs.first_block[j], jobs.first_block[j + 1] - jobs.first_block[j]);
+    copy_packs(jobs.dst[j], jobs.src[j], jobs.index[j], jobs.n_packs[j],
+               blockIdx.x - jobs.first_block[j], jobs.first_block[j + 1] - jobs.first_block[j]);
 }
 
 // The index of packs for a copy whose innermost merged dim is contiguous on both sides, a multiple

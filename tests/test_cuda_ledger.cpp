@@ -26,40 +26,46 @@ long count(const std::vector<ledger::Entry>& entries, const std::string& prefix)
     return n;
 }
 
+// Two rows of block_size ids on cuda, id i of the batch being i · stride mod the vocabulary.
+Tensor cyclic_batch(const nn::GPTConfig& config, int64_t stride) {
+    std::vector<int32_t> ids(2 * config.block_size);
+    for (size_t i = 0; i < ids.size(); ++i)
+        ids[i] = int32_t(int64_t(i) * stride % config.vocab_size);
+    return from_ids(ids, {2, config.block_size}).to(Device::cuda);
+}
+
 // The forward and backward of a tiny bf16 GPT on cuda, under a ledger (dry: recorded, not run).
 std::vector<ledger::Entry> forward_backward_ledger(bool dry_run) {
     nn::GPTConfig config = test::tiny_config();
     config.precision = Precision::bf16;
     nn::GPT model(config, 3);
     model.to(Device::cuda);
-    std::vector<int32_t> ids(2 * config.block_size);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 5 % config.vocab_size);
-    const Tensor x = from_ids(ids, {2, config.block_size}).to(Device::cuda);
+    const Tensor x = cyclic_batch(config, 5);
     ledger::open(false, dry_run);
     model.forward(x, x).loss.backward();
     return ledger::close();
 }
 
 // The last of `steps` bf16 training steps of a tiny GPT on cuda, under the ledger (the first
-// step also makes each weight's bf16 copy, which the optimizer keeps current after it).
+// step also makes each weight's bf16 copy, which the optimizer keeps current after it); dry: the
+// launches recorded, not run.
 std::vector<ledger::Entry> step_ledger(nn::GPTConfig config, int64_t layers, int steps = 1,
-                                       int64_t* parameter_count = nullptr) {
+                                       int64_t* parameter_count = nullptr, bool dry_run = false) {
     config.n_layer = layers;
     config.precision = Precision::bf16;
     nn::GPT model(config, 3);
     model.to(Device::cuda);
     nn::AdamW opt(model.parameters(), {.lr = 1e-3});
-    std::vector<int32_t> ids(2 * config.block_size);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 7 % config.vocab_size);
-    const Tensor x = from_ids(ids, {2, config.block_size}).to(Device::cuda);
+    const Tensor x = cyclic_batch(config, 7);
     if (parameter_count) *parameter_count = 0;
     for (const Tensor& p : model.parameters())
         if (parameter_count) *parameter_count += p.numel();
     for (int step = 0; step < steps; ++step) {
-        ledger::open();
+        ledger::open(false, dry_run);
         nn::GPTOutput out = model.forward(x, x);
         out.loss.backward();
-        nn::clip_grad_norm(model.parameters(), 1e-3);  // small: the clip scales every gradient
+        // Small: the clip scales every gradient (a dry run's norm is garbage: no throw on it).
+        nn::clip_grad_norm(model.parameters(), 1e-3, /*throw_on_nonfinite=*/!dry_run);
         opt.step(1e-3);
         opt.zero_grad();
         if (step + 1 < steps) ledger::close();
@@ -210,27 +216,10 @@ namespace {
 // first makes the weights' bf16 copies), halved.
 double launches_per_layer(nn::GPTConfig config) {
     config.vocab_size = 65, config.block_size = 32, config.n_embd = 128, config.n_head = 2;
-    config.precision = Precision::bf16;
-    std::vector<size_t> counts;
-    for (int64_t layers : {2, 4}) {
-        config.n_layer = layers;
-        nn::GPT model(config, 5);
-        model.to(Device::cuda);
-        nn::AdamW opt(model.parameters(), {.lr = 1e-3});
-        std::vector<int32_t> ids(2 * 32);
-        for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 7 % 65);
-        const Tensor x = from_ids(ids, {2, 32}).to(Device::cuda);
-        for (int step = 0; step < 2; ++step) {
-            ledger::open(false, /*dry_run=*/true);
-            model.forward(x, x).loss.backward();
-            nn::clip_grad_norm(model.parameters(), 1.0, /*throw_on_nonfinite=*/false);
-            opt.step(1e-3);
-            opt.zero_grad();
-            const auto entries = ledger::close();
-            if (step == 1) counts.push_back(entries.size());
-        }
-    }
-    return double(counts[1] - counts[0]) / 2.0;
+    const auto launches = [&](int64_t layers) {
+        return double(step_ledger(config, layers, /*steps=*/2, nullptr, /*dry_run=*/true).size());
+    };
+    return (launches(4) - launches(2)) / 2.0;
 }
 
 }  // namespace
@@ -294,14 +283,10 @@ TEST_CASE(
         config.precision = Precision::bf16;
         nn::GPT model(config, 3);
         model.to(Device::cuda);
-        nn::AdamW opt(model.parameters(), {.lr = 1e-2});
-        std::vector<int32_t> ids(2 * config.block_size);
-        for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 7 % config.vocab_size);
-        const Tensor x = from_ids(ids, {2, config.block_size}).to(Device::cuda);
+        const Tensor x = cyclic_batch(config, 7);
         if (dry_step_first) {
             ledger::open(false, /*dry_run=*/true);
             model.forward(x, x).loss.backward();
-            opt.zero_grad();
             (void)model.forward(x, x);  // a forward after the dry backward, still recorded only
             (void)ledger::close();
         }

@@ -307,9 +307,9 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, KVCache& cache,
     std::vector<Tensor> outputs;
     for (int64_t row = 0; row < x.size(0); ++row) {
         const int64_t s = sequences[static_cast<size_t>(row)];
-        const Projected p =
-            to_heads({all.q.narrow(0, row, 1), all.k.narrow(0, row, 1), all.v.narrow(0, row, 1)},
-                     cache.length(s));
+        const Projected p = to_heads({all.q.narrow(0, row, 1), all.k.narrow(0, row, 1),
+                                      all.v.narrow(0, row, 1), /*qkv=*/Tensor()},
+                                     cache.length(s));
         const auto [k, v] = cache.append(layer_, s, p.k, p.v);
         outputs.push_back(config_.fused_attention ? attention(p.q, k, v, options)
                                                   : attention_unfused(p.q, k, v, options));

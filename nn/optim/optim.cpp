@@ -139,8 +139,7 @@ namespace {
 const Storage::CastCopy* half_copy_of(const Tensor& p) {
     const Storage::CastCopy& copy = p.storage()->cast_copy();
     const bool half = copy.dtype == DType::bf16 || copy.dtype == DType::f16;
-    const bool whole = p.offset() == 0 && size_t(p.numel()) * 4 == p.storage()->nbytes();
-    return copy.storage && half && whole && p.dtype() == DType::f32 ? &copy : nullptr;
+    return copy.storage && half && is_whole_buffer(p) && p.dtype() == DType::f32 ? &copy : nullptr;
 }
 
 // After an update that wrote p and, where it has one, its half copy: the copy holds the new
