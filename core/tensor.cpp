@@ -296,6 +296,16 @@ Tensor cast_once(const Tensor& t, DType dtype) {
     return cast;
 }
 
+void keep_cast(const Tensor& t, const Tensor& cast) {
+    QK_CHECK(is_whole_buffer(t) && cast.is_contiguous() && cast.shape() == t.shape() &&
+                 cast.device() == t.device() && cast.dtype() != t.dtype(),
+             "keep_cast: needs a whole-buffer tensor and a contiguous cast of its shape on its "
+             "device, got {} {} (whole buffer: {}) and {} {} on {}",
+             t.dtype(), t.shape(), is_whole_buffer(t), cast.dtype(), cast.shape(), cast.device());
+    t.storage()->cast_copy() = {cast.storage(), cast.dtype(), t.storage()->version(),
+                                !writes_take_effect(t)};
+}
+
 namespace {
 
 void format_values(std::string& out, const Tensor& t, const std::vector<double>& v, int64_t dim,

@@ -146,6 +146,11 @@ bool is_whole_buffer(const Tensor& t);
 // is cast afresh.
 Tensor cast_once(const Tensor& t, DType dtype);
 
+// Keeps `cast`, t's values cast to cast.dtype() by the kernel that wrote t (softmax's rounded
+// copy), as t's cast copy: cast_once(t, cast.dtype()) returns it until t is written. t must be
+// its whole buffer and cast a contiguous tensor of t's shape on t's device.
+void keep_cast(const Tensor& t, const Tensor& cast);
+
 std::string to_string(const Tensor& t);
 
 // Launchers of cuda/copy.cu (device pointers; built only with the CUDA backend).

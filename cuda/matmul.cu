@@ -76,35 +76,42 @@ void set_tf32_math(bool on) {
 }
 
 // The mixed-precision twins: bf16 or f16 operands, float32 result, products summed in float32 on
-// the tensor cores (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F). Same layout trick as above.
+// the tensor cores (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F). Same layout trick and batch
+// strides as above; alpha scales the float32 sums (attention's 1/sqrt(D) on q·kᵀ).
 template <class Half>
-void gemm_mixed(float* y, int64_t ldy, const Half* a, bool a_trans, int64_t lda, const Half* b,
-                bool b_trans, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta) {
-    if (M == 0 || N == 0) return;
+void gemm_mixed(float* y, int64_t ldy, int64_t stride_y, const Half* a, bool a_trans, int64_t lda,
+                int64_t stride_a, const Half* b, bool b_trans, int64_t ldb, int64_t stride_b,
+                int64_t M, int64_t N, int64_t K, int64_t batch, float alpha, float beta) {
+    if (M == 0 || N == 0 || batch == 0) return;
     constexpr bool is_bf16 = std::is_same_v<Half, bf16>;
-    QK_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && ldy <= INT_MAX && lda <= INT_MAX &&
-                 ldb <= INT_MAX,
-             "linear: ({}, {}) x ({}, {}) in {} exceeds cuBLAS's int range", M, K, K, N,
-             is_bf16 ? "bf16" : "fp16");
-    const float alpha = 1;
+    QK_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && batch <= INT_MAX && ldy <= INT_MAX &&
+                 lda <= INT_MAX && ldb <= INT_MAX,
+             "matmul: ({}, {}) x ({}, {}) over {} batches in {} exceeds cuBLAS's int range", M, K,
+             K, N, batch, is_bf16 ? "bf16" : "fp16");
     const cudaDataType_t type = is_bf16 ? CUDA_R_16BF : CUDA_R_16F;
     const cublasOperation_t op_b = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_a = a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-    // Ledger: 2MNK FLOPs on tensor cores; 2-byte A and B read, float32 C written.
-    ledger::declare(2.0 * double(M * K + K * N) + 4.0 * double(M * N), 0,
-                    2.0 * double(M) * double(N) * double(K));
+    // Ledger: 2MNK FLOPs a batch on tensor cores; 2-byte A and B read, float32 C written.
+    const double matrices = double(batch);
+    ledger::declare(matrices * (2.0 * double(M * K + K * N) + 4.0 * double(M * N)), 0,
+                    2.0 * matrices * double(M) * double(N) * double(K));
     const ledger::Scope scope(
-        ledger::is_open() ? fmt::format("GemmEx {} {}x{}x{}", is_bf16 ? "bf16" : "fp16", M, N, K)
+        ledger::is_open() ? fmt::format("GemmEx {} {}x{}x{}{}", is_bf16 ? "bf16" : "fp16", M, N, K,
+                                        batch > 1 ? fmt::format(" x{}", batch) : std::string())
                           : std::string());
     QK_CUDA_CHECK(cublasGemmStridedBatchedEx(
         blas(), op_b, op_a, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
-        b, type, static_cast<int>(ldb), 0, a, type, static_cast<int>(lda), 0, &beta, y, CUDA_R_32F,
-        static_cast<int>(ldy), 0, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        b, type, static_cast<int>(ldb), stride_b, a, type, static_cast<int>(lda), stride_a, &beta,
+        y, CUDA_R_32F, static_cast<int>(ldy), stride_y, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
 }
-template void gemm_mixed<bf16>(float*, int64_t, const bf16*, bool, int64_t, const bf16*, bool,
-                               int64_t, int64_t, int64_t, int64_t, float);
-template void gemm_mixed<f16>(float*, int64_t, const f16*, bool, int64_t, const f16*, bool, int64_t,
-                              int64_t, int64_t, int64_t, float);
+
+template void gemm_mixed<bf16>(float*, int64_t, int64_t, const bf16*, bool, int64_t, int64_t,
+                               const bf16*, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
+                               int64_t, float, float);
+template void gemm_mixed<f16>(float*, int64_t, int64_t, const f16*, bool, int64_t, int64_t,
+                              const f16*, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
+                              int64_t, float, float);
 
 namespace {
 

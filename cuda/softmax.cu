@@ -18,8 +18,10 @@
 //   pass 2  y_j = exp(z_j − m) / S, or z_j − lse; masked entries 0, or −inf.
 // Backward, per row: one warp sum (dot = Σ g·y, or Σ g), then the elementwise dz and the cap
 // factor 1 − (z/c)², z recomputed from y and lse as on the cpu.
+#include <algorithm>
 #include <cstdint>
 
+#include "cuda/bf16_convert.h"
 #include "cuda/runtime.h"
 #include "cuda/warp_reduce.h"
 #include "ops/softmax.h"
@@ -47,10 +49,20 @@ __device__ __forceinline__ void merge_max_sum(T& m, T& s, T m_other, T s_other) 
     m = m_new;
 }
 
-// y: (rows, Tk) out; lse: (rows) out; x: (rows, Tk). cap: 0 = none. Row r is query r mod Tq.
+// The optional rounded copy of an output element (bf16 or fp16 bits), as the copy kernels round.
+template <class T>
+__device__ __forceinline__ void store_half(uint16_t* half_out, int64_t i, T value, bool is_bf16) {
+    if (!half_out) return;
+    const float f = static_cast<float>(value);
+    half_out[i] = is_bf16 ? float_to_bf16(f).bits : convert_element<f16>(f).bits;
+}
+
+// y: (rows, Tk) out; lse: (rows) out; x: (rows, Tk); half_out: null or (rows, Tk) out, y rounded.
+// cap: 0 = none. Row r is query r mod Tq.
 template <class T, bool kLog>
 __global__ void softmax_forward_kernel(T* y, T* lse, const T* x, int64_t rows, int64_t Tq,
-                                       int64_t Tk, bool causal, T cap) {
+                                       int64_t Tk, bool causal, T cap, uint16_t* half_out,
+                                       bool half_is_bf16) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
     if (r >= rows) return;  // the whole warp leaves together: no shuffle is left waiting
@@ -81,45 +93,43 @@ __global__ void softmax_forward_kernel(T* y, T* lse, const T* x, int64_t rows, i
         const T bad_other = __shfl_xor_sync(kFullMask, bad, offset);
         bad = bad_other > bad ? bad_other : bad;
     }
-    if (bad != T(0)) {  // NaN where visible, masked entries 0 or −inf, lse NaN
-        for (int64_t j = lane; j < Tk; j += kWarp)
-            yr[j] = j < n ? T(NAN) : (kLog ? T(-INFINITY) : T(0));
-        if (lane == 0) lse[r] = T(NAN);
-        return;
-    }
-    if (m == -INFINITY) {  // nothing finite visible: softmax 0, log_softmax −inf, lse −inf
-        for (int64_t j = lane; j < Tk; j += kWarp) yr[j] = kLog ? T(-INFINITY) : T(0);
-        if (lane == 0) lse[r] = -INFINITY;
-        return;
-    }
-    const T row_lse = m + dev_log(s);
+    const T row_lse = bad != T(0) ? T(NAN) : m + dev_log(s);
     const T inv_s = T(1) / s;
     const T* zr = cap > 0 ? yr : xr;
-    // Pass 2: write the row. Masked entries (j >= n) come out as 0 or −inf.
+    // Pass 2: write the row. Masked entries (j >= n) come out as 0 or −inf; a row with a NaN or
+    // +inf visible is NaN where visible; one with nothing finite visible is all 0 or −inf.
     for (int64_t j = lane; j < Tk; j += kWarp) {
-        if (j >= n)
-            yr[j] = kLog ? T(-INFINITY) : T(0);
+        T value;
+        if (j >= n || (m == -INFINITY && bad == T(0)))
+            value = kLog ? T(-INFINITY) : T(0);
+        else if (bad != T(0))
+            value = T(NAN);
         else
-            yr[j] = kLog ? zr[j] - row_lse : dev_exp(zr[j] - m) * inv_s;
+            value = kLog ? zr[j] - row_lse : dev_exp(zr[j] - m) * inv_s;
+        yr[j] = value;
+        store_half(half_out, r * Tk + j, value, half_is_bf16);
     }
-    if (lane == 0) lse[r] = row_lse;
+    if (lane == 0) lse[r] = m == -INFINITY && bad == T(0) ? T(-INFINITY) : row_lse;
 }
 
-// dx: (rows, Tk) out; dy, y: (rows, Tk); lse: (rows). Same row/mask layout as the forward.
+// dx: (rows, Tk) out; dy, y: (rows, Tk); lse: (rows); half_out: null or (rows, Tk) out, dx
+// rounded. Same row/mask layout as the forward.
 template <class T, bool kLog>
 __global__ void softmax_backward_kernel(T* dx, const T* dy, const T* y, const T* lse, int64_t rows,
-                                        int64_t Tq, int64_t Tk, bool causal, T cap) {
+                                        int64_t Tq, int64_t Tk, bool causal, T cap,
+                                        uint16_t* half_out, bool half_is_bf16) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
     if (r >= rows) return;
     const int64_t n = visible_keys(r, Tq, Tk, causal), o = r * Tk;
     const T row_lse = lse[r];
-    if (row_lse == -INFINITY) {  // nothing finite visible: gradient 0
-        for (int64_t j = lane; j < Tk; j += kWarp) dx[o + j] = 0;
-        return;
-    }
-    if (row_lse != row_lse) {  // a NaN row: NaN gradient where visible, masked entries 0
-        for (int64_t j = lane; j < Tk; j += kWarp) dx[o + j] = j < n ? T(NAN) : T(0);
+    // Nothing finite visible: gradient 0. A NaN row: NaN where visible, masked entries 0.
+    if (row_lse == -INFINITY || row_lse != row_lse) {
+        for (int64_t j = lane; j < Tk; j += kWarp) {
+            const T value = row_lse != row_lse && j < n ? T(NAN) : T(0);
+            dx[o + j] = value;
+            store_half(half_out, o + j, value, half_is_bf16);
+        }
         return;
     }
     // softmax: dot = Σ_vis g·y;  log_softmax: sum_dy = Σ_vis g. Masked g are 0.
@@ -130,6 +140,7 @@ __global__ void softmax_backward_kernel(T* dx, const T* dy, const T* y, const T*
     for (int64_t j = lane; j < Tk; j += kWarp) {
         if (j >= n) {  // masked: the output is a constant
             dx[o + j] = 0;
+            store_half(half_out, o + j, T(0), half_is_bf16);
             continue;
         }
         const T yj = y[o + j];
@@ -139,50 +150,71 @@ __global__ void softmax_backward_kernel(T* dx, const T* dy, const T* y, const T*
             dz *= T(1) - t * t;
         }
         dx[o + j] = dz;
+        store_half(half_out, o + j, dz, half_is_bf16);
     }
+}
+
+// Elements a launch reads per (rows, Tk) matrix: a causal row r reads its visible_keys only (it
+// writes every key, the masked ones 0). Row r is query r mod Tq.
+int64_t visible_elements(int64_t rows, int64_t Tq, int64_t Tk, bool causal) {
+    if (!causal || Tq == 0) return rows * Tk;
+    int64_t per_query_block = 0;  // the Tq rows of one (batch, head)
+    for (int64_t i = 0; i < Tq; ++i)
+        per_query_block += std::clamp<int64_t>(i + (Tk - Tq) + 1, 0, Tk);
+    return per_query_block * (rows / Tq);
 }
 
 }  // namespace
 
 template <class T>
 void softmax_forward(T* y, T* lse, const T* x, int64_t rows, int64_t Tq, int64_t Tk, bool causal,
-                     T cap, bool is_log) {
+                     T cap, bool is_log, uint16_t* half_out, bool half_is_bf16) {
     if (rows == 0) return;
     const unsigned blocks = blocks_for(rows, kWarpsPerBlock);
-    ledger::declare_elements<T>(rows * Tk, rows * Tk + rows, 6 * rows * Tk);
+    const int64_t visible = visible_elements(rows, Tq, Tk, causal);
+    // Bytes: the visible x read, y and lse written (and the rounded copy).
+    ledger::declare(double(sizeof(T)) * double(visible + rows * Tk + rows) +
+                        (half_out ? 2.0 * double(rows * Tk) : 0.0),
+                    6.0 * double(visible), 0, sizeof(T) == 8);
     if (is_log) {
         QK_LAUNCH((softmax_forward_kernel<T, true>), blocks, kThreads, 0, stream(), y, lse, x, rows,
-                  Tq, Tk, causal, cap);
+                  Tq, Tk, causal, cap, half_out, half_is_bf16);
     } else {
         QK_LAUNCH((softmax_forward_kernel<T, false>), blocks, kThreads, 0, stream(), y, lse, x,
-                  rows, Tq, Tk, causal, cap);
+                  rows, Tq, Tk, causal, cap, half_out, half_is_bf16);
     }
     QK_CUDA_CHECK_LAUNCH("softmax_forward_kernel");
 }
 
 template <class T>
 void softmax_backward(T* dx, const T* dy, const T* y, const T* lse, int64_t rows, int64_t Tq,
-                      int64_t Tk, bool causal, T cap, bool is_log) {
+                      int64_t Tk, bool causal, T cap, bool is_log, uint16_t* half_out,
+                      bool half_is_bf16) {
     if (rows == 0) return;
     const unsigned blocks = blocks_for(rows, kWarpsPerBlock);
-    ledger::declare_elements<T>(2 * rows * Tk + rows, rows * Tk, 6 * rows * Tk);
+    const int64_t visible = visible_elements(rows, Tq, Tk, causal);
+    // Bytes: the visible dy and y and lse read, dx written (and the rounded copy).
+    ledger::declare(double(sizeof(T)) * double(2 * visible + rows + rows * Tk) +
+                        (half_out ? 2.0 * double(rows * Tk) : 0.0),
+                    6.0 * double(visible), 0, sizeof(T) == 8);
     if (is_log) {
         QK_LAUNCH((softmax_backward_kernel<T, true>), blocks, kThreads, 0, stream(), dx, dy, y, lse,
-                  rows, Tq, Tk, causal, cap);
+                  rows, Tq, Tk, causal, cap, half_out, half_is_bf16);
     } else {
         QK_LAUNCH((softmax_backward_kernel<T, false>), blocks, kThreads, 0, stream(), dx, dy, y,
-                  lse, rows, Tq, Tk, causal, cap);
+                  lse, rows, Tq, Tk, causal, cap, half_out, half_is_bf16);
     }
     QK_CUDA_CHECK_LAUNCH("softmax_backward_kernel");
 }
 
 template void softmax_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, bool,
-                                     float, bool);
+                                     float, bool, uint16_t*, bool);
 template void softmax_forward<double>(double*, double*, const double*, int64_t, int64_t, int64_t,
-                                      bool, double, bool);
+                                      bool, double, bool, uint16_t*, bool);
 template void softmax_backward<float>(float*, const float*, const float*, const float*, int64_t,
-                                      int64_t, int64_t, bool, float, bool);
+                                      int64_t, int64_t, bool, float, bool, uint16_t*, bool);
 template void softmax_backward<double>(double*, const double*, const double*, const double*,
-                                       int64_t, int64_t, int64_t, bool, double, bool);
+                                       int64_t, int64_t, int64_t, bool, double, bool, uint16_t*,
+                                       bool);
 
 }  // namespace qk::cuda

@@ -458,23 +458,28 @@ Tensor window_mask(const AttentionShape& sh, DType dtype, Device device) {
     return from_vector(mask, {sh.Tq, sh.Tk}, dtype).to(device);
 }
 
+// s = g · q · kᵀ, (B, H, Tq, Tk), k with H heads. At full precision g goes on q (B·H·Tq·D
+// multiplies rather than B·H·Tq·Tk: the same math). At bf16 or fp16 both GEMM operands are the
+// rounded q and k (q·g would not be a bf16 number), and a scale number rides on the GEMM's
+// alpha; a learned g multiplies s.
+Tensor scores(const Tensor& q, const Tensor& k, const AttentionOptions& o) {
+    const Tensor k_t = k.transpose(-2, -1);
+    const Tensor g = !o.scale_tensor.defined()     ? Tensor()
+                     : o.scale_tensor.numel() == 1 ? o.scale_tensor
+                                                   : o.scale_tensor.view({q.size(1), 1, 1});
+    const double scale = o.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+    if (o.precision == Precision::full) return matmul(g.defined() ? q * g : q * scale, k_t);
+    if (g.defined()) return matmul(q, k_t, o.precision) * g;
+    return matmul(q, k_t, o.precision, scale);
+}
+
 }  // namespace
 
 Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionOptions& o, AttentionSignals* signals) {
     check_args("attention_unfused", q, k, v, o);
-    if (o.precision != Precision::full)
-        return attention_unfused(round_to_half(q, o.precision), round_to_half(k, o.precision),
-                                 round_to_half(v, o.precision), full_precision(o), signals);
-    // The scale goes on q (B·H·Tq·D multiplies) rather than on s (B·H·Tq·Tk): same math.
-    Tensor q_scaled;
-    if (o.scale_tensor.defined())
-        q_scaled = q * (o.scale_tensor.numel() == 1 ? o.scale_tensor
-                                                    : o.scale_tensor.view({q.size(1), 1, 1}));
-    else
-        q_scaled = q * o.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
     const int64_t H = q.size(1);
-    Tensor s = matmul(q_scaled, repeat_kv(k, H).transpose(-2, -1));  // (B, H, Tq, Tk)
+    Tensor s = scores(q, repeat_kv(k, H), o);  // (B, H, Tq, Tk)
     const AttentionShape sh = shape_of(q, k, o);
     Tensor p, z_rounded;
     if (o.fp8_logits) {  // z̃ = e4m3(cap(s)), then masked (−inf is kept out of the rounding)
@@ -485,8 +490,8 @@ Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
         p = softmax(
             (o.softcap > 0 ? softcap(s, o.softcap) : s) + window_mask(sh, s.dtype(), s.device()),
             {.causal = o.causal});
-    } else {
-        p = softmax(s, {.causal = o.causal, .softcap = o.softcap});
+    } else {  // p (and in the backward dS) rounded in the same pass for the GEMMs that read them
+        p = softmax(s, {.causal = o.causal, .softcap = o.softcap, .rounded_copy = o.precision});
     }
     if (signals) {
         NoGradGuard no_grad;
@@ -495,7 +500,7 @@ Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
     if (o.dropout > 0)
         p = dropout(p, o.dropout, true,
                     o.dropout_generator ? *o.dropout_generator : default_generator());
-    return matmul(p, repeat_kv(v, H));
+    return matmul(p, repeat_kv(v, H), o.precision);  // p rounded too at bf16, as autocast's
 }
 
 }  // namespace qk

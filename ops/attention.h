@@ -30,7 +30,10 @@ struct AttentionOptions {
     // GEMMs are, and the logits and the output are their float32 sums (as a fused kernel keeps
     // them, in registers); the signals measure those logits. The fused path on cuda with head dims
     // 64, 128 and 256 runs on tensor cores, which also round P (and in the backward dO and dS) to
-    // the half type before their products (docs/fused-attention.md derives the bound).
+    // the half type before their products (docs/fused-attention.md derives the bound). The
+    // unfused composition rounds the same operands as the tensor cores do, on both devices: every
+    // one of its GEMMs is matmul at this precision (ops/matmul.h), with q, k, v, p, and in the
+    // backward dO and dS rounded, as PyTorch's autocast does.
     Precision precision = Precision::full;
     // Simulated FP8 logits (--fp8-attention): z = cap(s) rounded to E4M3 at scale 1 before the
     // mask and the softmax, saturating at ±448 (E4M3 has no Inf); straight-through in the

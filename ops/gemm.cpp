@@ -39,39 +39,48 @@ namespace {
 // stored transposed ((K, 1)), adjacent otherwise.
 template <class T, class Gemv>
 bool gemv_row(Gemv gemv, T* y, const T* a, GemmLayout la, const T* b, GemmLayout lb, int64_t M,
-              int64_t N, int64_t K, T beta) {
+              int64_t N, int64_t K, T alpha, T beta) {
     if (M != 1) return false;
     const int64_t inc_a = la.trans ? la.ld : 1;
     if (lb.trans)
-        gemv(CblasRowMajor, CblasNoTrans, N, K, T(1), b, lb.ld, a, inc_a, beta, y, 1);
+        gemv(CblasRowMajor, CblasNoTrans, N, K, alpha, b, lb.ld, a, inc_a, beta, y, 1);
     else
-        gemv(CblasRowMajor, CblasTrans, K, N, T(1), b, lb.ld, a, inc_a, beta, y, 1);
+        gemv(CblasRowMajor, CblasTrans, K, N, alpha, b, lb.ld, a, inc_a, beta, y, 1);
     return true;
 }
 
 // y: (M, N) row-major with leading dim ldy; op(a): (M, K); op(b): (K, N).
 //     y = op(a) · op(b) + beta · y          (beta 0: y's old contents are ignored)
 void gemm_one_thread(float* y, int64_t ldy, const float* a, GemmLayout la, const float* b,
-                     GemmLayout lb, int64_t M, int64_t N, int64_t K, float beta) {
-    if (gemv_row(cblas_sgemv, y, a, la, b, lb, M, N, K, beta)) return;
+                     GemmLayout lb, int64_t M, int64_t N, int64_t K, float alpha, float beta) {
+    if (gemv_row(cblas_sgemv, y, a, la, b, lb, M, N, K, alpha, beta)) return;
     cblas_sgemm(CblasRowMajor, la.trans ? CblasTrans : CblasNoTrans,
-                lb.trans ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, a, la.ld, b, lb.ld, beta, y,
+                lb.trans ? CblasTrans : CblasNoTrans, M, N, K, alpha, a, la.ld, b, lb.ld, beta, y,
                 ldy);
 }
 void gemm_one_thread(double* y, int64_t ldy, const double* a, GemmLayout la, const double* b,
-                     GemmLayout lb, int64_t M, int64_t N, int64_t K, double beta) {
-    if (gemv_row(cblas_dgemv, y, a, la, b, lb, M, N, K, beta)) return;
+                     GemmLayout lb, int64_t M, int64_t N, int64_t K, double alpha, double beta) {
+    if (gemv_row(cblas_dgemv, y, a, la, b, lb, M, N, K, alpha, beta)) return;
     cblas_dgemm(CblasRowMajor, la.trans ? CblasTrans : CblasNoTrans,
-                lb.trans ? CblasTrans : CblasNoTrans, M, N, K, 1.0, a, la.ld, b, lb.ld, beta, y,
+                lb.trans ? CblasTrans : CblasNoTrans, M, N, K, alpha, a, la.ld, b, lb.ld, beta, y,
                 ldy);
 }
+// y: (M, N) with leading dim ldy.    y *= alpha, the one rounding cuBLAS's alpha makes of a sum
+// (called on a slab just written, still in cache).
+void scale_block(float* y, int64_t ldy, int64_t M, int64_t N, float alpha) {
+    if (alpha == 1.0f) return;
+    for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = 0; c < N; ++c) y[r * ldy + c] *= alpha;
+}
 void gemm_one_thread(float* y, int64_t ldy, const bf16* a, GemmLayout la, const bf16* b,
-                     GemmLayout lb, int64_t M, int64_t N, int64_t K, float beta) {
+                     GemmLayout lb, int64_t M, int64_t N, int64_t K, float alpha, float beta) {
     gemm_bf16_one_thread(y, ldy, a, la, b, lb, M, N, K, beta);
+    scale_block(y, ldy, M, N, alpha);
 }
 void gemm_one_thread(float* y, int64_t ldy, const f16* a, GemmLayout la, const f16* b,
-                     GemmLayout lb, int64_t M, int64_t N, int64_t K, float beta) {
+                     GemmLayout lb, int64_t M, int64_t N, int64_t K, float alpha, float beta) {
     gemm_f16_one_thread(y, ldy, a, la, b, lb, M, N, K, beta);
+    scale_block(y, ldy, M, N, alpha);
 }
 
 // Below this many multiply-adds (~40 µs) a GEMM stays on one thread: split in slabs, each
@@ -87,12 +96,12 @@ void fill_rows(T* y, int64_t ldy, const T* bias, int64_t M, int64_t N) {
 // gemm_one_thread, and with a bias (N) first y = bias in every row, then y += op(a) · op(b).
 template <class In, class Out>
 void gemm_block(Out* y, int64_t ldy, const In* a, GemmLayout la, const In* b, GemmLayout lb,
-                const Out* bias, int64_t M, int64_t N, int64_t K, Out beta) {
+                const Out* bias, int64_t M, int64_t N, int64_t K, Out alpha, Out beta) {
     if (bias) {
         fill_rows(y, ldy, bias, M, N);
         beta = Out(1);
     }
-    if (K > 0) gemm_one_thread(y, ldy, a, la, b, lb, M, N, K, beta);
+    if (K > 0) gemm_one_thread(y, ldy, a, la, b, lb, M, N, K, alpha, beta);
 }
 
 // Slab s of `slabs` of a job: whole rows of y (or whole columns when N > M). Row i of op(a) starts
@@ -101,7 +110,7 @@ void gemm_block(Out* y, int64_t ldy, const In* a, GemmLayout la, const In* b, Ge
 // cache; a separate fill of linear's output was ~1 ms of one thread per MLP layer at config B).
 template <class In, class Out>
 void gemm_slab(const GemmJob<In, Out>& job, int s, int slabs) {
-    const auto& [y, ldy, a, la, b, lb, M, N, K, beta, bias] = job;
+    const auto& [y, ldy, a, la, b, lb, M, N, K, beta, bias, alpha] = job;
     const bool by_rows = M >= N;
     const int64_t extent = by_rows ? M : N;
     const int64_t slab = (extent + slabs - 1) / slabs;
@@ -109,10 +118,10 @@ void gemm_slab(const GemmJob<In, Out>& job, int s, int slabs) {
     if (count <= 0) return;
     if (by_rows)
         gemm_block(y + first * ldy, ldy, a + first * (la.trans ? 1 : la.ld), la, b, lb, bias, count,
-                   N, K, beta);
+                   N, K, alpha, beta);
     else
         gemm_block(y + first, ldy, a, la, b + first * (lb.trans ? lb.ld : 1), lb,
-                   bias ? bias + first : nullptr, M, count, K, beta);
+                   bias ? bias + first : nullptr, M, count, K, alpha, beta);
 }
 
 // (With K = 0 there is only the bias to write: M·N elements, counted as K = 1.)
@@ -156,7 +165,7 @@ void gemm_pair(const GemmJob<In, Out>& first, const GemmJob<In, Out>& second) {
 template <class In, class Out>
 void batched_gemm(Out* y, const In* a, const Shape& a_batch_strides, GemmLayout la, const In* b,
                   const Shape& b_batch_strides, GemmLayout lb, const Shape& batch, int64_t M,
-                  int64_t N, int64_t K) {
+                  int64_t N, int64_t K, Out alpha) {
     Shape y_batch_strides = contiguous_strides(batch);
     for (int64_t& s : y_batch_strides) s *= M * N;
     const int64_t count = numel_of(batch);  // 1 for an empty batch
@@ -177,7 +186,8 @@ void batched_gemm(Out* y, const In* a, const Shape& a_batch_strides, GemmLayout 
                 oy += index * y_batch_strides[d], oa += index * a_batch_strides[d],
                     ob += index * b_batch_strides[d];
             }
-            gemm(GemmJob<In, Out>{y + oy, N, a + oa, la, b + ob, lb, M, N, K});
+            gemm(GemmJob<In, Out>{y + oy, N, a + oa, la, b + ob, lb, M, N, K, Out(0), nullptr,
+                                  alpha});
         }
     };
     parallel_for(count, products, whole && count * M * N * K >= kParallelGemmWork);
@@ -187,7 +197,7 @@ void batched_gemm(Out* y, const In* a, const Shape& a_batch_strides, GemmLayout 
     template void gemm(const GemmJob<In, Out>&);                                                   \
     template void gemm_pair(const GemmJob<In, Out>&, const GemmJob<In, Out>&);                     \
     template void batched_gemm(Out*, const In*, const Shape&, GemmLayout, const In*, const Shape&, \
-                               GemmLayout, const Shape&, int64_t, int64_t, int64_t);
+                               GemmLayout, const Shape&, int64_t, int64_t, int64_t, Out);
 QK_GEMM_INSTANTIATE(float, float)
 QK_GEMM_INSTANTIATE(double, double)
 QK_GEMM_INSTANTIATE(bf16, float)

@@ -21,7 +21,7 @@ struct GemmLayout {
 };
 
 // One GEMM's arguments, so that independent GEMMs can share one parallel region:
-//     y = op(a) · op(b) + beta · y,   or  y = bias + op(a) · op(b)  with a bias (N)
+//     y = alpha · op(a) · op(b) + beta · y,   or  y = bias + op(a) · op(b)  with a bias (N)
 // y: (M, N) row-major with leading dim ldy; op(a): (M, K); op(b): (K, N).
 // In is the operands' element type, Out y's: float·float -> float and double·double -> double
 // run on OpenBLAS; bf16·bf16 -> float and f16·f16 -> float are the mixed-precision GEMMs (float32
@@ -37,6 +37,9 @@ struct GemmJob {
     int64_t M, N, K;
     Out beta = Out(0);
     const Out* bias = nullptr;
+    // The mixed-precision GEMMs multiply their float32 sums by alpha afterwards (one rounding,
+    // as cuBLAS's alpha), so there alpha != 1 takes beta = 0 and no bias.
+    Out alpha = Out(1);
 };
 
 // One product, split over the pool's threads in one slab of rows (or columns) per thread.
@@ -52,10 +55,11 @@ void gemm_pair(const GemmJob<In, Out>& first, const GemmJob<In, Out>& second);
 
 // y: (batch..., M, N) contiguous; a, b: one matrix per batch index at the given batch strides
 // (0 where broadcast). One GEMM per batch index, each on pointer offsets: nothing is copied.
+//     y[β] = alpha · op(a[β]) · op(b[β])
 template <class In, class Out>
 void batched_gemm(Out* y, const In* a, const Shape& a_batch_strides, GemmLayout la, const In* b,
                   const Shape& b_batch_strides, GemmLayout lb, const Shape& batch, int64_t M,
-                  int64_t N, int64_t K);
+                  int64_t N, int64_t K, Out alpha = Out(1));
 
 // ---- the mixed-precision GEMM (ops/gemm_bf16.cpp) ------------------------------------------
 

@@ -189,8 +189,6 @@ OneDnnGemm& onednn() {
     return gemm;
 }
 
-#endif  // QK_WITH_ONEDNN
-
 bool cpu_has_avx512_bf16() {
 #if defined(__x86_64__) && defined(__GNUC__)
     return __builtin_cpu_supports("avx512bf16");
@@ -198,6 +196,8 @@ bool cpu_has_avx512_bf16() {
     return false;
 #endif
 }
+
+#endif  // QK_WITH_ONEDNN
 
 Bf16GemmEngine choose_engine() {
     const char* forced = std::getenv("QK_BF16_GEMM");

@@ -57,11 +57,13 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <tuple>
 
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "core/strided.h"
+#include "ops/elementwise.h"
 #include "ops/gemm.h"
 #include "ops/matmul_internal.h"
 #include "ops/on_device.h"
@@ -71,41 +73,17 @@ namespace qk {
 
 #ifdef QK_WITH_CUDA
 namespace {
-// The device twin of cpu::batched_gemm: the batch is walked as runs along its innermost dim (as
-// for_each_run does), and each run is one strided-batched cuBLAS call, with the operands'
-// batch strides along that dim (0 where broadcast); outer batch dims loop here on the host.
-// Batch dims that every operand steps through evenly merge first, so attention's (B, H) is one
-// call of B·H matrices, not B calls of H: cuBLAS fills the GPU only with enough matrices (a
-// 1024 × 1024 × 64 product is 8 tiles; 12 of them left most of an H200's 132 SMs idle).
+// The device twin of cpu::batched_gemm: one strided-batched cuBLAS call per run of the batch
+// (for_each_batch_run, ops/matmul_internal.h).
 template <class T>
 void cuda_batched_gemm(T* y, const T* a, const Shape& a_batch_strides, cpu::GemmLayout la,
                        const T* b, const Shape& b_batch_strides, cpu::GemmLayout lb,
                        const Shape& batch, int64_t M, int64_t N, int64_t K) {
-    Shape y_batch_strides = contiguous_strides(batch);
-    for (int64_t& s : y_batch_strides) s *= M * N;
-    Shape dims, ys, as, bs;  // the batch with mergeable neighbours merged
-    for (size_t d = 0; d < batch.size(); ++d) {
-        const bool merges = !dims.empty() && ys.back() == y_batch_strides[d] * batch[d] &&
-                            as.back() == a_batch_strides[d] * batch[d] &&
-                            bs.back() == b_batch_strides[d] * batch[d] &&
-                            dims.back() * batch[d] <= INT_MAX;
-        if (merges) {
-            dims.back() *= batch[d];
-            ys.back() = y_batch_strides[d], as.back() = a_batch_strides[d],
-            bs.back() = b_batch_strides[d];
-        } else {
-            dims.push_back(batch[d]);
-            ys.push_back(y_batch_strides[d]), as.push_back(a_batch_strides[d]),
-                bs.push_back(b_batch_strides[d]);
-        }
-    }
-    const int64_t sy = dims.empty() ? 0 : ys.back();
-    const int64_t sa = dims.empty() ? 0 : as.back();
-    const int64_t sb = dims.empty() ? 0 : bs.back();
-    for_each_run<3>(dims, {&ys, &as, &bs}, [&](const auto& off, int64_t n) {
-        cuda::gemm(y + off[0], N, sy, a + off[1], la.trans, la.ld, sa, b + off[2], lb.trans, lb.ld,
-                   sb, M, N, K, n, T(0));
-    });
+    matmul_impl::for_each_batch_run(
+        batch, M * N, a_batch_strides, b_batch_strides, [&](const matmul_impl::BatchRun& r) {
+            cuda::gemm(y + r.y, N, r.stride_y, a + r.a, la.trans, la.ld, r.stride_a, b + r.b,
+                       lb.trans, lb.ld, r.stride_b, M, N, K, r.count, T(0));
+        });
 }
 }  // namespace
 #endif
@@ -199,15 +177,6 @@ Tensor matmul_forward(const Tensor& a_in, const Tensor& b_in) {
                                   b.data<T>(), batch_strides(b, batch), lb, batch, M, N, K);
         });
     return y;
-}
-
-// True when GEMM reads t's last two dims as a transposed row-major matrix, strides (1, ld): W.t()
-// in a Linear layer, kᵀ in attention.
-bool stored_transposed(const Tensor& t) {
-    const int64_t r = t.dim() - 2, c = t.dim() - 1;
-    if (t.size(r) == 1 || t.size(c) == 1) return false;
-    auto layout = gemm_layout(t.size(r), t.size(c), t.strides()[r], t.strides()[c]);
-    return layout && layout->trans;
 }
 
 // dB = sum_to(aᵀ · dY, b.shape). When b is one matrix shared by every batch (the Linear case),
@@ -379,6 +348,26 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
         return std::vector<Tensor>{da, db};
     };
     return autograd::record("matmul", y, {a_in, b_in}, std::move(backward));
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, Precision precision, double alpha) {
+    check_args(a, b);
+    QK_CHECK(std::isfinite(alpha), "matmul: alpha must be finite, got {} (a {}, b {})", alpha,
+             a.shape(), b.shape());
+    switch (precision) {
+        case Precision::full:
+            return alpha == 1.0 ? matmul(a, b) : matmul(a, b) * alpha;
+        case Precision::bf16:
+            return matmul_bf16(a, b, static_cast<float>(alpha));
+        case Precision::fp16:
+            return matmul_fp16(a, b, static_cast<float>(alpha));
+        case Precision::fp8:
+            break;
+    }
+    throw Error(
+        fmt::format("matmul: fp8 precision applies to Linear layers (linear_fp8); a {} "
+                    "times b {} takes full, bf16 or fp16",
+                    a.shape(), b.shape()));
 }
 
 namespace detail {

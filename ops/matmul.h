@@ -15,6 +15,15 @@ namespace qk {
 // made contiguous first. Differentiable in both inputs.
 Tensor matmul(const Tensor& a, const Tensor& b);
 
+// alpha · (a · b) at a precision. Precision::full is matmul(a, b), times alpha. With bf16 or fp16
+// (float32 a and b): both operands rounded to the half type, their products summed in float32
+// (tensor cores on cuda) and scaled once, the result float32; the backward's GEMMs take the
+// upstream gradient rounded likewise (straight through the roundings, as linear's):
+//     y = α · ã · b̃        dA = α · dỸ · b̃ᵀ        dB = α · ãᵀ · dỸ
+// It saves ã and b̃ (half the bytes of float32). Batch dims broadcast as matmul's. What attention
+// at bf16 precision multiplies with (ops/attention.cpp), as autocast does.
+Tensor matmul(const Tensor& a, const Tensor& b, Precision precision, double alpha = 1.0);
+
 // A Linear layer as one op: x: (..., in), weight: (out, in), bias: (out) or undefined ->
 // (..., out) = x · weightᵀ + bias. Same result as matmul(x, weight.t()) + bias, with the bias
 // added inside the GEMM (see ops/matmul.cpp). Differentiable in all three.
@@ -51,11 +60,12 @@ void gemm(T* y, int64_t ldy, int64_t stride_y, const T* a, bool a_trans, int64_t
           int64_t N, int64_t K, int64_t batch, T beta);
 // Sets cuBLAS's math mode for float32 GEMMs: TF32 tensor ops or the default.
 void set_tf32_math(bool on);
-// The mixed-precision twin (one matrix): y float32, a and b bfloat16 or float16 (Half), float32
-// accumulation.    y = op(a) · op(b) + beta · y
+// The mixed-precision twin: y float32, a and b bfloat16 or float16 (Half), float32 accumulation,
+// the same layouts and batch strides as gemm.    y = alpha · op(a) · op(b) + beta · y
 template <class Half>
-void gemm_mixed(float* y, int64_t ldy, const Half* a, bool a_trans, int64_t lda, const Half* b,
-                bool b_trans, int64_t ldb, int64_t M, int64_t N, int64_t K, float beta);
+void gemm_mixed(float* y, int64_t ldy, int64_t stride_y, const Half* a, bool a_trans, int64_t lda,
+                int64_t stride_a, const Half* b, bool b_trans, int64_t ldb, int64_t stride_b,
+                int64_t M, int64_t N, int64_t K, int64_t batch, float alpha, float beta);
 // y: (batch, M, N), a: (batch, M, K), b: (batch, K, N), contiguous.    y = a · b  (tiled kernel)
 template <class T>
 void matmul_tiled(T* y, const T* a, const T* b, int64_t batch, int64_t M, int64_t N, int64_t K);

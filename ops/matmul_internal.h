@@ -2,10 +2,12 @@
 // the public headers that qk.h gathers.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <optional>
 #include <utility>
 
+#include "core/strided.h"
 #include "core/tensor.h"
 #include "ops/gemm.h"
 
@@ -39,8 +41,57 @@ Tensor as_rows(const Tensor& t);
 // t: (..., K) as a 2-D (rows, K) matrix; a 1-D t is one row.
 Tensor rows_of(const Tensor& t);
 
+// True when GEMM reads t's last two dims as a transposed row-major matrix, strides (1, ld): W.t()
+// in a Linear layer, kᵀ in attention.
+bool stored_transposed(const Tensor& t);
+
+// One strided-batched device GEMM's share of a batch: `count` matrices, the first at these element
+// offsets into y, a and b, the next ones each stride further on (0 for a broadcast operand).
+struct BatchRun {
+    int64_t y, a, b;
+    int64_t stride_y, stride_a, stride_b;
+    int64_t count;
+};
+
+// A batched product's batch (y contiguous, y_matrix = M·N elements a matrix) walked as runs along
+// its innermost dim, one run(BatchRun) each, outer dims looping on the host. Batch dims that every
+// operand steps through evenly merge first, so attention's (B, H) is one call of B·H matrices, not
+// B calls of H: cuBLAS fills the GPU only with enough matrices (a 1024 × 1024 × 64 product is 8
+// tiles; 12 of them left most of an H200's 132 SMs idle).
+template <class Run>
+void for_each_batch_run(const Shape& batch, int64_t y_matrix, const Shape& a_batch_strides,
+                        const Shape& b_batch_strides, Run run) {
+    Shape y_batch_strides = contiguous_strides(batch);
+    for (int64_t& s : y_batch_strides) s *= y_matrix;
+    Shape dims, ys, as, bs;  // the batch with mergeable neighbours merged
+    for (size_t d = 0; d < batch.size(); ++d) {
+        const bool merges = !dims.empty() && ys.back() == y_batch_strides[d] * batch[d] &&
+                            as.back() == a_batch_strides[d] * batch[d] &&
+                            bs.back() == b_batch_strides[d] * batch[d] &&
+                            dims.back() * batch[d] <= INT_MAX;
+        if (merges) {
+            dims.back() *= batch[d];
+            ys.back() = y_batch_strides[d], as.back() = a_batch_strides[d],
+            bs.back() = b_batch_strides[d];
+        } else {
+            dims.push_back(batch[d]);
+            ys.push_back(y_batch_strides[d]), as.push_back(a_batch_strides[d]),
+                bs.push_back(b_batch_strides[d]);
+        }
+    }
+    const int64_t sy = dims.empty() ? 0 : ys.back();
+    const int64_t sa = dims.empty() ? 0 : as.back();
+    const int64_t sb = dims.empty() ? 0 : bs.back();
+    for_each_run<3>(dims, {&ys, &as, &bs}, [&](const auto& off, int64_t n) {
+        run(BatchRun{off[0], off[1], off[2], sy, sa, sb, n});
+    });
+}
+
 // ---- ops/matmul_bf16.cpp ----------------------------------------------------------------------
 
+// matmul(a, b, Precision::bf16, alpha) and the fp16 twin, their arguments checked by matmul.
+Tensor matmul_bf16(const Tensor& a, const Tensor& b, float alpha);
+Tensor matmul_fp16(const Tensor& a, const Tensor& b, float alpha);
 // linear(x, weight, bias, Precision::bf16), its arguments already checked by linear.
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // linear(x, weight, bias, Precision::fp16): the same on float16 operands.

@@ -74,6 +74,13 @@ Tensor rows_of(const Tensor& t) {
     return t.reshape({numel_of(Shape(t.shape().begin(), t.shape().end() - 1)), K});
 }
 
+bool stored_transposed(const Tensor& t) {
+    const int64_t r = t.dim() - 2, c = t.dim() - 1;
+    if (t.size(r) == 1 || t.size(c) == 1) return false;
+    auto layout = gemm_layout(t.size(r), t.size(c), t.strides()[r], t.strides()[c]);
+    return layout && layout->trans;
+}
+
 }  // namespace matmul_impl
 
 }  // namespace qk

@@ -11,6 +11,12 @@ struct SoftmaxOptions {
     bool causal = false;
     // When > 0, logits are soft-capped first: s <- cap * tanh(s / cap) (Gemma 2 uses 50).
     double softcap = 0;
+    // bf16 / fp16, for a float32 softmax on cuda whose output a mixed GEMM reads next (attention's
+    // p · v, and in the backward dS · k): the kernels also write y, and in the backward dx,
+    // rounded to the half type, and keep it as that tensor's cast copy (cast_once, core/tensor.h),
+    // so the GEMM finds its operand rounded without a pass of its own. The values are unchanged;
+    // elsewhere the GEMM rounds them itself.
+    Precision rounded_copy = Precision::full;
 };
 
 Tensor softmax(const Tensor& x, const SoftmaxOptions& options = {});
@@ -30,13 +36,16 @@ void softmax_backward(T* dx, const T* dy, const T* y, const T* lse, int64_t rows
 }  // namespace cpu
 
 // The CUDA twins (cuda/softmax.cu): device pointers, the same layout; is_log selects log_softmax.
+// half_out, when not null: (rows, Tk) out, the same values rounded to bf16 (half_is_bf16) or fp16
+// bits (the softmax's rounded_copy).
 namespace cuda {
 template <class T>
 void softmax_forward(T* y, T* lse, const T* x, int64_t rows, int64_t Tq, int64_t Tk, bool causal,
-                     T cap, bool is_log);
+                     T cap, bool is_log, uint16_t* half_out = nullptr, bool half_is_bf16 = true);
 template <class T>
 void softmax_backward(T* dx, const T* dy, const T* y, const T* lse, int64_t rows, int64_t Tq,
-                      int64_t Tk, bool causal, T cap, bool is_log);
+                      int64_t Tk, bool causal, T cap, bool is_log, uint16_t* half_out = nullptr,
+                      bool half_is_bf16 = true);
 }  // namespace cuda
 
 }  // namespace qk

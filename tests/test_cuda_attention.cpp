@@ -232,6 +232,35 @@ TEST_CASE("the attention op on cuda matches the cpu, forward and every gradient"
     }
 }
 
+TEST_CASE("naive attention at bf16 on cuda (tensor-core batched GEMMs) matches the cpu's") {
+    // Both round q, k, v, p, dO and dS to bf16 before each GEMM. Their float32 sums differ in
+    // order (~1e-7 relative), and where a value straddles a bf16 rounding midpoint the two round
+    // it one bf16 step (2^-8 relative) apart: one p or dS element moves an output or gradient by
+    // at most 2^-8 · |p or dS| · |v, k or q| ≲ 1e-2 here (|values| ≲ 3).
+    qk::test::ParityOptions options;
+    options.atol_f32 = 1e-2, options.rtol_f32 = 1e-2;
+    const Inputs inputs{randn_seeded({2, 3, 37, 16}, 1), randn_seeded({2, 3, 37, 16}, 2),
+                        randn_seeded({2, 3, 37, 16}, 3), randn_seeded({3}, 4, qk::kF32, 0.1) + 1.0};
+    check_cuda_parity(
+        "naive attention at bf16, causal, capped, per-head scale",
+        [](const Inputs& in) {
+            return qk::attention_unfused(in[0], in[1], in[2],
+                                         {.causal = true,
+                                          .scale_tensor = in[3],
+                                          .softcap = 4.0,
+                                          .precision = qk::Precision::bf16});
+        },
+        inputs, options);
+    check_cuda_parity(
+        "naive attention at bf16, grouped-query heads, a window of 9",
+        [](const Inputs& in) {
+            return qk::attention_unfused(
+                in[0], in[1], in[2],
+                {.causal = true, .window = 9, .precision = qk::Precision::bf16});
+        },
+        {inputs[0], randn_seeded({2, 1, 37, 16}, 5), randn_seeded({2, 1, 37, 16}, 6)}, options);
+}
+
 TEST_CASE("the attention op refuses head dims the cuda kernel cannot hold") {
     if (!cuda_runnable()) return;
     qk::Tensor q = randn_seeded({1, 1, 4, 130}, 1).to(qk::Device::cuda);

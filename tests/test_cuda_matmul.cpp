@@ -163,6 +163,27 @@ TEST_CASE("linear in fp16 on cuda (cublasGemmStridedBatchedEx, CUDA_R_16F) match
     CHECK(same);  // the device's cast rounds like the cpu's, bit for bit
 }
 
+TEST_CASE("matmul at bf16 and fp16 on cuda (strided-batched tensor-core GEMMs) matches the cpu's") {
+    // The same rounded operands and exact products, summed in other orders: float32 tolerance.
+    qk::test::ParityOptions options;
+    options.atol_f32 = 2e-5, options.rtol_f32 = 2e-4;
+    for (Precision p : {Precision::bf16, Precision::fp16}) {
+        INFO(precision_name(p));
+        check_cuda_parity(  // attention's q · kᵀ: B·H matrices in one call, k read transposed
+            "scores",
+            [p](const Inputs& in) { return matmul(in[0], in[1].transpose(-2, -1), p, 0.35); },
+            {randn_seeded({2, 3, 13, 8}, 60, kF32), randn_seeded({2, 3, 11, 8}, 61, kF32)},
+            options);
+        check_cuda_parity(  // a size-1 batch dim broadcast: one call per run of the batch
+            "broadcast batch", [p](const Inputs& in) { return matmul(in[0], in[1], p); },
+            {randn_seeded({4, 1, 6, 5}, 62, kF32), randn_seeded({3, 5, 7}, 63, kF32)}, options);
+        check_cuda_parity(  // a transposed a times one b shared by the batch
+            "transposed a, 2-D b",
+            [p](const Inputs& in) { return matmul(in[0].transpose(-2, -1), in[1], p, -2.0); },
+            {randn_seeded({2, 9, 5}, 64, kF32), randn_seeded({9, 7}, 65, kF32)}, options);
+    }
+}
+
 TEST_CASE("TF32 on cuda: float32 GEMMs read 10-bit inputs; switched off, float32 parity again") {
     if (!cuda_runnable()) return;
     struct Off {

@@ -3,6 +3,7 @@
 // float64, under every run order of the emulator (the outputs must also be bit-identical across
 // orders: the kernels' sums are fixed trees). Sizes are ragged (Tk = 37, 100, 259: not multiples
 // of 32) and always span at least two blocks (4 rows per block).
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -50,6 +51,41 @@ void cpu_backward(bool is_log, T* dx, const T* dy, const T* y, const T* lse, int
         cpu::softmax_backward<T, false>(dx, dy, y, lse, rows, Tq, Tk, causal, cap);
 }
 
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The rounded copies the float32 kernels write on request (SoftmaxOptions::rounded_copy): bf16
+// and fp16 bits equal to rounding y and dx on the host, NaN and masked entries included, and y, lse
+// and dx unchanged by writing them.
+void check_rounded_copies(const DeviceBuffer<float>& d_x, const DeviceBuffer<float>& d_dy,
+                          const DeviceBuffer<float>& d_y_ref, const DeviceBuffer<float>& d_lse_ref,
+                          const Geometry& g, const Variant& v, bool is_log,
+                          const std::vector<float>& y_want, const std::vector<float>& dx_want) {
+    const int64_t rows = g.outer * g.Tq, n = rows * g.Tk;
+    for (bool bf16 : {true, false}) {
+        CAPTURE(bf16);
+        DeviceBuffer<float> d_y(static_cast<size_t>(n)), d_lse(static_cast<size_t>(rows)),
+            d_dx(static_cast<size_t>(n));
+        const std::vector<uint16_t> garbage(static_cast<size_t>(n), 0x7FC1);  // every entry written
+        DeviceBuffer<uint16_t> d_y_half(garbage), d_dx_half(garbage);
+        cuda::softmax_forward<float>(d_y.ptr, d_lse.ptr, d_x.ptr, rows, g.Tq, g.Tk, v.causal,
+                                     float(v.cap), is_log, d_y_half.ptr, bf16);
+        cuda::softmax_backward<float>(d_dx.ptr, d_dy.ptr, d_y_ref.ptr, d_lse_ref.ptr, rows, g.Tq,
+                                      g.Tk, v.causal, float(v.cap), is_log, d_dx_half.ptr, bf16);
+        const auto y = d_y.download(), dx = d_dx.download();
+        CHECK(same_bits(y, y_want));
+        CHECK(same_bits(dx, dx_want));
+        auto rounded = [bf16](const std::vector<float>& values) {
+            std::vector<uint16_t> bits;
+            for (float f : values) bits.push_back(bf16 ? qk::bf16(f).bits : qk::f16(f).bits);
+            return bits;
+        };
+        CHECK(d_y_half.download() == rounded(y));
+        CHECK(d_dx_half.download() == rounded(dx));
+    }
+}
+
 // Runs forward and backward of one configuration on both backends under every run order and
 // checks parity and run-order independence. x: (rows, Tk) logits.
 template <class T>
@@ -87,6 +123,8 @@ void check_softmax(const std::vector<T>& x, const Geometry& g, const Variant& v,
             CHECK(dx == dx_first);
         }
     }
+    if constexpr (std::is_same_v<T, float>)
+        check_rounded_copies(d_x, d_dy, d_y_ref, d_lse_ref, g, v, is_log, y_first, dx_first);
 }
 
 }  // namespace
@@ -217,4 +255,24 @@ TEST_CASE_TEMPLATE("cuda softmax of a row with a NaN or +inf is NaN where visibl
                 CHECK(same(dx, dx_ref));
             }
         }
+}
+
+TEST_CASE("cuda softmax keeps its rounded copy beside p for the mixed GEMM that reads it next") {
+    if (!cuda_device_or_skip()) return;
+    const qk::Tensor x = randn_seeded({2, 7, 37}, 23, qk::kF32, 4.0).to(qk::Device::cuda);
+    const qk::Tensor p = qk::softmax(x, {.causal = true, .rounded_copy = qk::Precision::bf16});
+    const auto& kept = p.storage()->cast_copy();
+    REQUIRE(kept.storage != nullptr);
+    CHECK(kept.dtype == qk::kBF16);
+    const auto kept_storage = kept.storage;
+    const qk::Tensor copy = qk::cast_once(p, qk::kBF16);
+    CHECK(copy.storage() == kept_storage);  // returned as kept: no rounding pass of its own
+    CHECK(max_abs_diff(copy.to(qk::kF32), p.to(qk::kBF16).to(qk::kF32)) == 0);
+    // Written in place, p's values change and the copy no longer serves.
+    qk::mark_written(p);
+    CHECK(qk::cast_once(p, qk::kBF16).storage() != kept_storage);
+    // Elsewhere nothing is written beside p: the GEMM rounds it when it reads it.
+    const qk::Tensor p_cpu =
+        qk::softmax(x.to(qk::Device::cpu), {.rounded_copy = qk::Precision::bf16});
+    CHECK(p_cpu.storage()->cast_copy().storage == nullptr);
 }

@@ -1,7 +1,9 @@
 // Mixed-precision GEMMs: the bf16 engines (oneDNN and the float32 fallback) against the naive loop
 // in every transpose layout and on the threads; linear with Precision::bf16 forward and backward
 // against a float64 reference on the rounded operands, and against float32 within bf16's error.
+#include <functional>
 #include "helpers.h"
+
 #include "ops/gemm.h"
 
 using namespace qk;
@@ -153,4 +155,86 @@ TEST_CASE("linear in bf16: no bias, an input without grad, empty sizes, bad dtyp
     CHECK(test::throws_with(
         [&] { (void)linear(x.to(kF64), w.detach().to(kF64), {}, Precision::bf16); },
         {"linear", "bf16", "float32", "float64"}));
+}
+
+namespace {
+
+Tensor rounded_f64(const Tensor& t, DType half) { return t.detach().to(half).to(kF64); }
+
+// The op matmul(a, b, precision, alpha) against float64 products of the rounded values, forward
+// and both gradients: y = α·ã·b̃, dA = α·dỸ·b̃ᵀ, dB = α·ãᵀ·dỸ, summed over broadcast batch dims.
+// a and b are the op's inputs (views included), given as float32 leaves and the views of them.
+void check_mixed_matmul(Tensor a_leaf, Tensor b_leaf,
+                        const std::function<Tensor(const Tensor&)>& a_view,
+                        const std::function<Tensor(const Tensor&)>& b_view, Precision precision,
+                        double alpha, uint64_t seed) {
+    const DType half = precision == Precision::bf16 ? kBF16 : kF16;
+    a_leaf.zero_grad(), b_leaf.zero_grad();
+    Tensor y = matmul(a_view(a_leaf), b_view(b_leaf), precision, alpha);
+    const Tensor dy = randn_seeded(y.shape(), seed);
+    y.backward(dy);
+    const Tensor a64 = rounded_f64(a_view(a_leaf), half).requires_grad_();
+    const Tensor b64 = rounded_f64(b_view(b_leaf), half).requires_grad_();
+    const Tensor y_ref = matmul(a64, b64) * alpha;
+    y_ref.backward(rounded_f64(dy, half));
+    const Tensor da_ref = a64.grad(), db_ref = b64.grad();
+    // float32 sums of K (or M·batch) exact products of |value| ~ 1 (|α| ≤ 1): ≤ 1e-4.
+    CHECK(y.dtype() == kF32);
+    CHECK(y.shape() == y_ref.shape());
+    CHECK(max_abs_diff(y.to(kF64), y_ref) < 1e-4);
+    // The leaves' gradients are the views' gradients carried back through the views.
+    Tensor da_leaf = a_leaf.detach().to(kF64).requires_grad_();
+    Tensor db_leaf = b_leaf.detach().to(kF64).requires_grad_();
+    sum(a_view(da_leaf) * da_ref).backward();
+    sum(b_view(db_leaf) * db_ref).backward();
+    CHECK(max_abs_diff(a_leaf.grad().to(kF64), da_leaf.grad()) < 2e-4);
+    CHECK(max_abs_diff(b_leaf.grad().to(kF64), db_leaf.grad()) < 2e-4);
+}
+
+}  // namespace
+
+TEST_CASE("matmul at bf16 and fp16: rounded operands, float32 sums, alpha, batches, views") {
+    auto same = [](const Tensor& t) { return t; };
+    auto transposed = [](const Tensor& t) { return t.transpose(-2, -1); };
+    for (auto engine : engines()) {
+        EngineScope scope(engine);
+        for (Precision p : {Precision::bf16, Precision::fp16}) {
+            INFO(cpu::bf16_gemm_engine_name(), " ", precision_name(p));
+            // Attention's shapes: (B, H, T, D) · (B, H, D, T) with k read transposed, scaled.
+            Tensor q = randn_seeded({2, 3, 13, 8}, 40).requires_grad_();
+            Tensor k = randn_seeded({2, 3, 11, 8}, 41).requires_grad_();
+            check_mixed_matmul(q, k, same, transposed, p, 0.35, 42);
+            // p · v: a plain batched product, alpha 1.
+            Tensor probs = randn_seeded({2, 3, 13, 11}, 43).requires_grad_();
+            Tensor v = randn_seeded({2, 3, 11, 8}, 44).requires_grad_();
+            check_mixed_matmul(probs, v, same, same, p, 1.0, 45);
+            // A transposed a; a 2-D b broadcast over the batch; a size-1 batch dim broadcast.
+            Tensor at = randn_seeded({2, 9, 5}, 46).requires_grad_();
+            Tensor b2 = randn_seeded({9, 7}, 47).requires_grad_();
+            check_mixed_matmul(at, b2, transposed, same, p, -2.0, 48);
+            Tensor a3 = randn_seeded({4, 1, 6, 5}, 49).requires_grad_();
+            Tensor b3 = randn_seeded({3, 5, 7}, 50).requires_grad_();
+            check_mixed_matmul(a3, b3, same, same, p, 0.5, 51);
+        }
+    }
+}
+
+TEST_CASE("matmul at a precision: full is matmul times alpha; empty sizes; bad inputs") {
+    Tensor a = randn_seeded({2, 4, 6}, 52), b = randn_seeded({2, 6, 3}, 53);
+    CHECK(max_abs_diff(matmul(a, b, Precision::full, 0.25), matmul(a, b) * 0.25) == 0);
+    CHECK(max_abs_diff(matmul(a, b, Precision::full), matmul(a, b)) == 0);
+    const Tensor rounded = matmul(a.to(kBF16).to(kF32), b.to(kBF16).to(kF32));
+    const double diff = max_abs_diff(matmul(a, b, Precision::bf16), matmul(a, b));
+    CHECK(diff > 0);  // the rounding is real, and no more than bf16's: against the rounded inputs
+    CHECK(max_abs_diff(matmul(a, b, Precision::bf16), rounded) < 1e-5);
+    CHECK(max_abs_diff(matmul(zeros({2, 4, 0}), zeros({2, 0, 3}), Precision::bf16),
+                       zeros({2, 4, 3})) == 0);
+    CHECK(matmul(zeros({2, 0, 6}), b, Precision::bf16).shape() == Shape{2, 0, 3});
+    CHECK(test::throws_with([&] { (void)matmul(a.to(kF64), b.to(kF64), Precision::bf16); },
+                            {"matmul", "bf16", "float32", "float64"}));
+    CHECK(test::throws_with([&] { (void)matmul(a, b, Precision::fp8); }, {"matmul", "fp8"}));
+    CHECK(test::throws_with([&] { (void)matmul(a, b, Precision::bf16, NAN); },
+                            {"matmul", "alpha", "nan"}));
+    CHECK(test::throws_with([&] { (void)matmul(a, a, Precision::bf16); },
+                            {"matmul", "inner dimensions"}));
 }
