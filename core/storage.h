@@ -56,6 +56,7 @@ class Storage {
         bool recorded_only = false;
     };
     CastCopy& cast_copy() { return cast_copy_; }
+    const CastCopy& cast_copy() const { return cast_copy_; }
 
   private:
     void* data_ = nullptr;

@@ -277,13 +277,20 @@ bool is_whole_buffer(const Tensor& t) {
            std::size_t(t.numel()) * dtype_size(t.dtype()) == t.storage()->nbytes();
 }
 
+bool has_kept_cast(const Tensor& t, DType dtype) {
+    if (!is_whole_buffer(t) || dtype == t.dtype()) return false;
+    const Storage& storage = *t.storage();
+    const Storage::CastCopy& copy = storage.cast_copy();
+    return copy.storage && copy.dtype == dtype && copy.version == storage.version() &&
+           (!writes_take_effect(t) || !copy.recorded_only);
+}
+
 Tensor cast_once(const Tensor& t, DType dtype) {
     Storage& storage = *t.storage();
     if (!is_whole_buffer(t) || dtype == t.dtype()) return t.detach().to(dtype).detach();
     Storage::CastCopy& copy = storage.cast_copy();
     const bool dry = !writes_take_effect(t);
-    if (copy.storage && copy.dtype == dtype && copy.version == storage.version() &&
-        (dry || !copy.recorded_only)) {
+    if (has_kept_cast(t, dtype)) {
         auto impl = std::make_shared<TensorImpl>();
         impl->storage = copy.storage;
         impl->shape = t.shape();

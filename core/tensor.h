@@ -146,6 +146,9 @@ bool is_whole_buffer(const Tensor& t);
 // is cast afresh.
 Tensor cast_once(const Tensor& t, DType dtype);
 
+// Whether cast_once(t, dtype) would now return a kept copy, with no cast of its own.
+bool has_kept_cast(const Tensor& t, DType dtype);
+
 // Keeps `cast`, t's values cast to cast.dtype() by the kernel that wrote t (softmax's rounded
 // copy), as t's cast copy: cast_once(t, cast.dtype()) returns it until t is written. t must be
 // its whole buffer and cast a contiguous tensor of t's shape on t's device.

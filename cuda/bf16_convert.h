@@ -9,10 +9,12 @@
 // x86's vcvtneps2bf16 does, so a NaN's bits are the same wherever it was rounded.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include "core/bfloat16.h"
 #include "core/dtype.h"
+#include "core/float16.h"
 #include "cuda/emu/cuda_compat.h"
 
 #if defined(__CUDACC__)
@@ -36,6 +38,15 @@ __device__ __forceinline__ D convert_element(S x) {
         return float_to_bf16(x);
     else
         return convert_value<D>(x);
+}
+
+// A kernel's optional rounded copy of an output element (ops/rounded_copy.h): bf16 or fp16 bits
+// at half_out[i], rounded as the copy kernels round; nothing when half_out is null.
+template <class T>
+__device__ __forceinline__ void store_half(uint16_t* half_out, int64_t i, T value, bool is_bf16) {
+    if (!half_out) return;
+    const float f = static_cast<float>(value);
+    half_out[i] = is_bf16 ? float_to_bf16(f).bits : convert_element<f16>(f).bits;
 }
 
 }  // namespace qk::cuda

@@ -6,6 +6,7 @@
 // CPU twins: cpu::glu_forward and cpu::glu_backward in ops/glu.cpp.
 #include <cstdint>
 
+#include "cuda/bf16_convert.h"
 #include "cuda/runtime.h"
 #include "cuda/strided_index.h"
 #include "ops/elementwise_math.h"
@@ -16,8 +17,10 @@ namespace qk::cuda {
 namespace {
 
 // y, gate, up: (n) contiguous.    y = act(g) · u
+// y_half: null or (n), y rounded (bf16 or fp16 bits).
 template <class T, class Act>
-__global__ void glu_forward_kernel(T* y, const T* gate, const T* up, int64_t n) {
+__global__ void glu_forward_kernel(T* y, const T* gate, const T* up, int64_t n, uint16_t* y_half,
+                                   bool half_is_bf16) {
     struct Pair {
         T g, u;
     };
@@ -26,13 +29,19 @@ __global__ void glu_forward_kernel(T* y, const T* gate, const T* up, int64_t n) 
         [&](int64_t i) {
             return Pair{gate[i], up[i]};
         },
-        [&](int64_t i, Pair p) { y[i] = Act{}(p.g, T(0)) * p.u; });
+        [&](int64_t i, Pair p) {
+            const T value = Act{}(p.g, T(0)) * p.u;
+            y[i] = value;
+            store_half(y_half, i, value, half_is_bf16);
+        });
 }
 
 // dgate, dup, dy, gate, up: (n) contiguous.    du = dy · a,   dg = act'(g) · (dy · u)
+// dgate_half, dup_half: null or (n), the gradients rounded.
 template <class T, class Act, class ActBackward>
 __global__ void glu_backward_kernel(T* dgate, T* dup, const T* dy, const T* gate, const T* up,
-                                    int64_t n) {
+                                    int64_t n, uint16_t* dgate_half, uint16_t* dup_half,
+                                    bool half_is_bf16) {
     struct Triple {
         T dy, g, u;
     };
@@ -42,45 +51,58 @@ __global__ void glu_backward_kernel(T* dgate, T* dup, const T* dy, const T* gate
             return Triple{dy[i], gate[i], up[i]};
         },
         [&](int64_t i, Triple t) {
-            dup[i] = t.dy * Act{}(t.g, T(0));
-            dgate[i] = ActBackward{}(t.dy * t.u, t.g, T(0));
+            const T du = t.dy * Act{}(t.g, T(0));
+            const T dg = ActBackward{}(t.dy * t.u, t.g, T(0));
+            dup[i] = du;
+            dgate[i] = dg;
+            store_half(dup_half, i, du, half_is_bf16);
+            store_half(dgate_half, i, dg, half_is_bf16);
         });
 }
 
 }  // namespace
 
 template <class T>
-void glu_forward(T* y, const T* gate, const T* up, int64_t n, GluActivation activation) {
+void glu_forward(T* y, const T* gate, const T* up, int64_t n, GluActivation activation,
+                 uint16_t* y_half, bool half_is_bf16) {
     if (n == 0) return;
-    ledger::declare_elements<T>(2 * n, n, 8 * n);
+    ledger::declare(double(sizeof(T)) * double(3 * n) + (y_half ? 2.0 * double(n) : 0.0),
+                    8.0 * double(n), 0, sizeof(T) == 8);
     if (activation == GluActivation::silu)
         QK_LAUNCH((glu_forward_kernel<T, math::Silu>), grid_for_unrolled(n), kThreads, 0, stream(),
-                  y, gate, up, n);
+                  y, gate, up, n, y_half, half_is_bf16);
     else
         QK_LAUNCH((glu_forward_kernel<T, math::Gelu>), grid_for_unrolled(n), kThreads, 0, stream(),
-                  y, gate, up, n);
+                  y, gate, up, n, y_half, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("glu_forward_kernel");
 }
 
 template <class T>
 void glu_backward(T* dgate, T* dup, const T* dy, const T* gate, const T* up, int64_t n,
-                  GluActivation activation) {
+                  GluActivation activation, uint16_t* dgate_half, uint16_t* dup_half,
+                  bool half_is_bf16) {
     if (n == 0) return;
-    ledger::declare_elements<T>(3 * n, 2 * n, 20 * n);
+    ledger::declare(double(sizeof(T)) * double(5 * n) + (dgate_half ? 2.0 * double(n) : 0.0) +
+                        (dup_half ? 2.0 * double(n) : 0.0),
+                    20.0 * double(n), 0, sizeof(T) == 8);
     if (activation == GluActivation::silu)
         QK_LAUNCH((glu_backward_kernel<T, math::Silu, math::SiluBackward>), grid_for_unrolled(n),
-                  kThreads, 0, stream(), dgate, dup, dy, gate, up, n);
+                  kThreads, 0, stream(), dgate, dup, dy, gate, up, n, dgate_half, dup_half,
+                  half_is_bf16);
     else
         QK_LAUNCH((glu_backward_kernel<T, math::Gelu, math::GeluBackward>), grid_for_unrolled(n),
-                  kThreads, 0, stream(), dgate, dup, dy, gate, up, n);
+                  kThreads, 0, stream(), dgate, dup, dy, gate, up, n, dgate_half, dup_half,
+                  half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("glu_backward_kernel");
 }
 
-template void glu_forward<float>(float*, const float*, const float*, int64_t, GluActivation);
-template void glu_forward<double>(double*, const double*, const double*, int64_t, GluActivation);
+template void glu_forward<float>(float*, const float*, const float*, int64_t, GluActivation,
+                                 uint16_t*, bool);
+template void glu_forward<double>(double*, const double*, const double*, int64_t, GluActivation,
+                                  uint16_t*, bool);
 template void glu_backward<float>(float*, float*, const float*, const float*, const float*, int64_t,
-                                  GluActivation);
+                                  GluActivation, uint16_t*, uint16_t*, bool);
 template void glu_backward<double>(double*, double*, const double*, const double*, const double*,
-                                   int64_t, GluActivation);
+                                   int64_t, GluActivation, uint16_t*, uint16_t*, bool);
 
 }  // namespace qk::cuda

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "core/storage.h"
+#include "cuda/bf16_convert.h"
 #include "cuda/runtime.h"
 #include "cuda/warp_reduce.h"
 #include "ops/loss.h"
@@ -65,22 +66,25 @@ __global__ void cross_entropy_mean_kernel(T* out, const double* loss, int64_t N,
     if (threadIdx.x == 0) out[0] = T(acc / n_valid);
 }
 
-// dx: (N, V) out; x: (N, V); t: (N); lse: (N); dloss: () the upstream gradient of the mean.
+// dx: (N, V) out; x: (N, V); t: (N); lse: (N); dloss: () the upstream gradient of the mean;
+// dx_half: null or (N, V) out, dx rounded (bf16 or fp16 bits) for the head's backward GEMMs.
 template <class T>
 __global__ void cross_entropy_backward_kernel(T* dx, const T* x, const int32_t* t, const T* lse,
                                               const T* dloss, int64_t N, int64_t V,
-                                              int32_t ignore_index, T inv_n_valid) {
+                                              int32_t ignore_index, T inv_n_valid,
+                                              uint16_t* dx_half, bool half_is_bf16) {
     const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (k >= N * V) return;
     const int64_t i = k / V, j = k - i * V;
     const int32_t target = t[i];
-    if (target == ignore_index) {
-        dx[k] = 0;
-        return;
+    T value = 0;
+    if (target != ignore_index) {
+        const T scale = dloss[0] * inv_n_valid;  // dL / n_valid
+        //       [term "p"]                 [term "onehot"]
+        value = (dev_exp(x[k] - lse[i]) - (j == target ? T(1) : T(0))) * scale;
     }
-    const T scale = dloss[0] * inv_n_valid;  // dL / n_valid
-    //         [term "p"]                 [term "onehot"]
-    dx[k] = (dev_exp(x[k] - lse[i]) - (j == target ? T(1) : T(0))) * scale;
+    dx[k] = value;
+    store_half(dx_half, k, value, half_is_bf16);
 }
 
 }  // namespace
@@ -106,12 +110,15 @@ void cross_entropy_forward(T* loss_out, T* lse, const T* x, const int32_t* t, in
 
 template <class T>
 void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, const T* dloss,
-                            int64_t N, int64_t V, int32_t ignore_index, int64_t n_valid) {
+                            int64_t N, int64_t V, int32_t ignore_index, int64_t n_valid,
+                            uint16_t* dx_half, bool half_is_bf16) {
     if (N * V == 0) return;
-    ledger::declare_elements<T>(N * V + 2 * N, N * V, 4 * N * V);
+    ledger::declare(
+        double(sizeof(T)) * double(2 * N * V + 2 * N) + (dx_half ? 2.0 * double(N * V) : 0.0),
+        4.0 * double(N * V), 0, sizeof(T) == 8);
     QK_LAUNCH((cross_entropy_backward_kernel<T>), blocks_for(N * V, kBackwardThreads),
               kBackwardThreads, 0, stream(), dx, x, t, lse, dloss, N, V, ignore_index,
-              T(1.0 / double(n_valid)));
+              T(1.0 / double(n_valid)), dx_half, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_backward_kernel");
 }
 
@@ -120,8 +127,10 @@ template void cross_entropy_forward<float>(float*, float*, const float*, const i
 template void cross_entropy_forward<double>(double*, double*, const double*, const int32_t*,
                                             int64_t, int64_t, int32_t, int64_t);
 template void cross_entropy_backward<float>(float*, const float*, const int32_t*, const float*,
-                                            const float*, int64_t, int64_t, int32_t, int64_t);
+                                            const float*, int64_t, int64_t, int32_t, int64_t,
+                                            uint16_t*, bool);
 template void cross_entropy_backward<double>(double*, const double*, const int32_t*, const double*,
-                                             const double*, int64_t, int64_t, int32_t, int64_t);
+                                             const double*, int64_t, int64_t, int32_t, int64_t,
+                                             uint16_t*, bool);
 
 }  // namespace qk::cuda

@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "core/storage.h"
+#include "cuda/bf16_convert.h"
 #include "cuda/runtime.h"
 #include "cuda/warp_reduce.h"
 #include "ops/norm.h"
@@ -55,7 +56,7 @@ __device__ __forceinline__ int64_t warp_row(int64_t rows) {
 template <class T>
 __global__ void layer_norm_forward_kernel(T* y, T* mean, T* rstd, const T* x, NormRows xs,
                                           const T* weight, const T* bias, int64_t rows, int64_t C,
-                                          T eps) {
+                                          T eps, uint16_t* y_half, bool half_is_bf16) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r = warp_row(rows);
     if (r < 0) return;
@@ -68,8 +69,11 @@ __global__ void layer_norm_forward_kernel(T* y, T* mean, T* rstd, const T* x, No
     for (int64_t c = lane; c < C; c += kWarp) sq += (xr[c] - m) * (xr[c] - m);
     const T s = T(1) / dev_sqrt(warp_sum(sq) / T(C) + eps);
     T* yr = y + r * C;
-    for (int64_t c = lane; c < C; c += kWarp)
-        yr[c] = (xr[c] - m) * s * weight[c] + (bias ? bias[c] : T(0));
+    for (int64_t c = lane; c < C; c += kWarp) {
+        const T value = (xr[c] - m) * s * weight[c] + (bias ? bias[c] : T(0));
+        yr[c] = value;
+        store_half(y_half, r * C + c, value, half_is_bf16);
+    }
     if (lane == 0) {
         mean[r] = m;
         rstd[r] = s;
@@ -183,7 +187,8 @@ __global__ void rms_norm_forward_v1_kernel(T* y, T* rstd, const T* x, const T* w
 // v2: one warp per row (see the header for why it is faster). Same arguments as v1.
 template <class T>
 __global__ void rms_norm_forward_kernel(T* y, T* rstd, const T* x, NormRows xs, const T* weight,
-                                        int64_t rows, int64_t C, T eps) {
+                                        int64_t rows, int64_t C, T eps, uint16_t* y_half,
+                                        bool half_is_bf16) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r = warp_row(rows);
     if (r < 0) return;
@@ -192,7 +197,11 @@ __global__ void rms_norm_forward_kernel(T* y, T* rstd, const T* x, NormRows xs, 
     for (int64_t c = lane; c < C; c += kWarp) ss += xr[c] * xr[c];
     const T s = T(1) / dev_sqrt(warp_sum(ss) / T(C) + eps);
     T* yr = y + r * C;
-    for (int64_t c = lane; c < C; c += kWarp) yr[c] = xr[c] * s * (weight ? weight[c] : T(1));
+    for (int64_t c = lane; c < C; c += kWarp) {
+        const T value = xr[c] * s * (weight ? weight[c] : T(1));
+        yr[c] = value;
+        store_half(y_half, r * C + c, value, half_is_bf16);
+    }
     if (lane == 0) rstd[r] = s;
 }
 
@@ -309,11 +318,14 @@ __global__ void lp_normalize_backward_kernel(T* dx, const T* dy, const T* x, con
 
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
-                        const T* bias, int64_t rows, int64_t C, T eps) {
+                        const T* bias, int64_t rows, int64_t C, T eps, uint16_t* y_half,
+                        bool half_is_bf16) {
     if (rows == 0) return;
-    ledger::declare_elements<T>(rows * C + 2 * C, rows * C + 2 * rows, 8 * rows * C);
+    ledger::declare(double(sizeof(T)) * double(2 * rows * C + 2 * C + 2 * rows) +
+                        (y_half ? 2.0 * double(rows * C) : 0.0),
+                    8.0 * double(rows * C), 0, sizeof(T) == 8);
     QK_LAUNCH((layer_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
-              stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C, eps);
+              stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C, eps, y_half, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
 }
 
@@ -342,11 +354,13 @@ void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t row
 
 template <class T>
 void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
-                      int64_t rows, int64_t C, T eps) {
+                      int64_t rows, int64_t C, T eps, uint16_t* y_half, bool half_is_bf16) {
     if (rows == 0) return;
-    ledger::declare_elements<T>(rows * C + C, rows * C + rows, 4 * rows * C);
+    ledger::declare(double(sizeof(T)) * double(2 * rows * C + C + rows) +
+                        (y_half ? 2.0 * double(rows * C) : 0.0),
+                    4.0 * double(rows * C), 0, sizeof(T) == 8);
     QK_LAUNCH((rms_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
-              stream(), y, rstd, x, x_rows, weight, rows, C, eps);
+              stream(), y, rstd, x, x_rows, weight, rows, C, eps, y_half, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("rms_norm_forward_kernel");
 }
 

@@ -49,14 +49,6 @@ __device__ __forceinline__ void merge_max_sum(T& m, T& s, T m_other, T s_other) 
     m = m_new;
 }
 
-// The optional rounded copy of an output element (bf16 or fp16 bits), as the copy kernels round.
-template <class T>
-__device__ __forceinline__ void store_half(uint16_t* half_out, int64_t i, T value, bool is_bf16) {
-    if (!half_out) return;
-    const float f = static_cast<float>(value);
-    half_out[i] = is_bf16 ? float_to_bf16(f).bits : convert_element<f16>(f).bits;
-}
-
 // y: (rows, Tk) out; lse: (rows) out; x: (rows, Tk); half_out: null or (rows, Tk) out, y rounded.
 // cap: 0 = none. Row r is query r mod Tq.
 template <class T, bool kLog>

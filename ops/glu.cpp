@@ -16,6 +16,7 @@
 #include "core/threading.h"
 #include "ops/elementwise_math.h"
 #include "ops/on_device.h"
+#include "ops/rounded_copy.h"
 
 namespace qk {
 
@@ -71,7 +72,8 @@ const char* name_of(GluActivation activation) {
 
 }  // namespace
 
-Tensor glu(const Tensor& gate_in, const Tensor& up_in, GluActivation activation) {
+Tensor glu(const Tensor& gate_in, const Tensor& up_in, GluActivation activation,
+           Precision rounded_copy) {
     const char* op = name_of(activation);
     QK_CHECK(gate_in.defined() && up_in.defined(), "{}: gate and up are both required", op);
     QK_CHECK(gate_in.shape() == up_in.shape(), "{}: gate {} and up {} must have the same shape", op,
@@ -84,6 +86,8 @@ Tensor glu(const Tensor& gate_in, const Tensor& up_in, GluActivation activation)
     const Tensor gate = autograd::contiguous_input(gate_in), up = autograd::contiguous_input(up_in);
     const int64_t n = gate.numel();
     Tensor y = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
+    const Tensor y_half = rounded_copy_for(y, rounded_copy);
+    const bool bf16_copy = rounded_copy == Precision::bf16;
     on_device(
         op, gate.device(), gate.dtype(),
         [&](auto tag) {
@@ -92,15 +96,19 @@ Tensor glu(const Tensor& gate_in, const Tensor& up_in, GluActivation activation)
         },
         [&](auto tag) {
             using T = decltype(tag);
-            cuda::glu_forward(y.data<T>(), gate.data<T>(), up.data<T>(), n, activation);
+            cuda::glu_forward(y.data<T>(), gate.data<T>(), up.data<T>(), n, activation,
+                              half_bits(y_half), bf16_copy);
         });
+    keep_rounded_copy(y, y_half);
     return autograd::record(
         op, y, {gate_in, up_in},
-        [gate = autograd::saved(gate), up = autograd::saved(up), activation, op,
-         n](const Tensor& dy_in) {
+        [gate = autograd::saved(gate), up = autograd::saved(up), activation, op, n, rounded_copy,
+         bf16_copy](const Tensor& dy_in) {
             const Tensor dy = dy_in.contiguous();
             Tensor dgate = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
             Tensor dup = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
+            const Tensor dgate_half = rounded_copy_for(dgate, rounded_copy);
+            const Tensor dup_half = rounded_copy_for(dup, rounded_copy);
             on_device(
                 op, gate.device(), gate.dtype(),
                 [&](auto tag) {
@@ -111,8 +119,11 @@ Tensor glu(const Tensor& gate_in, const Tensor& up_in, GluActivation activation)
                 [&](auto tag) {
                     using T = decltype(tag);
                     cuda::glu_backward(dgate.data<T>(), dup.data<T>(), dy.data<T>(), gate.data<T>(),
-                                       up.data<T>(), n, activation);
+                                       up.data<T>(), n, activation, half_bits(dgate_half),
+                                       half_bits(dup_half), bf16_copy);
                 });
+            keep_rounded_copy(dgate, dgate_half);
+            keep_rounded_copy(dup, dup_half);
             return std::vector<Tensor>{dgate, dup};
         });
 }

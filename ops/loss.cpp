@@ -37,6 +37,7 @@
 #include "core/threading.h"
 #include "ops/elementwise_math.h"  // math::exp_fast
 #include "ops/lane_sum.h"
+#include "ops/rounded_copy.h"
 
 namespace qk {
 
@@ -154,7 +155,8 @@ int64_t count_valid_targets(const int32_t* t, int64_t N, int64_t V, int32_t igno
 
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t ignore_index) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t ignore_index,
+                     Precision rounded_copy) {
     check_cross_entropy_args(logits_in, targets_in);
     const Tensor x = autograd::contiguous_input(logits_in);
     const Tensor t = autograd::contiguous_input(targets_in);
@@ -193,8 +195,9 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
         }
     }
     auto backward = [x = autograd::saved(x), t = autograd::saved(t), lse = autograd::saved(lse),
-                     n_valid, ignore_index](const Tensor& dloss) {
+                     n_valid, ignore_index, rounded_copy](const Tensor& dloss) {
         Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+        const Tensor dx_half = rounded_copy_for(dx, rounded_copy);
         switch (x.device()) {
             case Device::cpu:
                 dispatch_float(x.dtype(), [&](auto tag) {
@@ -217,8 +220,10 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
                     using T = decltype(tag);
                     cuda::cross_entropy_backward(dx.data<T>(), x.data<T>(), t.data<int32_t>(),
                                                  lse.data<T>(), dl.data<T>(), x.size(0), x.size(1),
-                                                 ignore_index, n_valid);
+                                                 ignore_index, n_valid, half_bits(dx_half),
+                                                 rounded_copy == Precision::bf16);
                 });
+                keep_rounded_copy(dx, dx_half);
 #else
                 throw_built_without_cuda("cross_entropy backward");
 #endif

@@ -71,6 +71,7 @@ template <class T>
 void matmul_tiled(T* y, const T* a, const T* b, int64_t batch, int64_t M, int64_t N, int64_t K);
 // The mixed linear's passes around its GEMMs, one launch each (cuda/matmul_bf16.cu):
 // x_half: (R, K) out, x: (R, K) row stride ldx, y: (R, N) out, bias: (N).  x̃ = round(x), y = b
+// (K = 0, x and x_half null: the bias rows alone, for an x already rounded)
 template <class Half>
 void round_rows_fill_bias(Half* x_half, const float* x, int64_t ldx, float* y, const float* bias,
                           int64_t R, int64_t K, int64_t N);

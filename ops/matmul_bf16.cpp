@@ -54,6 +54,14 @@ Tensor round_rows_fill_bias(const Tensor& x, const Tensor& y, const Tensor& b) {
     return x_half;
 }
 
+// y = b in every row, for an x that arrives rounded: the same launch with nothing to round (K = 0).
+// y: (R, N) contiguous; b: (N).
+template <class Half>
+void fill_bias_rows(const Tensor& y, const Tensor& b) {
+    cuda::round_rows_fill_bias<Half>(nullptr, nullptr, 0, y.data<float>(), b.data<float>(),
+                                     y.size(0), 0, y.size(1));
+}
+
 // dỸ = round(dY) as a new (R, N) Half tensor, and db = Σ_r dY (N), from one read of dy: (R, N).
 template <class Half>
 std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor& dy) {
@@ -67,6 +75,10 @@ std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor& dy) {
 #else
 template <class Half>
 Tensor round_rows_fill_bias(const Tensor&, const Tensor&, const Tensor&) {
+    throw_built_without_cuda("linear");
+}
+template <class Half>
+void fill_bias_rows(const Tensor&, const Tensor&) {
     throw_built_without_cuda("linear");
 }
 template <class Half>
@@ -141,10 +153,17 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     // On cuda with a bias, one launch rounds x and writes the bias rows of y (the GEMM adds to
     // them); elsewhere x is rounded on its own, once for every Linear that reads the same x (a
     // gated MLP's gate and up: cast_once keeps the rounding beside x's buffer).
+    // When x arrives rounded already (kept beside it by the norm that wrote it), the bias rows
+    // are a plain broadcast copy.
     const bool bias_rows_first = device == Device::cuda && b.defined() && K > 0 && R * N > 0;
-    const Tensor x_rounded = bias_rows_first
-                                 ? round_rows_fill_bias<Half>(rows_of(x), y.view({R, N}), b)
-                                 : cast_once(rows_of(x), kHalf);
+    const Tensor x_rows = rows_of(x);
+    Tensor x_rounded;
+    if (bias_rows_first && !has_kept_cast(x_rows, kHalf)) {
+        x_rounded = round_rows_fill_bias<Half>(x_rows, y.view({R, N}), b);
+    } else {
+        x_rounded = cast_once(x_rows, kHalf);
+        if (bias_rows_first) fill_bias_rows<Half>(y.view({R, N}), b);
+    }
     if (R * N > 0) {
         const Tensor y_rows = y.view({R, N});
         if (K == 0) {  // an empty sum: y is the bias, or 0
@@ -179,8 +198,8 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
         Tensor dy_rounded;
         if (need_b && (need_x || need_w) && device == Device::cuda)  // one read of dY for both
             std::tie(dy_rounded, db) = round_and_sum_columns<Half>(dy_rows);
-        else if (need_x || need_w)
-            dy_rounded = to_half<Half>(dy_rows);
+        else if (need_x || need_w)  // kept beside dY when its producer rounded it (glu)
+            dy_rounded = cast_once(dy_rows, kHalf);
         Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
         Tensor dw = need_w ? Tensor::empty({N, K}, kF32, device) : Tensor();
         if (R * N * K > 0) {

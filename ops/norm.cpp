@@ -37,6 +37,7 @@
 #include "ops/lane_sum.h"
 #include "ops/norm_common.h"
 #include "ops/on_device.h"
+#include "ops/rounded_copy.h"
 
 namespace qk {
 
@@ -333,7 +334,8 @@ std::pair<Tensor, NormRows> norm_input(const Tensor& x_in, int64_t rows, int64_t
 
 }  // namespace
 
-Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps) {
+Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps,
+                  Precision rounded_copy) {
     check_norm_input("layer_norm", x_in, eps);
     QK_CHECK(weight_in.defined(), "layer_norm: weight is required (shape [{}]), got none",
              x_in.size(-1));
@@ -345,6 +347,7 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
     const Tensor bias = autograd::contiguous_input(bias_in);
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     Tensor mean = Tensor::empty({rows}, x.dtype(), x.device()), rstd = empty_like(mean);
+    const Tensor y_half = rounded_copy_for(y, rounded_copy);
     on_device(
         "layer_norm", x.device(), x.dtype(),
         [&](auto tag) {
@@ -356,8 +359,9 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
             using T = decltype(tag);
             cuda::layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(),
                                      x_rows, weight.data<T>(), data_or_null<T>(bias), rows, C,
-                                     T(eps));
+                                     T(eps), half_bits(y_half), rounded_copy == Precision::bf16);
         });
+    keep_rounded_copy(y, y_half);
     return autograd::record(
         "layer_norm", y, {x_in, weight_in, bias_in},
         [x = x, x_rows = x_rows, weight = autograd::saved(weight), mean = autograd::saved(mean),
@@ -384,7 +388,7 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
         });
 }
 
-Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
+Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, Precision rounded_copy) {
     check_norm_input("rms_norm", x_in, eps);
     check_param("rms_norm", "weight", weight_in, x_in);
     const int64_t C = x_in.size(-1), rows = x_in.numel() / std::max<int64_t>(C, 1);
@@ -392,6 +396,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
     const Tensor weight = autograd::contiguous_input(weight_in);
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     Tensor rstd = Tensor::empty({rows}, x.dtype(), x.device());
+    const Tensor y_half = rounded_copy_for(y, rounded_copy);
     on_device(
         "rms_norm", x.device(), x.dtype(),
         [&](auto tag) {
@@ -402,8 +407,10 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
         [&](auto tag) {
             using T = decltype(tag);
             cuda::rms_norm_forward(y.data<T>(), rstd.data<T>(), x.data<T>(), x_rows,
-                                   data_or_null<T>(weight), rows, C, T(eps));
+                                   data_or_null<T>(weight), rows, C, T(eps), half_bits(y_half),
+                                   rounded_copy == Precision::bf16);
         });
+    keep_rounded_copy(y, y_half);
     return autograd::record(
         "rms_norm", y, {x_in, weight_in},
         [x = x, x_rows = x_rows, weight = autograd::saved(weight), rstd = autograd::saved(rstd),

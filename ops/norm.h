@@ -10,11 +10,16 @@ namespace qk {
 
 // y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance).
 // weight: (C), required; bias: (C) or an undefined Tensor for none. eps > 0.
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
+                  Precision rounded_copy = Precision::full);
 
 // y = x / sqrt(mean(x²) + eps) * weight over the last dim. weight: (C) or undefined for none
 // (the parameter-free QK-RMSNorm variants). eps > 0.
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+// rounded_copy (both norms) bf16 / fp16: on cuda the kernel also writes y rounded for the mixed
+// Linear that reads it next (a block's pre-norms feed c_attn and the MLP), kept as y's cast copy
+// (ops/rounded_copy.h). The values do not change.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6,
+                Precision rounded_copy = Precision::full);
 
 // y = x / max(‖x‖_p, eps) along `dim`, for any finite p >= 1 (p = 2 is L2 normalisation).
 // At p = 1 the gradient uses the subgradient sign(x) of |x|, with sign(0) = 0.
@@ -87,10 +92,12 @@ struct NormRows {
 };
 
 namespace cuda {
-// x's rows where x_rows says; y, dy, dx contiguous (rows, C).
+// x's rows where x_rows says; y, dy, dx contiguous (rows, C). y_half: null, or (rows, C) out, y
+// rounded to bf16 (half_is_bf16) or fp16 bits (the op's rounded_copy).
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
-                        const T* bias, int64_t rows, int64_t C, T eps);
+                        const T* bias, int64_t rows, int64_t C, T eps, uint16_t* y_half = nullptr,
+                        bool half_is_bf16 = true);
 template <class T>
 void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x,
                          const NormRows& x_rows, const T* mean, const T* rstd, const T* weight,
@@ -100,7 +107,8 @@ void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t row
                          T eps);
 template <class T>
 void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
-                      int64_t rows, int64_t C, T eps);
+                      int64_t rows, int64_t C, T eps, uint16_t* y_half = nullptr,
+                      bool half_is_bf16 = true);
 template <class T>
 void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const NormRows& x_rows,
                        const T* rstd, const T* weight, int64_t rows, int64_t C);

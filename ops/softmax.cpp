@@ -50,6 +50,7 @@
 #include "ops/elementwise_math.h"  // math::exp_fast, math::tanh_fast
 #include "ops/lane_sum.h"
 #include "ops/on_device.h"
+#include "ops/rounded_copy.h"
 
 namespace qk {
 
@@ -259,19 +260,6 @@ RowShape check_softmax_args(const char* op, const Tensor& x, const SoftmaxOption
     return {Tk > 0 ? x.numel() / Tk : 0, Tq, Tk};
 }
 
-// The rounded copy that options.rounded_copy asks the cuda kernels to write beside t (kept as t's
-// cast copy, keep_cast), or an undefined tensor where none is written: on the cpu, for float64,
-// or at full precision.
-Tensor rounded_copy_for(const Tensor& t, const SoftmaxOptions& o) {
-    const bool wanted = o.rounded_copy == Precision::bf16 || o.rounded_copy == Precision::fp16;
-    if (!wanted || t.device() != Device::cuda || t.dtype() != kF32) return Tensor();
-    return Tensor::empty(t.shape(), o.rounded_copy == Precision::bf16 ? kBF16 : kF16, t.device());
-}
-
-uint16_t* half_bits(const Tensor& copy) {
-    return copy.defined() ? static_cast<uint16_t*>(copy.raw_data()) : nullptr;
-}
-
 template <bool kLog>
 Tensor softmax_impl(const char* op, const Tensor& x_in, const SoftmaxOptions& o) {
     const RowShape rs = check_softmax_args(op, x_in, o);
@@ -280,7 +268,7 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, const SoftmaxOptions& o)
     Shape lse_shape = x.shape();
     lse_shape.pop_back();
     Tensor lse = Tensor::empty(lse_shape, x.dtype(), x.device());
-    const Tensor y_half = rounded_copy_for(y, o);
+    const Tensor y_half = rounded_copy_for(y, o.rounded_copy);
     const bool bf16_copy = o.rounded_copy == Precision::bf16;
     on_device(
         op, x.device(), x.dtype(),
@@ -294,12 +282,12 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, const SoftmaxOptions& o)
             cuda::softmax_forward<T>(y.data<T>(), lse.data<T>(), x.data<T>(), rs.rows, rs.Tq, rs.Tk,
                                      o.causal, T(o.softcap), kLog, half_bits(y_half), bf16_copy);
         });
-    if (y_half.defined()) keep_cast(y, y_half);
+    keep_rounded_copy(y, y_half);
     auto backward = [op, rs, o, bf16_copy, y = autograd::saved(y),
                      lse = autograd::saved(lse)](const Tensor& dy_in) {
         Tensor dy = dy_in.contiguous();
         Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
-        const Tensor dx_half = rounded_copy_for(dx, o);
+        const Tensor dx_half = rounded_copy_for(dx, o.rounded_copy);
         on_device(
             op, y.device(), y.dtype(),
             [&](auto tag) {
@@ -314,7 +302,7 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, const SoftmaxOptions& o)
                                           rs.rows, rs.Tq, rs.Tk, o.causal, T(o.softcap), kLog,
                                           half_bits(dx_half), bf16_copy);
             });
-        if (dx_half.defined()) keep_cast(dx, dx_half);
+        keep_rounded_copy(dx, dx_half);
         return Grads{dx};
     };
     return autograd::record(op, y, {x_in}, std::move(backward));

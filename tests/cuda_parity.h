@@ -182,4 +182,17 @@ inline Tensor randn_seeded(const Shape& shape, uint64_t seed, DType dtype = kF32
     return normal(shape, 0, scale, dtype, gen);
 }
 
+// The rounded copy an op kept beside its cuda result (ops/rounded_copy.h): there, of the half type,
+// returned by cast_once without a cast of its own, and bit for bit the result's own rounding.
+inline void check_kept_rounding(const Tensor& result, DType half) {
+    const Storage::CastCopy& kept = result.storage()->cast_copy();
+    REQUIRE(kept.storage != nullptr);
+    CHECK(kept.dtype == half);
+    CHECK(has_kept_cast(result, half));
+    const auto kept_storage = kept.storage;
+    const Tensor copy = cast_once(result, half);
+    CHECK(copy.storage() == kept_storage);
+    CHECK(max_abs_diff(copy.to(kF32), result.detach().to(half).to(kF32)) == 0);
+}
+
 }  // namespace qk::test

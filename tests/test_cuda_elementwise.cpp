@@ -171,3 +171,40 @@ TEST_CASE("glu on cuda matches the cpu, forward and both gradients, SwiGLU and G
                 {randn_seeded({3, 37, 45}, 70, dt, 4.0), randn_seeded({3, 37, 45}, 71, dt)});
         }
 }
+
+TEST_CASE(
+    "glu on cuda rounds its result and gradients in the same pass when asked, no value changed") {
+    if (!cuda_runnable()) return;
+    for (GluActivation activation : {GluActivation::silu, GluActivation::gelu})
+        for (Precision precision : {Precision::bf16, Precision::fp16}) {
+            CAPTURE(int(activation));
+            CAPTURE(precision_name(precision));
+            const DType half = precision == Precision::bf16 ? kBF16 : kF16;
+            const Tensor gate = randn_seeded({3, 37, 21}, 31).to(Device::cuda);
+            const Tensor up = randn_seeded({3, 37, 21}, 32).to(Device::cuda);
+            const Tensor plain = glu(gate, up, activation);
+            const Tensor y = glu(gate, up, activation, precision);
+            CHECK(max_abs_diff(y, plain) == 0);
+            qk::test::check_kept_rounding(y, half);
+            CHECK_FALSE(has_kept_cast(plain, half));
+            // The backward kernel: both gradients, and their roundings beside them.
+            const int64_t n = gate.numel();
+            const Tensor dy = randn_seeded({3, 37, 21}, 33).to(Device::cuda);
+            Tensor dgate = Tensor::empty(gate.shape(), kF32, Device::cuda);
+            Tensor dup = Tensor::empty(gate.shape(), kF32, Device::cuda);
+            Tensor dgate_plain = Tensor::empty(gate.shape(), kF32, Device::cuda);
+            Tensor dup_plain = Tensor::empty(gate.shape(), kF32, Device::cuda);
+            Tensor dgate_half = Tensor::empty(gate.shape(), half, Device::cuda);
+            Tensor dup_half = Tensor::empty(gate.shape(), half, Device::cuda);
+            cuda::glu_backward(dgate_plain.data<float>(), dup_plain.data<float>(), dy.data<float>(),
+                               gate.data<float>(), up.data<float>(), n, activation);
+            cuda::glu_backward(dgate.data<float>(), dup.data<float>(), dy.data<float>(),
+                               gate.data<float>(), up.data<float>(), n, activation,
+                               static_cast<uint16_t*>(dgate_half.raw_data()),
+                               static_cast<uint16_t*>(dup_half.raw_data()), half == kBF16);
+            CHECK(max_abs_diff(dgate, dgate_plain) == 0);
+            CHECK(max_abs_diff(dup, dup_plain) == 0);
+            CHECK(max_abs_diff(dgate_half.to(kF32), dgate.to(half).to(kF32)) == 0);
+            CHECK(max_abs_diff(dup_half.to(kF32), dup.to(half).to(kF32)) == 0);
+        }
+}

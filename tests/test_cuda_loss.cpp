@@ -146,3 +146,35 @@ TEST_CASE("cuda cross_entropy op rejects bad targets before any kernel runs") {
         },
         {"cross_entropy", "logits [4, 37] are on cuda", "targets [4] on cpu"}));
 }
+
+TEST_CASE("cuda cross_entropy rounds the logits' gradient in its backward pass when asked") {
+    if (!cuda_runnable()) return;
+    // 7 rows of 53 logits, row 3 ignored: its gradient (and the rounding) is 0.
+    qk::Tensor logits = randn_seeded({7, 53}, 61, qk::kF32, 3.0).to(qk::Device::cuda);
+    std::vector<int32_t> ids = {4, 0, 52, -1, 17, 9, 33};
+    const qk::Tensor targets = qk::from_ids(ids, {7}).to(qk::Device::cuda);
+    for (qk::Precision precision : {qk::Precision::bf16, qk::Precision::fp16}) {
+        CAPTURE(qk::precision_name(precision));
+        const qk::DType half = precision == qk::Precision::bf16 ? qk::kBF16 : qk::kF16;
+        qk::Tensor x = logits.detach().requires_grad_();
+        const qk::Tensor loss = qk::cross_entropy(x, targets, -1, precision);
+        qk::Tensor x_plain = logits.detach().requires_grad_();
+        const qk::Tensor loss_plain = qk::cross_entropy(x_plain, targets);
+        CHECK(max_abs_diff(loss, loss_plain) == 0);
+        (loss * 3.0).backward();
+        (loss_plain * 3.0).backward();
+        CHECK(max_abs_diff(x.grad(), x_plain.grad()) == 0);
+        check_kept_rounding(x.grad(), half);  // the leaf keeps the gradient the loss wrote
+        // The kernel's rounding, beside the gradient it wrote, ignored row included.
+        qk::Tensor dx = qk::Tensor::empty({7, 53}, qk::kF32, qk::Device::cuda);
+        qk::Tensor dx_half = qk::Tensor::empty({7, 53}, half, qk::Device::cuda);
+        const qk::Tensor lse = qk::logsumexp(logits, {-1});
+        const qk::Tensor dloss = qk::full({}, 0.5, qk::kF32, qk::Device::cuda);
+        qk::cuda::cross_entropy_backward(
+            dx.data<float>(), logits.data<float>(), targets.data<int32_t>(), lse.data<float>(),
+            dloss.data<float>(), 7, 53, -1, 6, static_cast<uint16_t*>(dx_half.raw_data()),
+            half == qk::kBF16);
+        CHECK(max_abs_diff(dx_half.to(qk::kF32), dx.to(half).to(qk::kF32)) == 0);
+        CHECK(max_abs_diff(dx.narrow(0, 3, 1), qk::zeros({1, 53})) == 0);
+    }
+}

@@ -184,6 +184,33 @@ TEST_CASE("matmul at bf16 and fp16 on cuda (strided-batched tensor-core GEMMs) m
     }
 }
 
+TEST_CASE(
+    "linear in bf16 on cuda reads an x its producer rounded, bias rows copied: the same bits") {
+    if (!cuda_runnable()) return;
+    const Tensor x0 = randn_seeded({3, 11, K}, 70).to(Device::cuda);
+    const Tensor gain = randn_seeded({K}, 71).to(Device::cuda);
+    const Tensor x = layer_norm(x0, gain, {}, 1e-5, Precision::bf16);  // rounded beside it
+    const Tensor x_plain = x.detach() * 1.0;                           // the same values, no copy
+    REQUIRE(has_kept_cast(x, kBF16));
+    REQUIRE_FALSE(has_kept_cast(x_plain, kBF16));
+    for (bool with_bias : {true, false}) {
+        CAPTURE(with_bias);
+        Tensor w = randn_seeded({N, K}, 72).to(Device::cuda).requires_grad_();
+        Tensor b = with_bias ? randn_seeded({N}, 73).to(Device::cuda).requires_grad_() : Tensor();
+        const Tensor r = randn_seeded({3, 11, N}, 74).to(Device::cuda);
+        const Tensor y = linear(x.detach(), w, b, Precision::bf16);
+        sum(y * r).backward();
+        const Tensor dw = w.grad(), db = with_bias ? b.grad() : Tensor();
+        w.zero_grad();
+        if (with_bias) b.zero_grad();
+        const Tensor y_plain = linear(x_plain, w, b, Precision::bf16);
+        sum(y_plain * r).backward();
+        CHECK(max_abs_diff(y, y_plain) == 0);
+        CHECK(max_abs_diff(dw, w.grad()) == 0);
+        if (with_bias) CHECK(max_abs_diff(db, b.grad()) == 0);
+    }
+}
+
 TEST_CASE("TF32 on cuda: float32 GEMMs read 10-bit inputs; switched off, float32 parity again") {
     if (!cuda_runnable()) return;
     struct Off {

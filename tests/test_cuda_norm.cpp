@@ -232,3 +232,30 @@ TEST_CASE("cuda layer_norm, rms_norm and lp_normalize ops match the cpu through 
         }
     }
 }
+
+TEST_CASE("cuda norms round their output in the same pass when asked, no value changed") {
+    if (!cuda_runnable()) return;
+    const qk::Tensor x = randn_seeded({2, 37, 48}, 41).to(qk::Device::cuda);
+    const qk::Tensor w = randn_seeded({48}, 42).to(qk::Device::cuda);
+    const qk::Tensor b = randn_seeded({48}, 43).to(qk::Device::cuda);
+    // A head view read in place (NormRows): rows at three strides.
+    const qk::Tensor heads = x.view({2, 37, 4, 12}).transpose(1, 2);
+    const qk::Tensor w_head = randn_seeded({12}, 44).to(qk::Device::cuda);
+    for (qk::Precision precision : {qk::Precision::bf16, qk::Precision::fp16}) {
+        CAPTURE(qk::precision_name(precision));
+        const qk::DType half = precision == qk::Precision::bf16 ? qk::kBF16 : qk::kF16;
+        const qk::Tensor ln = qk::layer_norm(x, w, b, 1e-5, precision);
+        CHECK(max_abs_diff(ln, qk::layer_norm(x, w, b, 1e-5)) == 0);
+        check_kept_rounding(ln, half);
+        const qk::Tensor rms = qk::rms_norm(x, w, 1e-6, precision);
+        CHECK(max_abs_diff(rms, qk::rms_norm(x, w, 1e-6)) == 0);
+        check_kept_rounding(rms, half);
+        const qk::Tensor rms_heads = qk::rms_norm(heads, w_head, 1e-6, precision);
+        CHECK(max_abs_diff(rms_heads, qk::rms_norm(heads, w_head, 1e-6)) == 0);
+        check_kept_rounding(rms_heads, half);
+        // On the cpu nothing is written beside the output.
+        const qk::Tensor cpu_ln =
+            qk::layer_norm(x.to(qk::Device::cpu), w.to(qk::Device::cpu), {}, 1e-5, precision);
+        CHECK_FALSE(qk::has_kept_cast(cpu_ln, half));
+    }
+}

@@ -50,12 +50,18 @@ Tensor MLP::forward(const Tensor& x) const {
     switch (kind) {
         case MLPKind::gelu:
             return c_proj->forward(gelu(c_fc->forward(x)));
-        case MLPKind::swiglu:  // silu(gate) * up, fused
-            return c_proj->forward(glu(c_gate->forward(x), c_fc->forward(x), GluActivation::silu));
+        case MLPKind::swiglu:  // silu(gate) * up, fused, rounded in the same pass for c_proj
+            return c_proj->forward(
+                glu(c_gate->forward(x), c_fc->forward(x), GluActivation::silu, rounded_copy()));
         case MLPKind::geglu:
-            return c_proj->forward(glu(c_gate->forward(x), c_fc->forward(x), GluActivation::gelu));
+            return c_proj->forward(
+                glu(c_gate->forward(x), c_fc->forward(x), GluActivation::gelu, rounded_copy()));
     }
     throw Error("MLP: unknown kind");
+}
+
+Precision MLP::rounded_copy() const {  // the gated product feeds c_proj; its gradients c_fc's
+    return rounded_copy_for_linear(c_proj->precision);
 }
 
 Block::Block(const GPTConfig& config, Generator& gen, DType dtype, int64_t layer)
@@ -69,6 +75,9 @@ Block::Block(const GPTConfig& config, Generator& gen, DType dtype, int64_t layer
     if (pre) ln_2 = register_module("ln_2", block_norm(config, dtype));
     mlp = register_module("mlp", std::make_shared<MLP>(config, gen, dtype));
     if (post) post_ln_2 = register_module("post_ln_2", block_norm(config, dtype));
+    // The pre-norms feed c_attn and the MLP's first Linears: rounded for them in the same pass.
+    for (const auto& norm : {ln_1, ln_2})
+        if (norm) norm->rounded_copy = rounded_copy_for_linear(config.precision);
 }
 
 Tensor Block::forward(const Tensor& x_in, AttentionStats* stats, Generator* dropout_gen) {
@@ -100,6 +109,7 @@ GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
     for (int64_t i = 0; i < config.n_layer; ++i)
         h.push_back(blocks->add(std::to_string(i), std::make_shared<Block>(config, gen, dtype, i)));
     ln_f = transformer->add("ln_f", block_norm(config, dtype));
+    ln_f->rounded_copy = rounded_copy_for_linear(config.outside_linears());  // for the head
     if (!config.tie_embeddings)
         lm_head = register_module(
             "lm_head", std::make_shared<Linear>(config.n_embd, config.vocab_size, false, 0.02, gen,
@@ -157,7 +167,13 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
         QK_CHECK(targets.shape() == ids.shape(), "GPT: targets {} must match ids {}",
                  targets.shape(), ids.shape());
         Tensor flat = logits.view({B * T, config_.vocab_size});
-        out.cross_entropy = cross_entropy(flat, targets.reshape({B * T}));
+        // The head's GEMMs read the loss's gradient next (unless a cap or the z-loss intervene):
+        // rounded for them in the loss's backward pass.
+        const bool head_reads_gradient = config_.logit_softcap == 0 && config_.z_loss == 0;
+        out.cross_entropy =
+            cross_entropy(flat, targets.reshape({B * T}), -1,
+                          head_reads_gradient ? rounded_copy_for_linear(config_.outside_linears())
+                                              : Precision::full);
         out.loss = out.cross_entropy;
         if (config_.z_loss > 0) {
             Tensor lse = logsumexp(flat, {-1});

@@ -16,6 +16,11 @@ class MLP : public Module {
 
     MLPKind kind;
     std::shared_ptr<Linear> c_fc, c_gate, c_proj;  // c_gate: gated kinds only
+
+  private:
+    // The half type the Linear layers around the gated product multiply in (bf16, fp16), for
+    // glu's rounded copies, or full (float32, fp8: the Linear rounds its own operands).
+    Precision rounded_copy() const;
 };
 
 class Block : public Module {

@@ -40,7 +40,8 @@ Norm::Norm(NormKind kind_in, int64_t dim, bool with_bias, DType dtype, double ep
 
 Tensor Norm::forward(const Tensor& x) const {
     const Tensor gain = unit_offset ? weight + 1.0 : weight;  // (1 + w) rounded once, as Gemma
-    return kind == NormKind::layernorm ? layer_norm(x, gain, bias, eps) : rms_norm(x, gain, eps);
+    return kind == NormKind::layernorm ? layer_norm(x, gain, bias, eps, rounded_copy)
+                                       : rms_norm(x, gain, eps, rounded_copy);
 }
 
 }  // namespace qk::nn

@@ -50,6 +50,17 @@ class Norm : public Module {
     double eps;
     bool unit_offset;
     Tensor weight, bias;
+    // bf16 / fp16 for a norm whose output a mixed-precision Linear reads next (a block's pre-norms,
+    // ln_f before the head): the kernel also writes its output rounded (ops/rounded_copy.h).
+    Precision rounded_copy = Precision::full;
 };
+
+// The half type a Linear of this precision multiplies in, which the op feeding it can round its
+// output to in the same pass (bf16, fp16), or full where the Linear rounds its own operands.
+inline Precision rounded_copy_for_linear(Precision linear_precision) {
+    return linear_precision == Precision::bf16 || linear_precision == Precision::fp16
+               ? linear_precision
+               : Precision::full;
+}
 
 }  // namespace qk::nn
