@@ -147,6 +147,9 @@ int run_train(TrainConfig cfg, const ModelFlags& flags, const std::string& resum
     }
     fmt::print("final train loss {:.4f}, val loss {:.4f} ({:.4f} bits per byte) after {} steps\n",
                result.final_loss, result.final_val_loss, result.final_val_bpb, result.steps_done);
+    if (!std::isnan(result.final_val_loss_nanogpt))
+        fmt::print("val loss by nanoGPT's protocol (every 256-token window): {:.4f}\n",
+                   result.final_val_loss_nanogpt);
     fmt::print("metrics: {0}/metrics.jsonl, plot: {0}/plot.svg\n", cfg.run_dir);
     if (!result.sample.empty()) fmt::print("\n--- sample ---\n{}\n--------------\n", result.sample);
     return 0;

@@ -236,6 +236,11 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
               "validate every N steps and at the end (0: about 20 times a run, steps / 20)");
     add_value(cmd, "--eval-batches", cfg.eval_batches,
               "validation batches (the same ones each time)");
+    cmd->add_option("--eval-protocol", cfg.eval_protocol,
+                    "nanogpt: also report nanoGPT's validation figure (every 256-token window of "
+                    "the validation split; needs --block-size >= 256) beside the project's")
+        ->check(CLI::IsMember({"qknorm", "nanogpt"}))
+        ->capture_default_str();
     add_value(cmd, "--stats-every", cfg.stats_every,
               "record the attention stability signals every N steps; 0 = auto: every steps/50 "
               "(50 points or more for any run), at most every 25");

@@ -13,6 +13,7 @@
 #include "nn/model/sample.h"
 #include "nn/optim/optim.h"
 #include "nn/train/checkpoint.h"
+#include "nn/train/eval_protocol.h"
 #include "nn/train/trainer.h"
 #include "train_helpers.h"
 
@@ -520,4 +521,72 @@ TEST_CASE("TextDataset: targets are ids shifted by one, 90/10 split, seeded wind
         CHECK(gen.counter() == again.counter());  // the sampler's state is the generator's
     }
     CHECK(throws_with([&] { TextDataset(tokens, 99); }, {"TextDataset", "100 val"}));
+}
+
+TEST_CASE(
+    "nanoGPT's validation protocol: every 256-token window of the validation split, exactly") {
+    // 10,000 tokens of a 20-symbol vocabulary: a validation split of 1,000, three whole windows
+    // (tokens [0, 257), [256, 513), [512, 769)) and a partial one dropped.
+    Generator gen(11);
+    std::vector<int32_t> tokens(10000);
+    for (auto& t : tokens) t = static_cast<int32_t>(gen.uniform() * 20);
+    TextDataset data(tokens, 256);
+    GPTConfig config;
+    config.vocab_size = 20, config.block_size = 256, config.n_layer = 1, config.n_head = 2;
+    config.n_embd = 16, config.pos_emb = PosEmb::rope;
+    GPT model(config, 3);
+    const double got = nanogpt_val_loss(model, data);
+    // The reference: each window's mean loss on its own, averaged.
+    NoGradGuard no_grad;
+    model.eval();
+    const std::vector<int32_t> val(tokens.begin() + 9000, tokens.end());
+    double sum = 0;
+    for (int64_t k = 0; k < 3; ++k) {
+        const auto first = val.begin() + k * 256;
+        const Tensor ids = from_ids(std::vector<int32_t>(first, first + 256), {1, 256});
+        const Tensor targets = from_ids(std::vector<int32_t>(first + 1, first + 257), {1, 256});
+        sum += model.forward(ids, targets).cross_entropy.item();
+    }
+    CHECK(got == doctest::Approx(sum / 3).epsilon(1e-6));
+    CHECK(got > 2.5);  // an untrained model: about log 20 = 3.0
+    // A model that attends fewer than 256 tokens is refused, by the config and by the measure.
+    config.block_size = 64;
+    GPT short_model(config, 3);
+    CHECK(throws_with([&] { (void)nanogpt_val_loss(short_model, data); },
+                      {"nanogpt", "256", "block_size", "64"}));
+    TrainConfig cfg;
+    cfg.model.block_size = 64;
+    cfg.eval_protocol = "nanogpt";
+    CHECK(throws_with([&] { cfg.validate(); }, {"--eval-protocol nanogpt", "256", "64"}));
+    cfg.eval_protocol = "nanoGPT";
+    CHECK(throws_with([&] { cfg.validate(); }, {"--eval-protocol", "qknorm or nanogpt"}));
+    cfg.model.block_size = 256;
+    cfg.eval_protocol = "nanogpt";
+    CHECK(TrainConfig::from_json(cfg.to_json()).eval_protocol == "nanogpt");
+}
+
+TEST_CASE("a run with --eval-protocol nanogpt reports that figure beside its own") {
+    TempDir dir("train_nanogpt");
+    TrainConfig cfg = tiny_run(dir, "nanogpt");
+    cfg.model.block_size = 256, cfg.model.pos_emb = PosEmb::rope;
+    cfg.steps = 4, cfg.eval_every = 2, cfg.checkpoint_every = 4, cfg.sample_tokens = 0;
+    cfg.eval_protocol = "nanogpt";
+    const TrainResult r = train(cfg);
+    REQUIRE(std::isfinite(r.final_val_loss_nanogpt));
+    int reported = 0;
+    for (const auto& line : qk::test::step_metrics(cfg.run_dir))
+        if (line.contains("val_loss_nanogpt")) {
+            CHECK(line.contains("val_loss"));
+            ++reported;
+        }
+    CHECK(reported == 1);  // at the last step (it reads the whole split), with the project's
+    const auto result = nlohmann::json::parse(read_file(cfg.run_dir + "/result.json"));
+    CHECK(result.at("final_val_loss_nanogpt").get<double>() == r.final_val_loss_nanogpt);
+    // Without the flag the field is null and the metrics do not carry it.
+    TrainConfig plain = tiny_run(dir, "plain");
+    plain.steps = 2, plain.eval_every = 2, plain.checkpoint_every = 2, plain.sample_tokens = 0;
+    CHECK(std::isnan(train(plain).final_val_loss_nanogpt));
+    CHECK(nlohmann::json::parse(read_file(plain.run_dir + "/result.json"))
+              .at("final_val_loss_nanogpt")
+              .is_null());
 }

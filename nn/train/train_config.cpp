@@ -196,6 +196,13 @@ void TrainConfig::validate() const {
     require_count(loss_scale_interval, "loss-scale-interval", 1, kMaxSteps);
     require_count(eval_every, "eval-every", 0, kMaxSteps);  // 0: auto
     require_count(eval_batches, "eval-batches", 1, 1 << 20);
+    QK_CHECK(eval_protocol == "qknorm" || eval_protocol == "nanogpt",
+             "train: --eval-protocol must be qknorm or nanogpt, got '{}'", eval_protocol);
+    QK_CHECK(eval_protocol != "nanogpt" || model.block_size >= 256,
+             "train: --eval-protocol nanogpt evaluates windows of 256 tokens, and the model "
+             "attends {} at most: train with --block-size 256 or more (learned positions have no "
+             "embedding past the block size, and RoPE never saw the rotations beyond it)",
+             model.block_size);
     require_count(stats_every, "stats-every", 0, kMaxSteps);  // 0: auto
     require_count(checkpoint_every, "checkpoint-every", 1, kMaxSteps);
     require_count(keep_checkpoints, "keep-checkpoints", 1, 1 << 20);
@@ -259,6 +266,7 @@ std::string TrainConfig::to_json() const {
     j["loss_scale_interval"] = loss_scale_interval;
     j["eval_every"] = eval_every;
     j["eval_batches"] = eval_batches;
+    j["eval_protocol"] = eval_protocol;
     j["stats_every"] = stats_every;
     j["checkpoint_every"] = checkpoint_every;
     j["keep_checkpoints"] = keep_checkpoints;
@@ -320,6 +328,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
             get_integer(j, "loss_scale_interval", c.loss_scale_interval);
         get_integer(j, "eval_every", c.eval_every);
         get_integer(j, "eval_batches", c.eval_batches);
+        c.eval_protocol = j.value("eval_protocol", c.eval_protocol);  // added later
         get_integer(j, "stats_every", c.stats_every);
         get_integer(j, "checkpoint_every", c.checkpoint_every);
         get_integer(j, "keep_checkpoints", c.keep_checkpoints);

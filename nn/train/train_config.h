@@ -56,6 +56,11 @@ struct TrainConfig {
     int64_t loss_scale_interval = 2000;
     // Validation every N steps and at the end; 0 = auto, eval_interval(): about 20 points a run.
     int64_t eval_every = 0, eval_batches = 20;
+    // "qknorm": the validation loss above (eval_batches random windows of the context). "nanogpt":
+    // also nanoGPT's figure, every window of 256 tokens tiling the validation split
+    // (nn/train/eval_protocol.h), at the end of the run, beside it in metrics.jsonl and
+    // result.json. Needs a model that attends 256 tokens back (block size >= 256).
+    std::string eval_protocol = "qknorm";
     // The stability signals every N steps (they cost an extra pass); 0 = auto, stats_interval().
     int64_t stats_every = 0;
     int64_t eval_interval() const;

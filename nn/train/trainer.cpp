@@ -27,6 +27,7 @@
 #include "nn/signals/modality_signals.h"
 #include "nn/signals/plot.h"
 #include "nn/train/checkpoint.h"
+#include "nn/train/eval_protocol.h"
 #include "nn/train/fine_tune.h"
 #include "nn/train/run_control.h"
 #include "nn/train/run_dir.h"
@@ -295,14 +296,18 @@ RunStart resume_run(const TrainConfig& cfg, GPT& model, RunOptimizer& optimizer,
 void write_run_end(const TrainConfig& cfg, GPT& model, const Tokenizer& tokenizer, double seconds,
                    TrainResult& result) {
     write_run_plot(cfg);
-    write_file_atomic(cfg.run_dir + "/result.json", json{{"steps_done", result.steps_done},
-                                                         {"final_loss", result.final_loss},
-                                                         {"final_val_loss", result.final_val_loss},
-                                                         {"final_val_bpb", result.final_val_bpb},
-                                                         {"diverged", result.diverged},
-                                                         {"message", result.message},
-                                                         {"seconds", seconds}}
-                                                        .dump(2));
+    write_file_atomic(cfg.run_dir + "/result.json",
+                      json{{"steps_done", result.steps_done},
+                           {"final_loss", result.final_loss},
+                           {"final_val_loss", result.final_val_loss},
+                           {"final_val_bpb", result.final_val_bpb},
+                           {"final_val_loss_nanogpt", std::isnan(result.final_val_loss_nanogpt)
+                                                          ? json()
+                                                          : json(result.final_val_loss_nanogpt)},
+                           {"diverged", result.diverged},
+                           {"message", result.message},
+                           {"seconds", seconds}}
+                          .dump(2));
     if (!result.diverged && cfg.sample_tokens > 0) {
         Generator gen(cfg.seed);
         SampleOptions options{.max_new_tokens = cfg.sample_tokens,
@@ -492,6 +497,10 @@ bool train_step(TrainingRun& run, int64_t step) {
             evaluate(*run.model, *run.input.dataset, cfg, vocab, mixed ? &val_split : nullptr);
         line["val_loss"] = run.last_val;
         line["val_bpb"] = run.input.bits_per_byte(run.last_val);
+        if (cfg.eval_protocol == "nanogpt" && step + 1 == cfg.steps) {  // the whole split: once
+            run.result.final_val_loss_nanogpt = nanogpt_val_loss(*run.model, *run.input.dataset);
+            line["val_loss_nanogpt"] = run.result.final_val_loss_nanogpt;
+        }
         if (mixed) line["val_loss_by_modality"] = modality_json(val_split)["loss"];
     }
     if (with_stats) line["layers"] = stats_to_json(stats);

@@ -3,6 +3,7 @@
 // a plot of the run, and a sample at the end.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -15,8 +16,10 @@ struct TrainResult {
     int64_t steps_done = 0;
     double final_loss = 0, final_val_loss = 0;
     double final_val_bpb = 0;  // final_val_loss in bits per byte of raw text
-    bool diverged = false;     // a NaN or Inf loss, or a spike, stopped the run
-    int stop_signal = 0;       // SIGINT or SIGTERM stopped it after a step, with a checkpoint
+    // nanoGPT's figure at the end (--eval-protocol nanogpt; NaN otherwise)
+    double final_val_loss_nanogpt = NAN;
+    bool diverged = false;  // a NaN or Inf loss, or a spike, stopped the run
+    int stop_signal = 0;    // SIGINT or SIGTERM stopped it after a step, with a checkpoint
     std::string message;
     std::string sample;
 };
