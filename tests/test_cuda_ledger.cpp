@@ -10,6 +10,7 @@
 #include "cuda_parity.h"
 #include "helpers.h"
 #include "nn/model/gpt.h"
+#include "nn/optim/muon.h"
 #include "nn/optim/optim.h"
 #include "nn_variants.h"
 
@@ -293,4 +294,28 @@ TEST_CASE(
         return model.forward(x, x).loss.item();
     };
     CHECK(losses(true) == losses(false));
+}
+
+TEST_CASE(
+    "Muon orthogonalises the matrices of one shape in one batch: GEMMs per shape, not per matrix") {
+    if (!cuda_runnable()) return;
+    // Eight 16 × 16 matrices (two parameters of four row blocks) and two 48 × 16 ones.
+    Generator gen(3);
+    std::vector<Tensor> params;
+    for (const Shape& s : {Shape{64, 16}, Shape{64, 16}, Shape{48, 16}, Shape{48, 16}})
+        params.push_back(normal(s, 0, 1, kF32, gen).to(Device::cuda).requires_grad_());
+    std::vector<nn::MuonMatrix> matrices;
+    for (int p = 0; p < 2; ++p)
+        for (int b = 0; b < 4; ++b)
+            matrices.push_back({params[p], 16 * b, 16, fmt::format("w{}.{}", p, b)});
+    matrices.push_back({params[2], 0, -1, "fc1"});
+    matrices.push_back({params[3], 0, -1, "fc2"});
+    nn::Muon muon(matrices, {.ns_steps = 5});
+    for (Tensor& p : params) sum(p * p).backward();
+    ledger::open(false);
+    muon.step(0.01);
+    const auto entries = ledger::close();
+    int64_t gemms = 0;
+    for (const ledger::Entry& e : entries) gemms += e.library ? 1 : 0;
+    CHECK(gemms == 2 * 5 * 3);  // two shapes, five iterations of three products (10 x 15 before)
 }

@@ -185,15 +185,73 @@ TEST_CASE("two Muon steps match a float64 reference: momentum, Nesterov, row blo
     CHECK(close(opt.state()[2].to_vector<double>(), ref[2].momentum) < 1e-13);
 }
 
+TEST_CASE("Newton-Schulz on a batch: each matrix as on its own, its own norm, wide and tall") {
+    Generator gen(12);
+    for (const Shape& shape : {Shape{5, 6, 9}, Shape{3, 9, 4}}) {
+        CAPTURE(shape);
+        // Norms that differ by orders of magnitude: each matrix is scaled by its own.
+        Tensor G = normal(shape, 0, 1, kF64, gen) *
+                   from_vector(std::vector<double>{1e-3, 1.0, 50.0, 1e-6, 3.0}, {5, 1, 1}, kF64)
+                       .narrow(0, 0, shape[0]);
+        const Tensor batched = newton_schulz5(G);
+        CHECK(batched.shape() == shape);
+        for (int64_t b = 0; b < shape[0]; ++b)
+            CHECK(test::max_abs_diff(batched.select(0, b), newton_schulz5(G.select(0, b))) < 1e-13);
+    }
+}
+
+TEST_CASE("Muon orthogonalises the matrices of one shape together, in one batch") {
+    // Two layers' worth of matrices in three shapes, one of them (the 4 × 4 blocks) from two
+    // parameters: the grouped step equals a step per matrix, and the momentum stays per matrix.
+    Generator gen(13);
+    auto param = [&](int64_t rows, int64_t cols) {
+        return normal({rows, cols}, 0, 1, kF64, gen).requires_grad_();
+    };
+    Tensor a = param(12, 4), b = param(4, 4), c = param(8, 4), d = param(8, 4);
+    auto matrices = [&](const std::vector<Tensor>& p) {
+        return std::vector<MuonMatrix>{{p[0], 0, 4, "q"},    {p[0], 4, 4, "k"},
+                                       {p[0], 8, 4, "v"},    {p[1], 0, -1, "proj"},
+                                       {p[2], 0, -1, "fc1"}, {p[3], 0, -1, "fc2"}};
+    };
+    std::vector<Tensor> copies;
+    for (const Tensor& t : {a, b, c, d}) copies.push_back(t.detach().clone().requires_grad_());
+    Muon grouped(matrices({a, b, c, d}), {.momentum = 0.9, .weight_decay = 0.1});
+    std::vector<Muon> single;
+    for (const MuonMatrix& m : matrices(copies))
+        single.push_back(Muon({m}, {.momentum = 0.9, .weight_decay = 0.1}));
+    for (int step = 0; step < 2; ++step) {
+        std::vector<Tensor> ps{a, b, c, d};
+        for (int i = 0; i < 4; ++i) {
+            const Tensor g = normal(ps[i].shape(), 0, 1, kF64, gen);
+            ps[i].zero_grad(), copies[i].zero_grad();
+            sum(ps[i] * g).backward();
+            sum(copies[i] * g).backward();
+        }
+        grouped.step(0.05);
+        for (Muon& m : single) m.step(0.05);
+    }
+    for (int i = 0; i < 4; ++i)
+        CHECK(test::max_abs_diff(std::vector<Tensor>{a, b, c, d}[i], copies[i]) < 1e-13);
+    for (size_t i = 0; i < single.size(); ++i)
+        CHECK(test::max_abs_diff(grouped.state()[i], single[i].state()[0]) < 1e-13);
+}
+
 TEST_CASE("Muon and Newton-Schulz refuse bad input with the name and shape") {
     Tensor v = randn({5}).requires_grad_(), w = randn({4, 3}).requires_grad_();
     CHECK(throws_with([&] { Muon({{v, 0, -1, "gain"}}, {}); }, {"Muon", "gain", "2-D", "[5]"}));
     CHECK(throws_with([&] { Muon({{w, 2, 3, "q"}}, {}); }, {"Muon", "q", "[2, 5)", "4 rows"}));
     CHECK(throws_with([&] { Muon({{w, 0, -1, "w"}}, {.momentum = 1}); }, {"momentum", "1"}));
-    CHECK(throws_with([&] { newton_schulz5(randn({2, 3, 4})); }, {"newton_schulz5", "[2, 3, 4]"}));
+    CHECK(throws_with(
+        [&] {
+            newton_schulz5(randn({2, 2, 3, 4}));
+        },
+        {"newton_schulz5", "[2, 2, 3, 4]"}));
     Tensor bad = randn({3, 3});
     bad.set({1, 1}, NAN);
     CHECK(throws_with([&] { newton_schulz5(bad); }, {"newton_schulz5", "not finite"}));
+    Tensor bad_batch = randn({4, 3, 3});
+    bad_batch.set({2, 0, 1}, INFINITY);
+    CHECK(throws_with([&] { newton_schulz5(bad_batch); }, {"not finite", "matrix 2"}));
 }
 
 TEST_CASE("split_for_muon: the blocks' matrices to Muon (c_attn as q, k, v), the rest to AdamW") {

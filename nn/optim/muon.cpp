@@ -14,6 +14,7 @@
 #include "autograd/grad_mode.h"
 #include "core/factory.h"
 #include "ops/elementwise.h"
+#include "ops/join.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
 
@@ -32,24 +33,40 @@ Tensor block_of(const Tensor& t, const MuonMatrix& m) {
 
 }  // namespace
 
+// 1 / max(‖G_β‖_F, 1e-7) for each matrix of G: (..., m, n), as a (..., 1, 1) tensor on G's
+// device. The norms are read on the host (one read for the whole batch) to refuse a non-finite G.
+Tensor inverse_norms(const Tensor& G) {
+    const Tensor squares = sum(G * G, {-2, -1}).to(kF64).to(Device::cpu);
+    std::vector<double> inverse;
+    for (int64_t b = 0; b < squares.numel(); ++b) {
+        const double frobenius = std::sqrt(squares.data<double>()[b]);
+        QK_CHECK(std::isfinite(frobenius),
+                 "newton_schulz5: G of shape {} is not finite (‖G‖_F = {} for matrix {})",
+                 G.shape(), frobenius, b);
+        inverse.push_back(1.0 / std::max(frobenius, 1e-7));
+    }
+    Shape shape(G.shape().begin(), G.shape().end() - 2);
+    shape.insert(shape.end(), {1, 1});
+    return from_vector(inverse, shape, G.dtype()).to(G.device());
+}
+
 Tensor newton_schulz5(const Tensor& G, int steps) {
-    QK_CHECK(G.dim() == 2, "newton_schulz5: G must be a matrix (m, n), got shape {}", G.shape());
+    QK_CHECK(G.dim() == 2 || G.dim() == 3,
+             "newton_schulz5: G must be a matrix (m, n) or a batch of them (b, m, n), got shape {}",
+             G.shape());
     QK_CHECK(is_compute_dtype(G.dtype()),
              "newton_schulz5: G must be float32 or float64, got {} of shape {}", G.dtype(),
              G.shape());
     QK_CHECK(steps >= 0, "newton_schulz5: steps must be >= 0, got {}", steps);
     NoGradGuard no_grad;
-    const bool tall = G.size(0) > G.size(1);
-    const double frobenius = std::sqrt(sum(G * G).item());
-    QK_CHECK(std::isfinite(frobenius), "newton_schulz5: G of shape {} is not finite (‖G‖_F = {})",
-             G.shape(), frobenius);
-    Tensor X = (tall ? G.t() : G) * (1.0 / std::max(frobenius, 1e-7));  // (k, l), k <= l
+    const bool tall = G.size(-2) > G.size(-1);
+    Tensor X = (tall ? G.transpose(-2, -1) : G) * inverse_norms(G);  // (..., k, l), k <= l
     for (int i = 0; i < steps; ++i) {
-        Tensor A = matmul(X, X.t());            // (k, k)
-        Tensor B = A * kB + matmul(A, A) * kC;  // b·A + c·A²
-        X = X * kA + matmul(B, X);              // a·X + B·X
+        Tensor A = matmul(X, X.transpose(-2, -1));  // (..., k, k)
+        Tensor B = A * kB + matmul(A, A) * kC;      // b·A + c·A²
+        X = X * kA + matmul(B, X);                  // a·X + B·X
     }
-    return tall ? X.t().contiguous() : X;
+    return tall ? X.transpose(-2, -1).contiguous() : X;
 }
 
 Muon::Muon(std::vector<MuonMatrix> matrices, MuonOptions options)
@@ -71,21 +88,47 @@ Muon::Muon(std::vector<MuonMatrix> matrices, MuonOptions options)
         const Tensor block = block_of(m.param, m);
         momentum_.push_back(zeros(block.shape(), block.dtype(), block.device()));
     }
+    for (size_t i = 0; i < matrices_.size(); ++i) {  // groups of one shape, dtype and device
+        const Tensor& b = momentum_[i];
+        auto same = [&](const std::vector<size_t>& group) {
+            const Tensor& first = momentum_[group.front()];
+            return first.shape() == b.shape() && first.dtype() == b.dtype() &&
+                   first.device() == b.device();
+        };
+        auto it = std::find_if(shape_groups_.begin(), shape_groups_.end(), same);
+        if (it == shape_groups_.end())
+            shape_groups_.push_back({i});
+        else
+            it->push_back(i);
+    }
 }
 
 void Muon::step(double lr) {
     NoGradGuard no_grad;
     ++step_;
     const double mu = options_.momentum;
-    for (size_t i = 0; i < matrices_.size(); ++i) {
-        const MuonMatrix& m = matrices_[i];
-        if (!m.param.grad().defined()) continue;
-        Tensor W = block_of(m.param, m), G = block_of(m.param.grad(), m);
-        copy_into(momentum_[i], momentum_[i] * mu + G);  // M ← μ·M + G
-        const Tensor U = G + momentum_[i] * mu;          // Nesterov
-        const Tensor O = newton_schulz5(U, options_.ns_steps);
-        const double scale = 0.2 * std::sqrt(static_cast<double>(std::max(W.size(0), W.size(1))));
-        copy_into(W, W * (1 - lr * options_.weight_decay) - O * (lr * scale));
+    for (const std::vector<size_t>& group : shape_groups_) {
+        std::vector<size_t> stepped;  // the group's matrices that have a gradient
+        std::vector<Tensor> nesterov;
+        for (size_t i : group) {
+            const MuonMatrix& m = matrices_[i];
+            if (!m.param.grad().defined()) continue;
+            const Tensor G = block_of(m.param.grad(), m);
+            copy_into(momentum_[i], momentum_[i] * mu + G);  // M ← μ·M + G
+            nesterov.push_back(G + momentum_[i] * mu);       // U = G + μ·M
+            stepped.push_back(i);
+        }
+        if (stepped.empty()) continue;
+        // One batched iteration for the group: (n, m, k) → O, each matrix on its own.
+        const Tensor O = newton_schulz5(
+            nesterov.size() == 1 ? nesterov[0].unsqueeze(0) : stack(nesterov), options_.ns_steps);
+        for (size_t j = 0; j < stepped.size(); ++j) {
+            Tensor W = block_of(matrices_[stepped[j]].param, matrices_[stepped[j]]);
+            const double scale =
+                0.2 * std::sqrt(static_cast<double>(std::max(W.size(0), W.size(1))));
+            copy_into(W, W * (1 - lr * options_.weight_decay) -
+                             O.select(0, static_cast<int64_t>(j)) * (lr * scale));
+        }
     }
 }
 
