@@ -17,7 +17,8 @@
 // GEMMs of one Linear layer's training step at the MLP up-projection's shape, x·Wᵀ (N,T),
 // dY·W (N,N) and xᵀ·dY (T,N) with x: (B·T, C), W: (4C, C), and their FLOPs over their total time,
 // timed alternately with the step (best of each; see time_pairs). A step at fraction 1.0 would
-// run every model FLOP as fast as the best-case big GEMM.
+// run every model FLOP as fast as the best-case big GEMM. A bf16 step is held to the same three
+// GEMMs in bf16 (RawBf16Gemm, the library's bf16 GEMM), the rate its Linear layers can reach.
 //
 // Memory: live cpu Storage bytes (core/storage.h counts them), sampled around the step: at the
 // start (parameters + AdamW moments), after the forward (+ the activations the graph saved), and
@@ -36,6 +37,7 @@
 #include "bench_util.h"
 #include "nn/model/gpt.h"
 #include "nn/optim/optim.h"
+#include "ops/gemm.h"
 #include "qk.h"
 
 using namespace qk;
@@ -81,6 +83,35 @@ class RawSgemm {
   private:
     int64_t M, K, N;
     std::vector<float> x, w, dy, y, dx, dw;
+};
+
+// The bf16 twin, the reference of a bf16 step: the same three products on bf16 operands with
+// float32 sums, through the library's bf16 GEMM (ops/gemm.h: oneDNN on a CPU with AVX-512 BF16)
+// on its threads, as the bf16 Linear layers run them.
+class RawBf16Gemm {
+  public:
+    explicit RawBf16Gemm(const Config& c)
+        : M(c.B * c.T),
+          K(c.C),
+          N(4 * c.C),
+          x(M * K, bf16(0.5f)),
+          w(N * K, bf16(0.25f)),
+          dy(M * N, bf16(0.125f)),
+          y(M * N),
+          dx(M * K),
+          dw(K * N) {}
+    void operator()() {
+        using Job = cpu::GemmJob<bf16, float>;
+        cpu::gemm(Job{y.data(), N, x.data(), {false, K}, w.data(), {true, K}, M, N, K});  // x·Wᵀ
+        cpu::gemm(Job{dx.data(), K, dy.data(), {false, N}, w.data(), {false, K}, M, K, N});  // dY·W
+        cpu::gemm(Job{dw.data(), N, x.data(), {true, K}, dy.data(), {false, N}, K, N, M});  // xᵀ·dY
+    }
+    double flops() const { return 3 * 2.0 * double(M) * double(N) * double(K); }
+
+  private:
+    int64_t M, K, N;
+    std::vector<bf16> x, w, dy;
+    std::vector<float> y, dx, dw;
 };
 
 // Best (minimum) seconds of raw() and of step() over calls alternated pair by pair, the order
@@ -279,9 +310,14 @@ Result bench_one(const Config& c, nn::QKNorm variant, Precision precision, bool 
         for (int i = 0, n = c.C >= 256 ? 6 : 60; i < n; ++i) step();
         return {};
     }
-    RawSgemm raw(c);
+    // The reference: raw sgemm, or for a bf16 step the raw bf16 GEMM.
     const bool big = c.C >= 256;
-    const Timing t = time_pairs(raw, step, big ? 10.0 : 3.0, big ? 4 : 15);
+    RawSgemm raw_sgemm(c);
+    RawBf16Gemm raw_bf16(c);
+    const bool bf16_reference = precision == Precision::bf16;
+    const Timing t = bf16_reference ? time_pairs(raw_bf16, step, big ? 10.0 : 3.0, big ? 4 : 15)
+                                    : time_pairs(raw_sgemm, step, big ? 10.0 : 3.0, big ? 4 : 15);
+    const double raw_flops = bf16_reference ? raw_bf16.flops() : raw_sgemm.flops();
     const double seconds = t.step_s;
     const double flops = model_flops(c);
     return {c.name,
@@ -290,8 +326,8 @@ Result bench_one(const Config& c, nn::QKNorm variant, Precision precision, bool 
             seconds * 1e3,
             double(c.B * c.T) / seconds,
             flops / seconds / 1e9,
-            raw.flops() / t.raw_s / 1e9,
-            (flops / t.step_cpu_s) / (raw.flops() / t.raw_cpu_s),
+            raw_flops / t.raw_s / 1e9,
+            (flops / t.step_cpu_s) / (raw_flops / t.raw_cpu_s),
             t.step_switches / t.steps,
             t.step_voluntary / t.steps,
             0.0,  // filled in by main, from the floor measured once per run
@@ -306,7 +342,7 @@ Result bench_one(const Config& c, nn::QKNorm variant, Precision precision, bool 
 
 void print_table(const std::vector<Result>& rows) {
     fmt::print(
-        "\n| config | qk_norm | precision | ms/step | tokens/s | model GFLOP/s | raw sgemm GFLOP/s "
+        "\n| config | qk_norm | precision | ms/step | tokens/s | model GFLOP/s | raw GEMM GFLOP/s "
         "| fraction "
         "| fraction by CPU time | context switches per step (voluntary) | preemption floor per "
         "step "
@@ -379,7 +415,8 @@ int main(int argc, char** argv) {
                 fmt::print("{} {}: step time fp32 / {} = {:.2f}x\n", r.config, r.variant,
                            r.precision, fp32.ms / r.ms);
     fmt::print(
-        "\nfraction: model GFLOP/s / raw sgemm GFLOP/s, both wall clock (best of alternated "
+        "\nfraction: model GFLOP/s / raw GEMM GFLOP/s (sgemm; for bf16 rows the bf16 GEMM), both "
+        "wall clock (best of alternated "
         "calls); by CPU time: the same with process CPU time (one thread: the time the step "
         "really ran; two threads: CPU-seconds, which also counts waiting threads). Context "
         "switches and CPU s per step: means over the timed steps, from getrusage and the "
