@@ -55,19 +55,31 @@ double model_flops(const Config& c) {
     return BT * (6 * (12 * L * C * C + double(kVocab) * C) + 12 * L * T * C);
 }
 
-// The three GEMMs of a Linear C -> 4C training step on B·T tokens, on buffers owned here.
-class RawSgemm {
-  public:
-    explicit RawSgemm(const Config& c)
+// The operands of a Linear C -> 4C training step's three GEMMs on B·T tokens, owned here: x, W and
+// dY in the GEMMs' input type, y, dx and dW float32.
+template <class In>
+struct LinearGemmOperands {
+    explicit LinearGemmOperands(const Config& c)
         : M(c.B * c.T),
           K(c.C),
           N(4 * c.C),
-          x(M * K, 0.5f),
-          w(N * K, 0.25f),
-          dy(M * N, 0.125f),
+          x(M * K, In(0.5f)),
+          w(N * K, In(0.25f)),
+          dy(M * N, In(0.125f)),
           y(M * N),
           dx(M * K),
           dw(K * N) {}
+    double flops() const { return 3 * 2.0 * double(M) * double(N) * double(K); }
+
+    int64_t M, K, N;
+    std::vector<In> x, w, dy;
+    std::vector<float> y, dx, dw;
+};
+
+// The three GEMMs as raw cblas_sgemm on OpenBLAS's threads.
+class RawSgemm : public LinearGemmOperands<float> {
+  public:
+    using LinearGemmOperands::LinearGemmOperands;
     void operator()() { run(num_threads()); }
     void run(int threads) {
         bench::RawBlasThreads blas_threads(threads);
@@ -78,40 +90,20 @@ class RawSgemm {
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, M, 1.0f, x.data(), K, dy.data(),
                     N, 0.0f, dw.data(), N);  // dWᵀ = xᵀ·dY
     }
-    double flops() const { return 3 * 2.0 * double(M) * double(N) * double(K); }
-
-  private:
-    int64_t M, K, N;
-    std::vector<float> x, w, dy, y, dx, dw;
 };
 
 // The bf16 twin, the reference of a bf16 step: the same three products on bf16 operands with
 // float32 sums, through the library's bf16 GEMM (ops/gemm.h: oneDNN on a CPU with AVX-512 BF16)
 // on its threads, as the bf16 Linear layers run them.
-class RawBf16Gemm {
+class RawBf16Gemm : public LinearGemmOperands<bf16> {
   public:
-    explicit RawBf16Gemm(const Config& c)
-        : M(c.B * c.T),
-          K(c.C),
-          N(4 * c.C),
-          x(M * K, bf16(0.5f)),
-          w(N * K, bf16(0.25f)),
-          dy(M * N, bf16(0.125f)),
-          y(M * N),
-          dx(M * K),
-          dw(K * N) {}
+    using LinearGemmOperands::LinearGemmOperands;
     void operator()() {
         using Job = cpu::GemmJob<bf16, float>;
         cpu::gemm(Job{y.data(), N, x.data(), {false, K}, w.data(), {true, K}, M, N, K});  // x·Wᵀ
         cpu::gemm(Job{dx.data(), K, dy.data(), {false, N}, w.data(), {false, K}, M, K, N});  // dY·W
         cpu::gemm(Job{dw.data(), N, x.data(), {true, K}, dy.data(), {false, N}, K, N, M});  // xᵀ·dY
     }
-    double flops() const { return 3 * 2.0 * double(M) * double(N) * double(K); }
-
-  private:
-    int64_t M, K, N;
-    std::vector<bf16> x, w, dy;
-    std::vector<float> y, dx, dw;
 };
 
 // Best (minimum) seconds of raw() and of step() over calls alternated pair by pair, the order

@@ -286,20 +286,16 @@ bool has_kept_cast(const Tensor& t, DType dtype) {
 }
 
 Tensor cast_once(const Tensor& t, DType dtype) {
-    Storage& storage = *t.storage();
-    if (!is_whole_buffer(t) || dtype == t.dtype()) return t.detach().to(dtype).detach();
-    Storage::CastCopy& copy = storage.cast_copy();
-    const bool dry = !writes_take_effect(t);
     if (has_kept_cast(t, dtype)) {
         auto impl = std::make_shared<TensorImpl>();
-        impl->storage = copy.storage;
+        impl->storage = t.storage()->cast_copy().storage;
         impl->shape = t.shape();
         impl->strides = t.strides();
         impl->dtype = dtype;
         return Tensor(std::move(impl));
     }
     const Tensor cast = t.detach().to(dtype).detach();
-    copy = {cast.storage(), dtype, storage.version(), dry};
+    if (is_whole_buffer(t) && dtype != t.dtype()) keep_cast(t, cast);
     return cast;
 }
 

@@ -31,8 +31,6 @@ Tensor block_of(const Tensor& t, const MuonMatrix& m) {
     return m.rows < 0 ? t : t.narrow(0, m.row_begin, m.rows);
 }
 
-}  // namespace
-
 // 1 / max(‖G_β‖_F, 1e-7) for each matrix of G: (..., m, n), as a (..., 1, 1) tensor on G's
 // device. The norms are read on the host (one read for the whole batch) to refuse a non-finite G.
 Tensor inverse_norms(const Tensor& G) {
@@ -49,6 +47,8 @@ Tensor inverse_norms(const Tensor& G) {
     shape.insert(shape.end(), {1, 1});
     return from_vector(inverse, shape, G.dtype()).to(G.device());
 }
+
+}  // namespace
 
 Tensor newton_schulz5(const Tensor& G, int steps) {
     QK_CHECK(G.dim() == 2 || G.dim() == 3,

@@ -10,6 +10,7 @@
 #include "core/file_io.h"
 #include "nn/model/sample.h"
 #include "nn/text/data.h"
+#include "nn/train/eval_protocol.h"
 
 namespace qk::nn {
 
@@ -198,11 +199,11 @@ void TrainConfig::validate() const {
     require_count(eval_batches, "eval-batches", 1, 1 << 20);
     QK_CHECK(eval_protocol == "qknorm" || eval_protocol == "nanogpt",
              "train: --eval-protocol must be qknorm or nanogpt, got '{}'", eval_protocol);
-    QK_CHECK(eval_protocol != "nanogpt" || model.block_size >= 256,
-             "train: --eval-protocol nanogpt evaluates windows of 256 tokens, and the model "
-             "attends {} at most: train with --block-size 256 or more (learned positions have no "
+    QK_CHECK(eval_protocol != "nanogpt" || model.block_size >= kNanoGptWindow,
+             "train: --eval-protocol nanogpt evaluates windows of {0} tokens, and the model "
+             "attends {1} at most: train with --block-size {0} or more (learned positions have no "
              "embedding past the block size, and RoPE never saw the rotations beyond it)",
-             model.block_size);
+             kNanoGptWindow, model.block_size);
     require_count(stats_every, "stats-every", 0, kMaxSteps);  // 0: auto
     require_count(checkpoint_every, "checkpoint-every", 1, kMaxSteps);
     require_count(keep_checkpoints, "keep-checkpoints", 1, 1 << 20);
