@@ -456,6 +456,8 @@ int main(int argc, char** argv) {
     train_cmd->add_option("--resume", resume_dir,
                           "continue the run in this directory (its config is reused)");
     train_cmd->add_flag("--quiet", quiet, "no progress bar");
+    std::string preset;  // applied before parsing (apply_preset_flag): the flags' new defaults
+    add_preset_flag(train_cmd, preset);
     std::string from_json;
     train_cmd->add_option("--from-json", from_json,
                           "take every setting from this file (a run's config.json) instead of "
@@ -492,6 +494,7 @@ int main(int argc, char** argv) {
         if (const char* env = std::getenv("QK_NUM_THREADS"))
             as_usage([&] { parse_thread_count(env, "QK_NUM_THREADS"); });
         check_config_flag(argc, argv, app);
+        as_usage([&] { apply_preset_flag(argc, argv, app, train_cmd); });
         try {
             app.parse(argc, argv);
         } catch (const CLI::ParseError& e) {

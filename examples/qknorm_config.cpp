@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "nn/lab/config_file.h"
+#include "qknorm_presets.h"  // generated from examples/presets/*.toml
 
 namespace qk::cli {
 
@@ -94,6 +95,48 @@ void check_config_file(const std::string& path, CLI::App& app) {
     const std::string text = read_regular_file(path, "--config", kMaxConfigBytes);
     for (const ConfigSetting& setting : nn::parse_config_toml(text, path))
         check_setting(setting, app);
+}
+
+std::vector<std::string> preset_names() {
+    std::vector<std::string> names;
+    for (const EmbeddedPreset& p : kPresets) names.push_back(p.name);
+    return names;
+}
+
+std::string preset_text(const std::string& name) {
+    for (const EmbeddedPreset& p : kPresets)
+        if (name == p.name) return p.text;
+    throw Error(fmt::format("train: --preset '{}' is not a preset; the presets are: {}", name,
+                            fmt::join(preset_names(), ", ")));
+}
+
+CLI::Option* add_preset_flag(CLI::App* train_cmd, std::string& preset) {
+    return train_cmd
+        ->add_option("--preset", preset,
+                     fmt::format("start from a recipe's settings (examples/presets/NAME.toml; "
+                                 "flags given too win): {}",
+                                 fmt::join(preset_names(), ", ")))
+        ->check(CLI::IsMember(preset_names()));
+}
+
+void apply_preset_flag(int argc, char** argv, CLI::App& app, CLI::App* train_cmd) {
+    std::string name;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--preset" && i + 1 < argc) name = argv[i + 1];
+        if (arg.rfind("--preset=", 0) == 0) name = arg.substr(9);
+    }
+    if (name.empty()) return;
+    const std::string origin = "--preset " + name;
+    for (const ConfigSetting& s : nn::parse_config_toml(preset_text(name), origin)) {
+        check_setting(s, app);
+        QK_CHECK(s.section == "train",
+                 "{}: a preset sets train flags only, in [train]; got '{}' {}", s.where, s.key,
+                 s.section.empty() ? "before any section" : "in [" + s.section + "]");
+        CLI::Option* option = train_cmd->get_option("--" + s.key);
+        option->run_callback_for_default();     // the new default reaches the flag's variable
+        option->default_val(s.values.front());  // no train flag takes a list (check_setting)
+    }
 }
 
 std::string TomlConfig::to_config(const CLI::App*, bool, bool, std::string) const {

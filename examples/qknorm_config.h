@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 namespace qk::cli {
 
@@ -14,6 +15,19 @@ namespace qk::cli {
 // for a word or a path, an array for a list (--lrs, --variants, --seeds). Throws qk::Error
 // "FILE:line:column: ..." naming the key, what it holds and what the flag takes.
 void check_config_file(const std::string& path, CLI::App& app);
+
+// `qknorm train --preset NAME`: the settings of examples/presets/NAME.toml (compiled into the
+// program, so an installed qknorm has them) become the defaults of the train flags, as if the
+// program had been built with them: flags on the command line and a --config file still win, and
+// `--preset NAME --help` shows the preset's values as the defaults.
+std::vector<std::string> preset_names();
+// The preset's [train] section, as its file holds it. Throws qk::Error for an unknown name.
+std::string preset_text(const std::string& name);
+// Applies the --preset named in argv, if any, to train_cmd's flags (checked as a --config file
+// is: every key a train flag, every value of its type). Call it before CLI11 parses argv; the
+// --preset option itself (add_preset_flag) only names the choice for --help and the parser.
+void apply_preset_flag(int argc, char** argv, CLI::App& app, CLI::App* train_cmd);
+CLI::Option* add_preset_flag(CLI::App* train_cmd, std::string& preset);
 
 // CLI11's reader of --config files, on toml++: one item per setting, the section as the parent.
 // It sees the file after check_config_file has accepted it.

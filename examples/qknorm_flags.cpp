@@ -206,10 +206,15 @@ void add_training_flags(CLI::App* cmd, TrainConfig& cfg, bool single_run) {
     add_value(cmd, "--dist-timeout", cfg.dist_timeout,
               "under mpirun: seconds to wait for the other ranks before ending the job");
     add_value(cmd, "--steps", cfg.steps, "optimisation steps");
-    add_value(cmd, "--warmup", cfg.warmup, "linear warmup steps before the cosine decay");
+    add_value(cmd, "--warmup", cfg.warmup, "linear warmup steps before the decay");
     if (single_run) add_value(cmd, "--lr", cfg.lr, "peak learning rate");
-    if (single_run)
-        add_value(cmd, "--lr-min", cfg.lr_min, "learning rate at the end of the cosine decay");
+    if (single_run) add_value(cmd, "--lr-min", cfg.lr_min, "learning rate at the end of the decay");
+    add_value(cmd, "--lr-schedule", cfg.lr_schedule,
+              "after warmup: cosine (decay to lr-min), or wsd (warmup-stable-decay: lr held, "
+              "then a linear decay to lr-min over the last --cooldown of the run)")
+        ->check(CLI::IsMember({"cosine", "wsd"}));
+    add_value(cmd, "--cooldown", cfg.cooldown,
+              "--lr-schedule wsd: the fraction of the schedule spent decaying, in (0, 1]");
     add_value(cmd, "--beta1", cfg.beta1, "AdamW beta1");
     add_value(cmd, "--beta2", cfg.beta2, "AdamW beta2");
     add_value(cmd, "--weight-decay", cfg.weight_decay, "AdamW weight decay (2-D weights only)");

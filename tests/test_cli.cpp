@@ -234,6 +234,45 @@ TEST_CASE("a config file: a regular file in TOML, every key a flag, every value 
     }
 }
 
+TEST_CASE("--preset: its settings become the defaults, flags and --config win, --help shows them") {
+    TempDir dir("cli_preset");
+    const std::string preset_toml = read_file(QK_SOURCE_DIR "/examples/presets/speedrun.toml");
+    CHECK(preset_toml.find("lr-schedule = \"wsd\"") != std::string::npos);  // what is checked
+    // The tiny model's flags win over the preset's model; the preset's schedule stays.
+    const std::string run = dir / "run";
+    const Outcome trained =
+        run_qknorm(tiny(dir, {"--preset", "speedrun", "--steps", "2", "--run-dir", run}));
+    CAPTURE(trained.output);
+    REQUIRE(trained.exit_code == 0);
+    const nn::TrainConfig saved = nn::load_run_config(run);
+    CHECK(saved.lr_schedule == "wsd");
+    CHECK(saved.model.n_embd == 16);
+    CHECK(saved.steps == 2);
+    // --help lists the preset's values as the defaults.
+    const Outcome help = run_qknorm({"train", "--preset", "speedrun", "--help"});
+    CHECK(help.exit_code == 0);
+    CHECK(help.output.find("=wsd") != std::string::npos);
+    CHECK(run_qknorm({"train", "--help"}).output.find("=wsd") == std::string::npos);
+    // A --config file wins over the preset too.
+    const std::string cosine = dir / "cosine.toml";
+    std::ofstream(cosine) << "[train]\nlr-schedule = \"cosine\"\n";
+    const std::string run2 = dir / "run2";
+    const Outcome configured = run_qknorm(
+        tiny(dir, {"--preset", "speedrun", "--config", cosine, "--steps", "1", "--run-dir", run2}));
+    CAPTURE(configured.output);
+    REQUIRE(configured.exit_code == 0);
+    CHECK(nn::load_run_config(run2).lr_schedule == "cosine");
+    // Every file of examples/presets/ is compiled in (meson.build lists them).
+    for (const auto& e : std::filesystem::directory_iterator(QK_SOURCE_DIR "/examples/presets")) {
+        CAPTURE(e.path());
+        CHECK(run_qknorm({"train", "--preset", e.path().stem().string(), "--help"}).exit_code == 0);
+    }
+    check_refused(run_qknorm({"train", "--preset", "speedrn"}), 2,
+                  {"--preset 'speedrn' is not a preset", "speedrun"});
+    check_refused(run_qknorm({"train", "--resume", run, "--preset", "speedrun"}), 2,
+                  {"--resume", "--preset"});
+}
+
 TEST_CASE("experiment 9's config runs end to end, two steps a run; a mixed model samples") {
     TempDir dir("cli_exp9");
     const std::string out = dir / "exp9";

@@ -41,6 +41,20 @@ TEST_CASE("every committed stability config parses, every setting in its [sweep]
     CHECK(seen >= 3);
 }
 
+TEST_CASE("every committed preset parses, every setting in its [train] section") {
+    int seen = 0;
+    for (const auto& e : fs::directory_iterator(QK_SOURCE_DIR "/examples/presets")) {
+        CAPTURE(e.path());
+        CHECK(e.path().extension() == ".toml");
+        const std::vector<ConfigSetting> settings =
+            parse_config_toml(read_file(e.path().string()), e.path().string());
+        CHECK(!settings.empty());
+        for (const ConfigSetting& s : settings) CHECK(s.section == "train");
+        ++seen;
+    }
+    CHECK(seen >= 1);
+}
+
 TEST_CASE("TOML settings: kinds, arrays, sections and where each was written") {
     const char* text = R"(# a comment
 top = 1

@@ -447,6 +447,48 @@ TEST_CASE("cosine_lr: linear warmup, the peak, the cosine midpoint and the floor
     CHECK(cosine_lr(0, 0, 10, 1.0, 0.0) == doctest::Approx(1.0));  // no warmup
 }
 
+TEST_CASE("wsd_lr: the same warmup, lr held, then a straight line to the floor") {
+    // warmup 10, cooldown 40 of 110: flat over [10, 70), the line over [70, 110).
+    auto lr = [](int64_t step) { return wsd_lr(step, 10, 40, 110, 1.0, 0.1); };
+    for (int64_t s = 0; s < 10; ++s) CHECK(lr(s) == cosine_lr(s, 10, 110, 1.0, 0.1));
+    for (int64_t s = 10; s < 70; ++s) CHECK(lr(s) == 1.0);
+    CHECK(lr(70) == 1.0);
+    CHECK(lr(90) == doctest::Approx(0.55));             // halfway down the line
+    CHECK(lr(109) == doctest::Approx(0.1 + 0.9 / 40));  // one step short of the floor
+    CHECK(lr(110) == 0.1);
+    CHECK(lr(500) == 0.1);
+    for (int64_t s = 70; s < 110; ++s)  // equal steps down
+        CHECK(lr(s) - lr(s + 1) == doctest::Approx(0.9 / 40));
+    // A cooldown longer than the schedule after warmup starts the line at the peak.
+    CHECK(wsd_lr(10, 10, 500, 110, 1.0, 0.0) == 1.0);
+    CHECK(wsd_lr(60, 10, 500, 110, 1.0, 0.0) == doctest::Approx(0.5));
+    CHECK(wsd_lr(0, 0, 10, 10, 1.0, 0.0) == 1.0);  // no warmup
+}
+
+TEST_CASE("TrainConfig::lr_at follows --lr-schedule and --cooldown over the schedule's length") {
+    TrainConfig c;
+    c.steps = 200, c.warmup = 20, c.lr = 1e-2, c.lr_min = 1e-4;
+    for (int64_t s : {0, 19, 20, 100, 199, 200})
+        CHECK(c.lr_at(s) == cosine_lr(s, 20, 200, 1e-2, 1e-4));
+    c.lr_schedule = "wsd", c.cooldown = 0.25;
+    for (int64_t s : {0, 19, 20, 149, 150, 175, 199, 200})
+        CHECK(c.lr_at(s) == wsd_lr(s, 20, 50, 200, 1e-2, 1e-4));
+    c.schedule_steps = 100;  // an extended run keeps its schedule: 25 steps of cooldown
+    CHECK(c.lr_at(75) == 1e-2);
+    CHECK(c.lr_at(76) < 1e-2);
+    CHECK(c.lr_at(150) == 1e-4);
+    const TrainConfig back = TrainConfig::from_json(c.to_json());
+    CHECK(back.lr_schedule == "wsd");
+    CHECK(back.cooldown == 0.25);
+    c.lr_schedule = "linear";
+    CHECK(throws_with([&] { c.validate(); }, {"--lr-schedule", "linear", "cosine or wsd"}));
+    c.lr_schedule = "wsd";
+    for (double bad : {0.0, -0.1, 1.5, std::nan("")}) {
+        c.cooldown = bad;
+        CHECK(throws_with([&] { c.validate(); }, {"--cooldown"}));
+    }
+}
+
 TEST_CASE("clip_grad_norm scales to max_norm and returns the norm before clipping") {
     Tensor a = param_with_grad({0, 0}, {3, 4}, {2}), b = param_with_grad({0}, {12}, {1});
     CHECK(clip_grad_norm({a, b}, 100.0) == doctest::Approx(13.0));

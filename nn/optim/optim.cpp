@@ -287,6 +287,19 @@ double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, dou
     return lr_min + 0.5 * (lr_max - lr_min) * (1 + std::cos(std::numbers::pi * progress));
 }
 
+double wsd_lr(int64_t step, int64_t warmup, int64_t cooldown, int64_t total, double lr_max,
+              double lr_min) {
+    if (warmup > 0 && step < warmup)
+        return lr_max * static_cast<double>(step + 1) / static_cast<double>(warmup);
+    if (step >= total) return lr_min;
+    const int64_t decay_start = std::max(total - cooldown, warmup);
+    if (step < decay_start) return lr_max;
+    // The cooldown's last step (total - 1) lands one step short of lr_min, as cosine's does.
+    const double progress = static_cast<double>(step - decay_start) /
+                            static_cast<double>(std::max<int64_t>(total - decay_start, 1));
+    return lr_max + (lr_min - lr_max) * progress;
+}
+
 namespace {
 
 // The contiguous gradients of one float type on one device, as raw pointers for the multi-tensor

@@ -182,7 +182,7 @@ void write_run_plot(const TrainConfig& cfg) {
     }
     std::vector<plot::Panel> panels{
         loss,
-        {"Learning rate (warmup, cosine decay)", "step", "lr", false, false, {lr}},
+        {"Learning rate", "step", "lr", false, false, {lr}},
         {"Gradient norm (before clipping)", "step", "‖g‖", false, true, {grad}},
         {"Max |attention logit|", "step", "max |s|", false, true, max_logit},
         {"Attention entropy", "step", "mean −Σ A log A", false, false, entropy},

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "nn/model/sample.h"
+#include "nn/optim/optim.h"
 #include "nn/text/data.h"
 #include "nn/train/eval_protocol.h"
 
@@ -107,6 +108,15 @@ int64_t TrainConfig::eval_interval() const {
     return eval_every > 0 ? eval_every : std::max<int64_t>(1, (steps + 19) / 20);
 }
 
+double TrainConfig::lr_at(int64_t step) const {
+    const int64_t total = schedule_length();
+    if (lr_schedule == "wsd") {
+        const auto cooldown_steps = static_cast<int64_t>(std::llround(cooldown * total));
+        return wsd_lr(step, warmup, cooldown_steps, total, lr, lr_min);
+    }
+    return cosine_lr(step, warmup, total, lr, lr_min);
+}
+
 int64_t TrainConfig::stats_interval() const {
     return stats_every > 0 ? stats_every : std::clamp<int64_t>(steps / 50, 1, 25);
 }
@@ -166,6 +176,10 @@ void TrainConfig::validate() const {
              "train config: schedule_steps must be in [0, steps = {}] (0: the run's own steps), "
              "got {}",
              steps, schedule_steps);  // longer than steps: lr never peaks
+    QK_CHECK(lr_schedule == "cosine" || lr_schedule == "wsd",
+             "train: --lr-schedule must be cosine or wsd, got '{}'", lr_schedule);
+    require(std::isfinite(cooldown) && cooldown > 0 && cooldown <= 1, "cooldown", cooldown,
+            "a fraction of the schedule in (0, 1]");
     require(std::isfinite(lr) && lr > 0, "lr", lr, "a finite number > 0");
     require(finite_at_least(lr_min, 0) && lr_min <= lr, "lr-min", lr_min,
             "a finite number in [0, --lr]");
@@ -254,6 +268,8 @@ std::string TrainConfig::to_json() const {
     j["warmup"] = warmup;
     j["lr"] = lr;
     j["lr_min"] = lr_min;
+    j["lr_schedule"] = lr_schedule;
+    j["cooldown"] = cooldown;
     j["beta1"] = beta1;
     j["beta2"] = beta2;
     j["weight_decay"] = weight_decay;
@@ -315,6 +331,8 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
         get_integer(j, "warmup", c.warmup);
         j.at("lr").get_to(c.lr);
         j.at("lr_min").get_to(c.lr_min);
+        c.lr_schedule = j.value("lr_schedule", c.lr_schedule);  // runs saved before wsd: cosine
+        c.cooldown = j.value("cooldown", c.cooldown);
         j.at("beta1").get_to(c.beta1);
         j.at("beta2").get_to(c.beta2);
         j.at("weight_decay").get_to(c.weight_decay);

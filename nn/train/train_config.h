@@ -77,6 +77,12 @@ struct TrainConfig {
     // steps past its end run at lr_min.
     int64_t schedule_steps = 0;
     int64_t schedule_length() const { return schedule_steps > 0 ? schedule_steps : steps; }
+    // The schedule's shape after warmup: "cosine" decays to lr_min; "wsd" (warmup, stable, decay)
+    // holds lr, then decays linearly to lr_min over the last `cooldown` of the schedule (a
+    // fraction in (0, 1]).
+    std::string lr_schedule = "cosine";
+    double cooldown = 0.3;
+    double lr_at(int64_t step) const;
     // Data-parallel knobs (docs/distributed.md), saved in config.json; a run may resume on
     // another number of ranks, and `--resume` takes new values of these from the command line.
     // Every rank must pass the same values.

@@ -437,7 +437,7 @@ TrainingRun open_run(const TrainConfig& config, bool resume) {
 bool train_step(TrainingRun& run, int64_t step) {
     const TrainConfig& cfg = run.cfg;
     const auto t0 = std::chrono::steady_clock::now();
-    const double lr = cosine_lr(step, cfg.warmup, cfg.schedule_length(), cfg.lr, cfg.lr_min);
+    const double lr = cfg.lr_at(step);
     const bool with_stats = step % cfg.stats_interval() == 0 || step + 1 == cfg.steps;
     std::vector<AttentionStats> stats;  // every step with QK-Clip: it reads S_h from them
     const bool measure = with_stats || cfg.qk_clip > 0;
