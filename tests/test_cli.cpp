@@ -238,14 +238,16 @@ TEST_CASE("--preset: its settings become the defaults, flags and --config win, -
     TempDir dir("cli_preset");
     const std::string preset_toml = read_file(QK_SOURCE_DIR "/examples/presets/speedrun.toml");
     CHECK(preset_toml.find("lr-schedule = \"wsd\"") != std::string::npos);  // what is checked
-    // The tiny model's flags win over the preset's model; the preset's schedule stays.
+    // The tiny model's flags win over the preset's model (and its 16 tokens of context over
+    // nanoGPT's 256-token measure); the preset's schedule stays.
     const std::string run = dir / "run";
-    const Outcome trained =
-        run_qknorm(tiny(dir, {"--preset", "speedrun", "--steps", "2", "--run-dir", run}));
+    const Outcome trained = run_qknorm(tiny(dir, {"--preset", "speedrun", "--eval-protocol",
+                                                  "qknorm", "--steps", "2", "--run-dir", run}));
     CAPTURE(trained.output);
     REQUIRE(trained.exit_code == 0);
     const nn::TrainConfig saved = nn::load_run_config(run);
     CHECK(saved.lr_schedule == "wsd");
+    CHECK(saved.eval_protocol == "qknorm");
     CHECK(saved.model.n_embd == 16);
     CHECK(saved.steps == 2);
     // --help lists the preset's values as the defaults.
@@ -257,8 +259,9 @@ TEST_CASE("--preset: its settings become the defaults, flags and --config win, -
     const std::string cosine = dir / "cosine.toml";
     std::ofstream(cosine) << "[train]\nlr-schedule = \"cosine\"\n";
     const std::string run2 = dir / "run2";
-    const Outcome configured = run_qknorm(
-        tiny(dir, {"--preset", "speedrun", "--config", cosine, "--steps", "1", "--run-dir", run2}));
+    const Outcome configured =
+        run_qknorm(tiny(dir, {"--preset", "speedrun", "--config", cosine, "--eval-protocol",
+                              "qknorm", "--steps", "1", "--run-dir", run2}));
     CAPTURE(configured.output);
     REQUIRE(configured.exit_code == 0);
     CHECK(nn::load_run_config(run2).lr_schedule == "cosine");
