@@ -10,6 +10,8 @@
 #include "nn/model/gpt.h"
 #include "nn/optim/muon.h"
 #include "nn/train/run_optimizer.h"
+#include "ops/gemm.h"
+#include "ops/join.h"
 
 using namespace qk;
 using namespace qk::nn;
@@ -198,6 +200,48 @@ TEST_CASE("Newton-Schulz on a batch: each matrix as on its own, its own norm, wi
         for (int64_t b = 0; b < shape[0]; ++b)
             CHECK(test::max_abs_diff(batched.select(0, b), newton_schulz5(G.select(0, b))) < 1e-13);
     }
+}
+
+TEST_CASE("Newton-Schulz at bf16: every product's operands rounded, float32 sums, band kept") {
+    // With the float32 engine the bf16 GEMMs sum the same exact products in sgemm's order, so
+    // the iteration written out with each operand rounded by hand must agree bit for bit.
+    const cpu::Bf16GemmEngine engine = cpu::bf16_gemm_engine();
+    Generator gen(21);
+    for (const Shape& shape : {Shape{3, 24, 40}, Shape{2, 40, 24}}) {  // wide and tall
+        CAPTURE(shape);
+        const Tensor G = randn(shape, kF32, gen) * 0.3;
+        cpu::set_bf16_gemm_engine(cpu::Bf16GemmEngine::float32_sgemm);
+        const Tensor got = newton_schulz5(G, 5, Precision::bf16);
+        cpu::set_bf16_gemm_engine(engine);
+        auto r = [](const Tensor& t) { return t.to(kBF16).to(kF32); };
+        const bool tall = shape[1] > shape[2];
+        const Tensor squares = sum(G * G, {-2, -1}).to(kF64);
+        std::vector<Tensor> want;
+        for (int64_t b = 0; b < shape[0]; ++b) {
+            Tensor X = tall ? G.select(0, b).t() : G.select(0, b);
+            X = X * static_cast<float>(1.0 / std::sqrt(squares.data<double>()[b]));
+            for (int i = 0; i < 5; ++i) {
+                const Tensor A = matmul(r(X), r(X).t());
+                const Tensor B = A * -4.7750 + matmul(r(A), r(A)) * 2.0315;
+                X = X * 3.4445 + matmul(r(B), r(X));
+            }
+            want.push_back(tall ? X.t() : X);
+        }
+        CHECK(test::max_abs_diff(got, stack(want)) == 0);
+        CHECK(test::max_abs_diff(got, newton_schulz5(G)) > 1e-3);  // the products were bf16
+        // The default engine (oneDNN's, where built) sums in its own order: near-orthogonal too.
+        const Tensor fast = newton_schulz5(G, 5, Precision::bf16);
+        for (int64_t b = 0; b < shape[0]; ++b) {
+            const std::vector<double> s = singular_values(fast.select(0, b));
+            CHECK(s.front() > 0.68 - 0.02);
+            CHECK(s.back() < 1.21 + 0.02);
+        }
+    }
+    CHECK(throws_with(
+        [&] {
+            newton_schulz5(randn({3, 4}, kF64), 5, Precision::bf16);
+        },
+        {"newton_schulz5", "bf16", "float32", "float64"}));
 }
 
 TEST_CASE("Muon orthogonalises the matrices of one shape together, in one batch") {

@@ -50,7 +50,7 @@ Tensor inverse_norms(const Tensor& G) {
 
 }  // namespace
 
-Tensor newton_schulz5(const Tensor& G, int steps) {
+Tensor newton_schulz5(const Tensor& G, int steps, Precision precision) {
     QK_CHECK(G.dim() == 2 || G.dim() == 3,
              "newton_schulz5: G must be a matrix (m, n) or a batch of them (b, m, n), got shape {}",
              G.shape());
@@ -58,13 +58,20 @@ Tensor newton_schulz5(const Tensor& G, int steps) {
              "newton_schulz5: G must be float32 or float64, got {} of shape {}", G.dtype(),
              G.shape());
     QK_CHECK(steps >= 0, "newton_schulz5: steps must be >= 0, got {}", steps);
+    QK_CHECK(precision == Precision::full || G.dtype() == kF32,
+             "newton_schulz5: {} products take a float32 G, got {} of shape {}",
+             precision_name(precision), G.dtype(), G.shape());
     NoGradGuard no_grad;
+    auto mm = [&](const Tensor& a, const Tensor& b, double alpha = 1.0) {
+        if (precision != Precision::full) return matmul(a, b, precision, alpha);
+        return alpha == 1.0 ? matmul(a, b) : matmul(a, b) * alpha;
+    };
     const bool tall = G.size(-2) > G.size(-1);
     Tensor X = (tall ? G.transpose(-2, -1) : G) * inverse_norms(G);  // (..., k, l), k <= l
     for (int i = 0; i < steps; ++i) {
-        Tensor A = matmul(X, X.transpose(-2, -1));  // (..., k, k)
-        Tensor B = A * kB + matmul(A, A) * kC;      // b·A + c·A²
-        X = X * kA + matmul(B, X);                  // a·X + B·X
+        Tensor A = mm(X, X.transpose(-2, -1));  // (..., k, k)
+        Tensor B = A * kB + mm(A, A, kC);       // b·A + c·A²
+        X = X * kA + mm(B, X);                  // a·X + B·X
     }
     return tall ? X.transpose(-2, -1).contiguous() : X;
 }
@@ -120,8 +127,9 @@ void Muon::step(double lr) {
         }
         if (stepped.empty()) continue;
         // One batched iteration for the group: (n, m, k) → O, each matrix on its own.
-        const Tensor O = newton_schulz5(
-            nesterov.size() == 1 ? nesterov[0].unsqueeze(0) : stack(nesterov), options_.ns_steps);
+        const Tensor O =
+            newton_schulz5(nesterov.size() == 1 ? nesterov[0].unsqueeze(0) : stack(nesterov),
+                           options_.ns_steps, options_.precision);
         for (size_t j = 0; j < stepped.size(); ++j) {
             Tensor W = block_of(matrices_[stepped[j]].param, matrices_[stepped[j]]);
             const double scale =

@@ -19,13 +19,17 @@ namespace qk::nn {
 // matrices each orthogonalised on its own (each its own ‖G‖_F) by batched GEMMs, one launch per
 // product for the whole batch; float32 or float64, any device (the iteration is GEMMs). The
 // norms come to the host once per call, to refuse a non-finite G. Not differentiable (an
-// optimizer's tool).
-Tensor newton_schulz5(const Tensor& G, int steps = 5);
+// optimizer's tool). With precision bf16 or fp16 (float32 G) every product reads its operands
+// rounded to the half type and sums in float32 (matmul's mixed form), as modded-nanogpt runs the
+// iteration in bf16: the result only needs to be near-orthogonal (the map above already leaves
+// σ anywhere in [0.68, 1.21]), and bf16 GEMMs run several times faster.
+Tensor newton_schulz5(const Tensor& G, int steps = 5, Precision precision = Precision::full);
 
 struct MuonOptions {
     double momentum = 0.95;  // μ
     double weight_decay = 0.1;
     int ns_steps = 5;
+    Precision precision = Precision::full;  // of the Newton–Schulz GEMMs (the model's)
 };
 
 // One matrix Muon updates: rows [row_begin, row_begin + rows) of a 2-D parameter (the whole of

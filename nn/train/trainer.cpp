@@ -146,7 +146,13 @@ RunOptimizerOptions run_optimizer_options(const TrainConfig& cfg) {
                      .lr_max = cfg.lr};
     options.muon = cfg.optimizer == "muon";
     options.attn_rows = {cfg.model.q_width(), cfg.model.kv_width()};
-    options.muon_options = {.momentum = cfg.muon_momentum, .weight_decay = cfg.weight_decay};
+    // Newton–Schulz at the model's GEMM precision (fp8's other GEMMs are bf16).
+    const Precision gemm = cfg.model.precision;
+    options.muon_options = {
+        .momentum = cfg.muon_momentum,
+        .weight_decay = cfg.weight_decay,
+        .precision = gemm == Precision::fp8 ? Precision::bf16 : gemm,
+    };
     options.zero = static_cast<int>(cfg.zero);
     options.bucket_bytes = static_cast<int64_t>(cfg.bucket_mb * (1 << 20));
     options.overlap = cfg.overlap;
