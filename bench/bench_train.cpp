@@ -1,7 +1,8 @@
 // bench_train: one GPT training step (forward, backward, clip, AdamW), against raw sgemm.
 //
 //   QK_NUM_THREADS=1 ./build/bench/bench_train     (then QK_NUM_THREADS=2)
-//   ./build/bench/bench_train A        only config A (quick);  B: only config B
+//   ./build/bench/bench_train A        only config A (quick);  B: only config B; S: only S
+// S is the speedrun preset's step (examples/presets/speedrun.toml: RoPE, T 256, batch 4).
 //   perf record -g ./build/bench/bench_train B profile [layernorm]   steps only, for a profiler
 //
 // The step is the trainer's (nn/train/trainer.cpp): forward with targets, loss.backward(),
@@ -47,6 +48,7 @@ namespace {
 struct Config {
     const char* name;
     int64_t L, C, H, T, B;
+    bool rope = false;  // RoPE instead of learned positions (no wpe)
 };
 constexpr int64_t kVocab = 65;
 
@@ -266,6 +268,7 @@ Result bench_one(const Config& c, nn::QKNorm variant, Precision precision, bool 
     cfg.qk_norm = variant;
     cfg.qk_norm_scope = nn::NormScope::head;
     cfg.fused_attention = fused_attention();
+    if (c.rope) cfg.pos_emb = nn::PosEmb::rope;
 
     const std::size_t before_model = live_storage_bytes();
     nn::GPT model(cfg, /*seed=*/1);
@@ -361,7 +364,8 @@ int main(int argc, char** argv) {
     const bool profile = argc > 2 && std::string(argv[2]) == "profile";
     const std::string profile_variant = argc > 3 ? argv[3] : "none";
     const Config configs[] = {{"A (L4 C128 H4 T64 B16)", 4, 128, 4, 64, 16},
-                              {"B (L6 C384 H6 T256 B8)", 6, 384, 6, 256, 8}};
+                              {"B (L6 C384 H6 T256 B8)", 6, 384, 6, 256, 8},
+                              {"S (L4 C192 H6 T256 B4 RoPE)", 4, 192, 6, 256, 4, true}};
     fmt::print(
         "# GPT training step, float32 weights, V = {}, {} thread(s) (QK_NUM_THREADS), {} "
         "attention (QK_BENCH_ATTENTION), precision "

@@ -407,11 +407,13 @@ int main(int argc, char** argv) {
     // budget (about 9 M tokens) batch 16 beat batch 32 (more steps, and faster per token),
     // C = 192 beat C = 256 and L = 6, beta2 0.95 beat 0.99, decaying to lr/100 beat lr/10;
     // bf16 buys 25-50 % more steps than fp32 in the same time, RoPE 0.01 nats over learned
-    // positions at equal steps, and lr 4.5e-3 edged out 3e-3 with RoPE. Dropout hurt (this is
-    // under one epoch). 40 validation batches of 16 are 40,960 tokens, measured at the automatic
-    // cadence (TrainConfig::eval_interval): every 450 steps here, steps / 20 in a shorter run.
-    // The stability signals too (TrainConfig::stats_interval): every 25 steps here (360 points;
-    // every 10 cost 2 % more), every steps / 50 in a shorter run.
+    // positions at equal steps, and lr 4.5e-3 edged out 3e-3 with RoPE. Dropout hurt (at this
+    // budget, about nine passes over the training split). `--preset speedrun` is this model at
+    // context 256 with a warmup-stable-decay schedule (examples/presets/). 40 validation batches of
+    // 16 are 40,960 tokens, measured at the automatic cadence (TrainConfig::eval_interval): every
+    // 450 steps here, steps / 20 in a shorter run. The stability signals too
+    // (TrainConfig::stats_interval): every 25 steps here (360 points; every 10 cost 2 % more),
+    // every steps / 50 in a shorter run.
     TrainConfig cfg;
     cfg.model.qk_norm = QKNorm::layernorm;
     cfg.model.pos_emb = PosEmb::rope;

@@ -23,14 +23,6 @@ namespace qk::matmul_impl {
 
 namespace {
 
-// A float32 (rows, cols) tensor as a contiguous Half one (the rounding; a view's elements are
-// gathered on the way); a Half one as it is. t is detached, or dy under the backward's
-// NoGradGuard: nothing records.
-template <class Half>
-Tensor to_half(const Tensor& t) {
-    return t.to(dtype_of<Half>());
-}
-
 // t = 0 on its device (t contiguous).
 void fill_zeros(const Tensor& t) {
     if (t.device() == Device::cpu) {
@@ -234,13 +226,13 @@ struct HalfOperand {
     HalfOperand transposed() const { return {half, {!layout.trans, layout.ld}}; }
 };
 
-// t is detached, or dY under the backward's NoGradGuard. A whole buffer comes through cast_once:
-// softmax's probabilities and their gradient arrive with their rounding already kept beside them
-// (SoftmaxOptions::rounded_copy).
+// t is detached, or dY under the backward's NoGradGuard. A whole buffer comes through cast_once,
+// read either way round: softmax's probabilities and their gradient arrive with their rounding
+// already kept beside them (SoftmaxOptions::rounded_copy), and Newton–Schulz's X X̃ᵀ rounds X once.
 template <class Half>
 HalfOperand<Half> round_operand(const Tensor& t) {
     if (stored_transposed(t))
-        return {to_half<Half>(t.transpose(-2, -1)).contiguous(), {true, t.size(-2)}};
+        return {cast_once(t.transpose(-2, -1), dtype_of<Half>()).contiguous(), {true, t.size(-2)}};
     return {cast_once(t, dtype_of<Half>()).contiguous(), {false, t.size(-1)}};
 }
 

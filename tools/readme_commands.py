@@ -111,6 +111,8 @@ def main():
         sub = words[1]
         if sub == "train" and "--resume" not in words:
             words = with_flags(words, SHORT_FINE_TUNE if "--init-from" in words else SHORT_TRAIN)
+            if "--preset" in words:  # the tiny model cannot attend nanoGPT's 256 characters
+                words = with_flags(words, ["--eval-protocol", "qknorm"])
             if first_run is not None and "--run-dir" not in words:  # one run per second's name
                 words += ["--run-dir", f"runs/readme-{trains}"]
             trains += 1

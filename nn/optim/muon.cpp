@@ -48,6 +48,20 @@ Tensor inverse_norms(const Tensor& G) {
     return from_vector(inverse, shape, G.dtype()).to(G.device());
 }
 
+// The iteration on X₀: (..., k, l), k <= l, already scaled to ‖X₀‖_F <= 1.
+Tensor iterate(Tensor X, int steps, Precision precision) {
+    auto mm = [&](const Tensor& a, const Tensor& b, double alpha = 1.0) {
+        if (precision != Precision::full) return matmul(a, b, precision, alpha);
+        return alpha == 1.0 ? matmul(a, b) : matmul(a, b) * alpha;
+    };
+    for (int i = 0; i < steps; ++i) {
+        Tensor A = mm(X, X.transpose(-2, -1));  // (..., k, k)
+        Tensor B = A * kB + mm(A, A, kC);       // b·A + c·A²
+        X = X * kA + mm(B, X);                  // a·X + B·X
+    }
+    return X;
+}
+
 }  // namespace
 
 Tensor newton_schulz5(const Tensor& G, int steps, Precision precision) {
@@ -62,16 +76,16 @@ Tensor newton_schulz5(const Tensor& G, int steps, Precision precision) {
              "newton_schulz5: {} products take a float32 G, got {} of shape {}",
              precision_name(precision), G.dtype(), G.shape());
     NoGradGuard no_grad;
-    auto mm = [&](const Tensor& a, const Tensor& b, double alpha = 1.0) {
-        if (precision != Precision::full) return matmul(a, b, precision, alpha);
-        return alpha == 1.0 ? matmul(a, b) : matmul(a, b) * alpha;
-    };
     const bool tall = G.size(-2) > G.size(-1);
     Tensor X = (tall ? G.transpose(-2, -1) : G) * inverse_norms(G);  // (..., k, l), k <= l
-    for (int i = 0; i < steps; ++i) {
-        Tensor A = mm(X, X.transpose(-2, -1));  // (..., k, k)
-        Tensor B = A * kB + mm(A, A, kC);       // b·A + c·A²
-        X = X * kA + mm(B, X);                  // a·X + B·X
+    if (X.dim() == 3 && X.device() == Device::cpu) {
+        // The cpu's batched GEMM loops over the matrices anyway, and one matrix's iterates stay
+        // in cache where a batch's do not (16 of 192 x 192 take 2.4 MB an iterate): one matrix at
+        // a time, 1.5-2x faster here; a GPU takes the whole batch per launch.
+        for (int64_t b = 0; b < X.size(0); ++b)
+            copy_into(X.select(0, b), iterate(X.select(0, b).clone(), steps, precision));
+    } else {
+        X = iterate(X, steps, precision);
     }
     return tall ? X.transpose(-2, -1).contiguous() : X;
 }
