@@ -334,13 +334,8 @@ int run_sample(const SampleArgs& args) {
 // The --config file, if one is named, read and checked against the flags before CLI11 reads it
 // (CLI11 alone would block on a FIFO and take any value as text).
 void check_config_flag(int argc, char** argv, CLI::App& app) {
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        std::string path;
-        if (arg == "--config" && i + 1 < argc) path = argv[i + 1];
-        if (arg.rfind("--config=", 0) == 0) path = arg.substr(9);
+    for (const std::string& path : flag_values(argc, argv, "--config"))
         if (!path.empty()) as_usage([&] { check_config_file(path, app); });
-    }
 }
 
 }  // namespace

@@ -89,14 +89,6 @@ void check_setting(const ConfigSetting& s, CLI::App& app) {
              nn::describe(s), shown, s.key, wanted);
 }
 
-}  // namespace
-
-void check_config_file(const std::string& path, CLI::App& app) {
-    const std::string text = read_regular_file(path, "--config", kMaxConfigBytes);
-    for (const ConfigSetting& setting : nn::parse_config_toml(text, path))
-        check_setting(setting, app);
-}
-
 std::vector<std::string> preset_names() {
     std::vector<std::string> names;
     for (const EmbeddedPreset& p : kPresets) names.push_back(p.name);
@@ -110,6 +102,14 @@ std::string preset_text(const std::string& name) {
                             fmt::join(preset_names(), ", ")));
 }
 
+}  // namespace
+
+void check_config_file(const std::string& path, CLI::App& app) {
+    const std::string text = read_regular_file(path, "--config", kMaxConfigBytes);
+    for (const ConfigSetting& setting : nn::parse_config_toml(text, path))
+        check_setting(setting, app);
+}
+
 CLI::Option* add_preset_flag(CLI::App* train_cmd, std::string& preset) {
     return train_cmd
         ->add_option("--preset", preset,
@@ -119,13 +119,20 @@ CLI::Option* add_preset_flag(CLI::App* train_cmd, std::string& preset) {
         ->check(CLI::IsMember(preset_names()));
 }
 
-void apply_preset_flag(int argc, char** argv, CLI::App& app, CLI::App* train_cmd) {
-    std::string name;
+std::vector<std::string> flag_values(int argc, char** argv, const std::string& flag) {
+    std::vector<std::string> values;
+    const std::string with_value = flag + "=";
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
-        if (arg == "--preset" && i + 1 < argc) name = argv[i + 1];
-        if (arg.rfind("--preset=", 0) == 0) name = arg.substr(9);
+        if (arg == flag && i + 1 < argc) values.push_back(argv[i + 1]);
+        if (arg.rfind(with_value, 0) == 0) values.push_back(arg.substr(with_value.size()));
     }
+    return values;
+}
+
+void apply_preset_flag(int argc, char** argv, CLI::App& app, CLI::App* train_cmd) {
+    const std::vector<std::string> given = flag_values(argc, argv, "--preset");
+    const std::string name = given.empty() ? "" : given.back();
     if (name.empty()) return;
     const std::string origin = "--preset " + name;
     for (const ConfigSetting& s : nn::parse_config_toml(preset_text(name), origin)) {

@@ -16,15 +16,18 @@ namespace qk::cli {
 // "FILE:line:column: ..." naming the key, what it holds and what the flag takes.
 void check_config_file(const std::string& path, CLI::App& app);
 
+// Every value argv gives the flag (`--flag VALUE` or `--flag=VALUE`), in order: what --config and
+// --preset name, read before CLI11 parses argv.
+std::vector<std::string> flag_values(int argc, char** argv, const std::string& flag);
+
 // `qknorm train --preset NAME`: the settings of examples/presets/NAME.toml (compiled into the
 // program, so an installed qknorm has them) become the defaults of the train flags, as if the
 // program had been built with them: flags on the command line and a --config file still win, and
 // `--preset NAME --help` shows the preset's values as the defaults.
-std::vector<std::string> preset_names();
-// The preset's [train] section, as its file holds it. Throws qk::Error for an unknown name.
-std::string preset_text(const std::string& name);
-// Applies the --preset named in argv, if any, to train_cmd's flags (checked as a --config file
-// is: every key a train flag, every value of its type). Call it before CLI11 parses argv; the
+//
+// apply_preset_flag applies the --preset named in argv, if any, to train_cmd's flags (checked as a
+// --config file is: every key a train flag, every value of its type). Call it before CLI11 parses
+// argv; the
 // --preset option itself (add_preset_flag) only names the choice for --help and the parser.
 void apply_preset_flag(int argc, char** argv, CLI::App& app, CLI::App* train_cmd);
 CLI::Option* add_preset_flag(CLI::App* train_cmd, std::string& preset);

@@ -278,9 +278,18 @@ void SGD::zero_grad() {
     for (Tensor& p : params_) p.zero_grad();
 }
 
+namespace {
+
+// The linear warmup both schedules share, for step < warmup: lr_max / warmup, 2 lr_max / warmup,
+// ..., lr_max.
+double warmup_lr(int64_t step, int64_t warmup, double lr_max) {
+    return lr_max * static_cast<double>(step + 1) / static_cast<double>(warmup);
+}
+
+}  // namespace
+
 double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, double lr_min) {
-    if (warmup > 0 && step < warmup)
-        return lr_max * static_cast<double>(step + 1) / static_cast<double>(warmup);
+    if (step < warmup) return warmup_lr(step, warmup, lr_max);
     if (step >= total) return lr_min;
     const double progress = static_cast<double>(step - warmup) /
                             static_cast<double>(std::max<int64_t>(total - warmup, 1));
@@ -289,8 +298,7 @@ double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, dou
 
 double wsd_lr(int64_t step, int64_t warmup, int64_t cooldown, int64_t total, double lr_max,
               double lr_min) {
-    if (warmup > 0 && step < warmup)
-        return lr_max * static_cast<double>(step + 1) / static_cast<double>(warmup);
+    if (step < warmup) return warmup_lr(step, warmup, lr_max);
     if (step >= total) return lr_min;
     const int64_t decay_start = std::max(total - cooldown, warmup);
     if (step < decay_start) return lr_max;
