@@ -27,8 +27,8 @@ std::vector<std::string> flag_values(int argc, char** argv, const std::string& f
 //
 // apply_preset_flag applies the --preset named in argv, if any, to train_cmd's flags (checked as a
 // --config file is: every key a train flag, every value of its type). Call it before CLI11 parses
-// argv; the
-// --preset option itself (add_preset_flag) only names the choice for --help and the parser.
+// argv; the --preset option itself (add_preset_flag) only names the choice for --help and the
+// parser.
 void apply_preset_flag(int argc, char** argv, CLI::App& app, CLI::App* train_cmd);
 CLI::Option* add_preset_flag(CLI::App* train_cmd, std::string& preset);
 
