@@ -11,6 +11,7 @@
 #include "core/safetensors.h"
 #include "helpers.h"
 #include "nn/model/sample.h"
+#include "nn/optim/lr_schedule.h"
 #include "nn/optim/optim.h"
 #include "nn/train/checkpoint.h"
 #include "nn/train/eval_protocol.h"

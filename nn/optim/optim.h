@@ -1,4 +1,4 @@
-// Optimisers, the learning-rate schedule and gradient clipping.
+// Optimisers and gradient clipping (the learning-rate schedules are in lr_schedule.h).
 #pragma once
 
 #include <string>
@@ -54,15 +54,6 @@ class SGD {
     std::vector<Tensor> params_, velocity_;
     double momentum_, weight_decay_;
 };
-
-// Linear warmup from 0 to lr_max over warmup steps, then cosine decay to lr_min at total steps.
-double cosine_lr(int64_t step, int64_t warmup, int64_t total, double lr_max, double lr_min);
-// Warmup-stable-decay (the "trapezoid" of the modded-nanoGPT speedruns): the same linear warmup,
-// lr_max held, then a straight line from lr_max to lr_min over the last cooldown steps, reaching
-// lr_min at total. The long flat stretch keeps the step size up for most of a short run; the
-// final decay is where the loss drops (Hägele et al. 2024 find it matches cosine at any length).
-double wsd_lr(int64_t step, int64_t warmup, int64_t cooldown, int64_t total, double lr_max,
-              double lr_min);
 
 // Scales all gradients so that their global L2 norm is at most max_norm (if max_norm > 0).
 // Returns the norm before clipping. A NaN or Inf norm throws, unless throw_on_nonfinite is false:

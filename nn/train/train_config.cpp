@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "nn/model/sample.h"
-#include "nn/optim/optim.h"
+#include "nn/optim/lr_schedule.h"
 #include "nn/text/data.h"
 #include "nn/train/eval_protocol.h"
 
