@@ -19,6 +19,7 @@
 #include "nn/model/sample.h"
 #include "nn/optim/data_parallel.h"
 #include "nn/optim/loss_scale.h"
+#include "nn/optim/lr_schedule.h"
 #include "nn/optim/muon.h"
 #include "nn/optim/optim.h"
 #include "nn/optim/qk_clip.h"
