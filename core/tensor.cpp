@@ -169,8 +169,6 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
                     if (ds == 1 && ss == 1) return cpu::floats_to_f16(dp, sp, n);
                 if constexpr (std::is_same_v<D, float> && std::is_same_v<S, f16>)
                     if (ds == 1 && ss == 1) return cpu::f16_to_floats(dp, sp, n);
-                if constexpr (std::is_same_v<D, bf16> && std::is_same_v<S, float>)
-                    if (ds == 1 && ss == 1) return cpu::floats_to_bf16(dp, sp, n);
                 if (ds == 1 && ss == 1)
                     for (int64_t i = 0; i < n; ++i) dp[i] = convert_value<D>(sp[i]);
                 else
