@@ -408,6 +408,9 @@ void refuse_inert_flags(const CLI::App* cmd, const nn::TrainConfig& cfg) {
         {"--image-codes", !cfg.multimodal() ? "sizes the images' vocabulary; there are no images "
                                               "(--image-fraction 0) and no --modality-signals"
                                             : ""},
+        {"--cooldown", cfg.lr_schedule != "wsd"
+                           ? "is the decay of --lr-schedule wsd; --lr-schedule is " + cfg.lr_schedule
+                           : ""},
         {"--muon-momentum",
          cfg.optimizer != "muon" ? "sets Muon; --optimizer is " + cfg.optimizer : ""},
         {"--lp-p", m.qk_norm != nn::QKNorm::lp ? "is the p of --qk-norm lp; " + qk_norm : ""},

@@ -114,6 +114,8 @@ TEST_CASE("every numeric flag is checked where it enters, naming the flag, value
         {{"--image-entropy", "4"}, {"--image-entropy", "does nothing"}},
         {{"--image-codes", "32"}, {"--image-codes", "does nothing", "--modality-signals"}},
         {{"--muon-momentum", "0.9"}, {"--muon-momentum", "does nothing", "adamw"}},
+        {{"--lr-schedule", "cosine", "--cooldown", "0.5"},
+         {"--cooldown", "does nothing", "--lr-schedule is cosine"}},
         {{"--lp-p", "3"}, {"--lp-p", "does nothing", "--qk-norm layernorm"}},
         {{"--qk-scale-per-head", "true"}, {"--qk-scale-per-head", "does nothing"}},
         {{"--qk-norm", "none", "--qk-norm-scope", "full"}, {"--qk-norm-scope", "does nothing"}},
@@ -237,34 +239,34 @@ TEST_CASE("a config file: a regular file in TOML, every key a flag, every value 
 TEST_CASE("--preset: its settings become the defaults, flags and --config win, --help shows them") {
     TempDir dir("cli_preset");
     const std::string preset_toml = read_file(QK_SOURCE_DIR "/examples/presets/speedrun.toml");
-    CHECK(preset_toml.find("lr-schedule = \"wsd\"") != std::string::npos);  // what is checked
-    // The tiny model's flags win over the preset's model (and its 16 tokens of context over
-    // nanoGPT's 256-token measure); the preset's schedule stays.
+    // What the preset adds to the default run (the rest of it is the default today).
+    CHECK(preset_toml.find("eval-protocol = \"nanogpt\"") != std::string::npos);
+    // The tiny model's flags win over the preset's model; the preset's measure stays (the tiny
+    // model given the 256 tokens of context it needs).
     const std::string run = dir / "run";
-    const Outcome trained = run_qknorm(tiny(dir, {"--preset", "speedrun", "--eval-protocol",
-                                                  "qknorm", "--steps", "2", "--run-dir", run}));
+    const Outcome trained = run_qknorm(
+        tiny(dir, {"--preset", "speedrun", "--block-size", "256", "--steps", "2", "--run-dir", run}));
     CAPTURE(trained.output);
     REQUIRE(trained.exit_code == 0);
     const nn::TrainConfig saved = nn::load_run_config(run);
-    CHECK(saved.lr_schedule == "wsd");
-    CHECK(saved.eval_protocol == "qknorm");
+    CHECK(saved.eval_protocol == "nanogpt");
     CHECK(saved.model.n_embd == 16);
+    CHECK(saved.batch_size == 2);
     CHECK(saved.steps == 2);
     // --help lists the preset's values as the defaults.
     const Outcome help = run_qknorm({"train", "--preset", "speedrun", "--help"});
     CHECK(help.exit_code == 0);
-    CHECK(help.output.find("=wsd") != std::string::npos);
-    CHECK(run_qknorm({"train", "--help"}).output.find("=wsd") == std::string::npos);
+    CHECK(help.output.find("=nanogpt") != std::string::npos);
+    CHECK(run_qknorm({"train", "--help"}).output.find("=nanogpt") == std::string::npos);
     // A --config file wins over the preset too.
-    const std::string cosine = dir / "cosine.toml";
-    std::ofstream(cosine) << "[train]\nlr-schedule = \"cosine\"\n";
+    const std::string own_measure = dir / "own_measure.toml";
+    std::ofstream(own_measure) << "[train]\neval-protocol = \"qknorm\"\n";
     const std::string run2 = dir / "run2";
-    const Outcome configured =
-        run_qknorm(tiny(dir, {"--preset", "speedrun", "--config", cosine, "--eval-protocol",
-                              "qknorm", "--steps", "1", "--run-dir", run2}));
+    const Outcome configured = run_qknorm(tiny(
+        dir, {"--preset", "speedrun", "--config", own_measure, "--steps", "1", "--run-dir", run2}));
     CAPTURE(configured.output);
     REQUIRE(configured.exit_code == 0);
-    CHECK(nn::load_run_config(run2).lr_schedule == "cosine");
+    CHECK(nn::load_run_config(run2).eval_protocol == "qknorm");
     // Every file of examples/presets/ is compiled in (meson.build lists them).
     for (const auto& e : std::filesystem::directory_iterator(QK_SOURCE_DIR "/examples/presets")) {
         CAPTURE(e.path());
