@@ -406,10 +406,11 @@ int main(int argc, char** argv) {
     // budget, about nine passes over the training split). Then the CPU speedrun's search
     // (docs/results.md#the-cpu-speedrun) moved it to context 256 at batch 4 (the same 1,024
     // characters a step, in longer windows) and to warmup-stable-decay with a 30 % cooldown.
-    // `--preset speedrun` is this run with nanoGPT's measure added (examples/presets/). 40 validation batches of 4 are 40,960 tokens, measured
-    // at the automatic cadence (TrainConfig::eval_interval): every 450 steps here, steps / 20 in
-    // a shorter run. The stability signals too (TrainConfig::stats_interval): every 25 steps here
-    // (360 points; every 10 cost 2 % more), every steps / 50 in a shorter run.
+    // `--preset speedrun` is this run with nanoGPT's measure added (examples/presets/). 40
+    // validation batches of 4 are 40,960 tokens, measured at the automatic cadence
+    // (TrainConfig::eval_interval): every 450 steps here, steps / 20 in a shorter run. The
+    // stability signals too (TrainConfig::stats_interval): every 25 steps here (360 points; every
+    // 10 cost 2 % more), every steps / 50 in a shorter run.
     TrainConfig cfg;
     cfg.model.qk_norm = QKNorm::layernorm;
     cfg.model.pos_emb = PosEmb::rope;

@@ -388,6 +388,8 @@ void apply_fine_tune_defaults(const CLI::App* cmd, nn::TrainConfig& cfg) {
     if (unset("--steps")) cfg.steps = kFineTuneSteps;
     if (unset("--warmup")) cfg.warmup = cfg.steps / 10;
     if (unset("--batch-size")) cfg.batch_size = kFineTuneBatch;
+    // The pre-training default holds the peak for 70 % of the run; a fine-tune decays from it.
+    if (unset("--lr-schedule")) cfg.lr_schedule = "cosine";
 }
 
 void refuse_inert_flags(const CLI::App* cmd, const nn::TrainConfig& cfg) {
@@ -408,9 +410,10 @@ void refuse_inert_flags(const CLI::App* cmd, const nn::TrainConfig& cfg) {
         {"--image-codes", !cfg.multimodal() ? "sizes the images' vocabulary; there are no images "
                                               "(--image-fraction 0) and no --modality-signals"
                                             : ""},
-        {"--cooldown", cfg.lr_schedule != "wsd"
-                           ? "is the decay of --lr-schedule wsd; --lr-schedule is " + cfg.lr_schedule
-                           : ""},
+        {"--cooldown",
+         cfg.lr_schedule != "wsd"
+             ? "is the decay of --lr-schedule wsd; --lr-schedule is " + cfg.lr_schedule
+             : ""},
         {"--muon-momentum",
          cfg.optimizer != "muon" ? "sets Muon; --optimizer is " + cfg.optimizer : ""},
         {"--lp-p", m.qk_norm != nn::QKNorm::lp ? "is the p of --qk-norm lp; " + qk_norm : ""},

@@ -244,8 +244,8 @@ TEST_CASE("--preset: its settings become the defaults, flags and --config win, -
     // The tiny model's flags win over the preset's model; the preset's measure stays (the tiny
     // model given the 256 tokens of context it needs).
     const std::string run = dir / "run";
-    const Outcome trained = run_qknorm(
-        tiny(dir, {"--preset", "speedrun", "--block-size", "256", "--steps", "2", "--run-dir", run}));
+    const Outcome trained = run_qknorm(tiny(
+        dir, {"--preset", "speedrun", "--block-size", "256", "--steps", "2", "--run-dir", run}));
     CAPTURE(trained.output);
     REQUIRE(trained.exit_code == 0);
     const nn::TrainConfig saved = nn::load_run_config(run);

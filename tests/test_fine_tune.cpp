@@ -233,7 +233,9 @@ TEST_CASE("qknorm train --init-from, then sample and export --hf: the program as
                      "--sample-tokens", "0", "--quiet", "--run-dir", run},
                     {}, 120));
     const TrainConfig saved = load_run_config(run);
-    CHECK(saved.tokenizer == "byte");  // the default with --init-from
+    CHECK(saved.tokenizer == "byte");  // the defaults with --init-from
+    CHECK(saved.lr_schedule == "cosine");
+    CHECK(saved.lr == doctest::Approx(5e-5));
     CHECK(saved.init_from == fixture("olmo2"));
     require_ok(run_program({qknorm_program(), "sample", "--run-dir", run, "--tokens", "20"}));
     const Outcome exported =
