@@ -12,8 +12,14 @@
 // the tile of its first row's first visible key, so a layer with window W costs O(T·W), not T².
 // With grouped-query attention a query head reads its key/value head's rows in place.
 //
+// The products with Kᵀ and Vᵀ (R = Q Kᵀ, and dP = dO Vᵀ in backward) read k and v through a copy
+// transposed head by head, (D, Tk) per head, made once per call: OpenBLAS's small-matrix kernels
+// take 3.1 µs for a 64 × 64 × 32 product with a transposed operand and 1.8 µs without one, and
+// the copy costs far less than the three such products per block it saves (a fifth of the
+// attention's time at the speedrun's D = 32, docs/performance.md#the-speedrun-step).
+//
 // Forward: one task per (head, query tile), in parallel over the pool. Per key tile:
-//   R = Q_i K_jᵀ                          GEMM (rows × cols), the raw dots r
+//   R = Q_i K_jᵀ                          GEMM (rows × cols), the raw dots r (Kᵀ: the copy)
 //   per row: s = g·r, z = cap(s) (rounded to E4M3 with FP8 logits), the online update of
 //            (m, l, w) and the row's max |s| (and count of saturated z̃),
 //            P = exp(z − m_new) in place of R, α = exp(m_old − m_new)
@@ -68,6 +74,23 @@ void tile_gemm(T* y, int64_t ldy, const T* a, bool a_trans, int64_t lda, const T
         cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, y, ldy);
 }
 
+// x: (heads, T, D) -> (heads, D, T), head by head in parallel.
+template <class T>
+std::vector<T> transpose_heads(const T* x, int64_t heads, int64_t T_len, int64_t D) {
+    std::vector<T> out(static_cast<std::size_t>(heads * T_len * D));
+    parallel_for(heads, [&](int64_t begin, int64_t end) {
+        for (int64_t h = begin; h < end; ++h) {
+            const T* in = x + h * T_len * D;
+            T* o = out.data() + h * T_len * D;
+            for (int64_t t0 = 0; t0 < T_len; t0 += 16)  // 16 rows at a time: stores stay in lines
+                for (int64_t d = 0; d < D; ++d)
+                    for (int64_t t = t0; t < std::min(t0 + 16, T_len); ++t)
+                        o[d * T_len + t] = in[t * D + d];
+        }
+    });
+    return out;
+}
+
 // The cols of a key tile (starting at key j0) that row i sees: [first, end), 0 <= first <= end
 // <= cols (first > 0 only under a sliding window).
 struct TileSpan {
@@ -109,39 +132,42 @@ struct RowState {
 // One row of one key tile. row: (cols), the raw dots r on entry, the unnormalised probabilities
 // e = exp(z − m_new) on return (0 outside the visible span). Returns α = exp(m_old − m_new), the
 // factor by which the row's output accumulator must be rescaled.
-template <class T, bool kCapped, bool kFp8>
+template <class T, bool kCapped, bool kFp8, bool kSignals>
 T online_softmax_row(T* row, TileSpan span, int64_t cols, T g, T cap, RowState<T>& st) {
-    const int64_t first = span.first, nv = span.end;
-    std::fill(row, row + first, T(0));
-    T tile_max = -kInf<T>, max_abs = 0, saturated = 0;
-#pragma omp simd reduction(max : tile_max, max_abs) reduction(+ : saturated)
-    for (int64_t j = first; j < nv; ++j) {
-        const T s = g * row[j];
-        max_abs = std::max(max_abs, std::abs(s));
-        row[j] = capped<T, kCapped, kFp8>(s, cap);  // z (z̃ with FP8 logits)
-        tile_max = std::max(tile_max, row[j]);
-        if constexpr (kFp8) saturated += std::abs(row[j]) >= kE4M3Max<T> ? T(1) : T(0);
-    }
-    const T m_new = std::max(st.m, tile_max);
+    const int64_t first = span.first, nv = span.end, n = nv - first;
+    T* z = row + first;  // the dots r on entry, then z, then e, in place
+    std::fill(row, z, T(0));
+    // max |s| and w feed the stability signals only: a step that does not record them skips
+    // both (a pass and a product per logit, a fifth of the forward's time at D = 32).
+    if constexpr (kSignals)
+        st.max_abs_s = std::max(
+            st.max_abs_s, math::lane_max<T>(n, [=](int64_t j) { return std::abs(g * z[j]); }));
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) z[j] = capped<T, kCapped, kFp8>(g * z[j], cap);  // (z̃: FP8)
+    if constexpr (kFp8)
+        st.saturated += math::lane_sum<T>(
+            n, [=](int64_t j) { return std::abs(z[j]) >= kE4M3Max<T> ? T(1) : T(0); });
+    const T m_new = std::max(st.m, math::lane_max<T>(n, [=](int64_t j) { return z[j]; }));
     // Nothing finite seen yet (m_new = −inf): exponents taken relative to 0 give e = 0, not NaN.
     const T m_ref = m_new == -kInf<T> ? T(0) : m_new;
     const T alpha = math::exp_fast(st.m - m_ref);
-    // Plain loops, so that exp vectorises; then the two row sums (fixed order) over stored terms.
-    T ez[kKeyTile];
-#pragma omp simd
-    for (int64_t j = first; j < nv; ++j) {
-        const T z = row[j], e = math::exp_fast(z - m_ref);
-        ez[j] = e > T(0) ? e * z : T(0);  // a z = −inf has e = 0 and adds nothing (not NaN)
-        row[j] = e;
-    }
-    const T sum_e = math::lane_sum<T>(nv - first, [=](int64_t j) { return row[first + j]; });
-    const T sum_ez = math::lane_sum<T>(nv - first, [&](int64_t j) { return ez[first + j]; });
-    std::fill(row + nv, row + cols, T(0));
-    st.l = st.l * alpha + sum_e;
-    st.w = st.w * alpha + sum_ez;
     st.m = m_new;
-    st.max_abs_s = std::max(st.max_abs_s, max_abs);
-    st.saturated += saturated;
+    // Plain loops, so that exp vectorises; then the row sums (fixed order) over stored terms.
+    if constexpr (kSignals) {
+        T ez[kKeyTile];
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) {
+            const T e = math::exp_fast(z[j] - m_ref);
+            ez[j] = e > T(0) ? e * z[j] : T(0);  // a z = −inf has e = 0 and adds nothing (not NaN)
+            z[j] = e;
+        }
+        st.w = st.w * alpha + math::lane_sum<T>(n, [&](int64_t j) { return ez[j]; });
+    } else {
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) z[j] = math::exp_fast(z[j] - m_ref);
+    }
+    st.l = st.l * alpha + math::lane_sum<T>(n, [=](int64_t j) { return z[j]; });
+    std::fill(row + nv, row + cols, T(0));
     return alpha;
 }
 
@@ -150,7 +176,7 @@ struct ForwardArgs {
     T* out;
     double* lse;
     T *max_abs_s, *entropy, *saturated;
-    const T *q, *k, *v, *scale;
+    const T *q, *k_t, *v, *scale;  // k_t: the keys transposed, (kv heads, D, Tk)
     int64_t scale_stride;
     T cap;
     AttentionShape shape;
@@ -191,12 +217,12 @@ void finish_query_tile(const ForwardArgs<T>& a, ForwardScratch<T>& sc, int64_t b
     }
 }
 
-template <class T, bool kCapped, bool kFp8>
+template <class T, bool kCapped, bool kFp8, bool kSignals>
 void forward_query_tile(const ForwardArgs<T>& a, ForwardScratch<T>& sc, int64_t bh, int64_t i0) {
     const AttentionShape& sh = a.shape;
     const int64_t D = sh.D, rows = std::min(kQueryTile, sh.Tq - i0);
     const T* q = a.q + (bh * sh.Tq + i0) * D;
-    const T* k = a.k + sh.kv_head(bh) * sh.Tk * D;
+    const T* k_t = a.k_t + sh.kv_head(bh) * D * sh.Tk;
     const T* v = a.v + sh.kv_head(bh) * sh.Tk * D;
     const T g = a.scale[(bh % sh.heads) * a.scale_stride];
     const int64_t last_key = sh.end_key(i0 + rows - 1);  // the tile's last row sees most
@@ -205,9 +231,10 @@ void forward_query_tile(const ForwardArgs<T>& a, ForwardScratch<T>& sc, int64_t 
     T* block = sc.block.data();
     for (int64_t j0 = first_key_tile(i0, sh); j0 < last_key; j0 += kKeyTile) {
         const int64_t cols = std::min(kKeyTile, last_key - j0);
-        tile_gemm<T>(block, kKeyTile, q, false, D, k + j0 * D, true, D, rows, cols, D, T(0));  // R
+        tile_gemm<T>(block, kKeyTile, q, false, D, k_t + j0, false, sh.Tk, rows, cols, D,
+                     T(0));  // R
         for (int64_t r = 0; r < rows; ++r) {
-            const T alpha = online_softmax_row<T, kCapped, kFp8>(
+            const T alpha = online_softmax_row<T, kCapped, kFp8, kSignals>(
                 block + r * kKeyTile, visible_in_tile(i0 + r, j0, cols, sh), cols, g, a.cap,
                 sc.rows[r]);
             if (alpha != T(1)) {
@@ -227,7 +254,8 @@ void forward_query_tile(const ForwardArgs<T>& a, ForwardScratch<T>& sc, int64_t 
 template <class T>
 struct BackwardArgs {
     T *dq, *dk, *dv, *dscale, *delta;
-    const T *dout, *q, *k, *v, *out;
+    const T *dout, *q, *k, *out;
+    const T *k_t, *v_t;  // k and v transposed, (kv heads, D, Tk)
     const double* lse;
     const T* scale;
     int64_t scale_stride;
@@ -287,17 +315,20 @@ void backward_block(const BackwardArgs<T>& a, BackwardScratch<T>& sc, int64_t bh
     const int64_t D = sh.D, rows = std::min(kQueryTile, sh.Tq - i0);
     const int64_t cols = std::min(kKeyTile, sh.Tk - j0), ld = kKeyTile;
     const int64_t q_off = (bh * sh.Tq + i0) * D, k_off = (sh.kv_head(bh) * sh.Tk + j0) * D;
-    const T *q = a.q + q_off, *dout = a.dout + q_off, *k = a.k + k_off, *v = a.v + k_off;
+    const T *q = a.q + q_off, *dout = a.dout + q_off, *k = a.k + k_off;
+    const int64_t kt_off = sh.kv_head(bh) * D * sh.Tk + j0;  // column j0 of the head's Kᵀ, Vᵀ
+    const T *k_t = a.k_t + kt_off, *v_t = a.v_t + kt_off;
     const T g = a.scale[(bh % sh.heads) * a.scale_stride];
     T *dots = sc.dots.data(), *probs = sc.probs.data(), *dprobs = sc.dprobs.data();
     T* cap_factor = sc.cap_factor.data();
-    tile_gemm<T>(dots, ld, q, false, D, k, true, D, rows, cols, D, T(0));  // R = Q_i K_jᵀ
+    tile_gemm<T>(dots, ld, q, false, D, k_t, false, sh.Tk, rows, cols, D, T(0));  // R = Q_i K_jᵀ
     for (int64_t r = 0; r < rows; ++r)
         recompute_probs_row<T, kCapped, kFp8>(probs + r * ld, cap_factor + r * ld, dots + r * ld,
                                               visible_in_tile(i0 + r, j0, cols, sh), cols, g, a.cap,
                                               a.lse[bh * sh.Tq + i0 + r]);
     tile_gemm<T>(a.dv + k_off, D, probs, true, ld, dout, false, D, cols, D, rows, T(1));  // dV_j
-    tile_gemm<T>(dprobs, ld, dout, false, D, v, true, D, rows, cols, D, T(0));  // dP = dO_i V_jᵀ
+    tile_gemm<T>(dprobs, ld, dout, false, D, v_t, false, sh.Tk, rows, cols, D,
+                 T(0));  // dP = dO_i V_jᵀ
     for (int64_t r = 0; r < rows; ++r)
         logit_grad_row<T, kCapped, kFp8>(dprobs + r * ld, probs + r * ld, cap_factor + r * ld, cols,
                                          a.delta[bh * sh.Tq + i0 + r]);
@@ -377,15 +408,20 @@ template <class T>
 void attention_forward(T* out, double* lse, T* max_abs_s, T* entropy, T* saturated, const T* q,
                        const T* k, const T* v, const T* scale, int64_t scale_stride, T cap,
                        const AttentionShape& shape) {
-    const ForwardArgs<T> args{out, lse, max_abs_s, entropy,      saturated, q,
-                              k,   v,   scale,     scale_stride, cap,       shape};
+    const int64_t kv_heads = shape.batch_heads / shape.heads * shape.kv_heads;
+    const std::vector<T> k_t = transpose_heads(k, kv_heads, shape.Tk, shape.D);
+    const ForwardArgs<T> args{out,        lse, max_abs_s, entropy,      saturated, q,
+                              k_t.data(), v,   scale,     scale_stride, cap,       shape};
     const int64_t tiles = (shape.Tq + kQueryTile - 1) / kQueryTile;
     auto range = [&](int64_t begin, int64_t end) {
         ForwardScratch<T> scratch(shape.D);
         for (int64_t task = begin; task < end; ++task) {
             const int64_t bh = task / tiles, i0 = (task % tiles) * kQueryTile;
             with_logit_kind<T>(cap, shape, [&](auto capped, auto fp8) {
-                forward_query_tile<T, capped(), fp8()>(args, scratch, bh, i0);
+                if (max_abs_s)
+                    forward_query_tile<T, capped(), fp8(), true>(args, scratch, bh, i0);
+                else
+                    forward_query_tile<T, capped(), fp8(), false>(args, scratch, bh, i0);
             });
         }
     };
@@ -396,8 +432,12 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout, const T* q,
                         const T* k, const T* v, const T* out, const double* lse, const T* scale,
                         int64_t scale_stride, T cap, const AttentionShape& shape) {
-    const BackwardArgs<T> args{dq, dk,  dv,  dscale, delta,        dout, q,    k,
-                               v,  out, lse, scale,  scale_stride, cap,  shape};
+    const int64_t kv_heads = shape.batch_heads / shape.heads * shape.kv_heads;
+    const std::vector<T> k_t = transpose_heads(k, kv_heads, shape.Tk, shape.D);
+    const std::vector<T> v_t = transpose_heads(v, kv_heads, shape.Tk, shape.D);
+    const BackwardArgs<T> args{dq,  dk,   dv,         dscale,     delta, dout,  q,
+                               k,   out,  k_t.data(), v_t.data(), lse,   scale, scale_stride,
+                               cap, shape};
     auto range = [&](int64_t begin, int64_t end) {
         BackwardScratch<T> scratch;
         for (int64_t kvh = begin; kvh < end; ++kvh) {
