@@ -2,13 +2,14 @@
 //
 //   QK_NUM_THREADS=1 ./build/bench/bench_attention        (then with 2)
 //   ./build/bench/bench_attention 1024                     one T only
+//   ./build/bench/bench_attention 256 32                   one T, head size 32 (the speedrun's)
 //
-// Causal attention, float32, H = 6 heads of D = 64, B·T = 8192 tokens (B = 8192 / T), at
-// T = 64, 256, 1024, 4096. One call: out = attention(q, k, v); sum(out · probe).backward().
-// Peak memory: the most Storage bytes live at once during the call, above what was live before
-// it (q, k, v and the probe); saved: live bytes after the forward minus before (what the graph
-// keeps for backward, the output included). Both paths are timed in alternation, so the ratio
-// is taken under the same machine conditions.
+// Causal attention, float32, H = 6 heads of D = 64 (or the second argument), B·T = 8192 tokens (B =
+// 8192 / T), at T = 64, 256, 1024, 4096. One call: out = attention(q, k, v); sum(out ·
+// probe).backward(). Peak memory: the most Storage bytes live at once during the call, above what
+// was live before it (q, k, v and the probe); saved: live bytes after the forward minus before
+// (what the graph keeps for backward, the output included). Both paths are timed in alternation, so
+// the ratio is taken under the same machine conditions.
 #include <fmt/format.h>
 
 #include <string>
@@ -21,7 +22,7 @@ using namespace qk;
 
 namespace {
 
-constexpr int64_t kTokens = 8192, kHeads = 6, kHeadDim = 64;
+constexpr int64_t kTokens = 8192, kHeads = 6;
 
 struct Measure {
     double seconds = 0, peak_mb = 0, saved_mb = 0;
@@ -31,8 +32,8 @@ double mb(std::size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
 struct Inputs {
     Tensor q, k, v, probe;
-    explicit Inputs(int64_t T) {
-        const Shape shape{kTokens / T, kHeads, T, kHeadDim};
+    Inputs(int64_t T, int64_t D) {
+        const Shape shape{kTokens / T, kHeads, T, D};
         Generator gen(1);
         q = normal(shape, 0, 1, kF32, gen);
         k = normal(shape, 0, 1, kF32, gen);
@@ -59,8 +60,8 @@ struct Row {
     Measure fused, unfused;
 };
 
-Row bench_T(int64_t T) {
-    Inputs in(T);
+Row bench_T(int64_t T, int64_t D) {
+    Inputs in(T, D);
     Row row{T, {}, {}};
     // Alternate the two paths, several rounds, and keep each one's median.
     std::vector<double> fused_s, unfused_s;
@@ -84,16 +85,17 @@ int main(int argc, char** argv) {
     bench::quiet_openblas_threads(argv);
     std::vector<int64_t> lengths{64, 256, 1024, 4096};
     if (argc > 1) lengths = {std::stoll(argv[1])};
+    const int64_t head_dim = argc > 2 ? std::stoll(argv[2]) : 64;
     fmt::print(
         "# Causal attention forward + backward, float32, H = {}, D = {}, B·T = {} tokens, {} "
         "thread(s)\n\n",
-        kHeads, kHeadDim, kTokens, num_threads());
+        kHeads, head_dim, kTokens, num_threads());
     fmt::print(
         "| T | B | fused ms | unfused ms | unfused / fused time | fused peak MB | unfused peak "
         "MB | unfused / fused peak | fused saved MB | unfused saved MB |\n");
     fmt::print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int64_t T : lengths) {
-        const Row r = bench_T(T);
+        const Row r = bench_T(T, head_dim);
         fmt::print(
             "| {} | {} | {:.1f} | {:.1f} | {:.2f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} |\n",
             T, kTokens / T, r.fused.seconds * 1e3, r.unfused.seconds * 1e3,
