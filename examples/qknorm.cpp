@@ -406,14 +406,13 @@ int main(int argc, char** argv) {
     // budget, about nine passes over the training split). Then the CPU speedrun's search
     // (docs/results.md#the-cpu-speedrun) moved it to context 256 at batch 4 (the same 1,024
     // characters a step, in longer windows) and to warmup-stable-decay with a 30 % cooldown.
-    // `--preset speedrun` is this run with nanoGPT's measure added (examples/presets/). 160
-    // validation batches of 4 windows are 163,840 characters, 15 % of the split: 40 (the same
-    // characters as 40 batches of 16 windows of 64 before) read the same model as 1.4805, 160 as
-    // 1.4454, and the whole split as 1.4606; windows of 256 overlap in what they test, so it takes
-    // more of them. Measured at the automatic cadence (TrainConfig::eval_interval): every 450
-    // steps here, steps / 20 in a shorter run (21 evaluations, about 35 s of the run). The
-    // stability signals too (TrainConfig::stats_interval): every 25 steps here (360 points; every
-    // 10 cost 2 % more), every steps / 50 in a shorter run.
+    // `--preset speedrun` is this run with a stronger weight decay and nanoGPT's measure
+    // (examples/presets/). 160 validation batches of 4 windows are 163,840 characters, 15 % of the
+    // split: windows of 256 overlap in what they test, and 40 of them let the figure move with the
+    // draw more than with the model (docs/results.md#the-default-model). Measured at the automatic
+    // cadence (TrainConfig::eval_interval): every 450 steps here, steps / 20 in a shorter run (21
+    // evaluations, about 35 s of the run). The stability signals too (TrainConfig::stats_interval):
+    // every 25 steps here (360 points; every 10 cost 2 % more), every steps / 50 in a shorter run.
     TrainConfig cfg;
     cfg.model.qk_norm = QKNorm::layernorm;
     cfg.model.pos_emb = PosEmb::rope;

@@ -15,8 +15,8 @@
 // The products with Kᵀ and Vᵀ (R = Q Kᵀ, and dP = dO Vᵀ in backward) read k and v through a copy
 // transposed head by head, (D, Tk) per head, made once per call: OpenBLAS's small-matrix kernels
 // take 3.1 µs for a 64 × 64 × 32 product with a transposed operand and 1.8 µs without one, and
-// the copy costs far less than the three such products per block it saves (a fifth of the
-// attention's time at the speedrun's D = 32, docs/performance.md#the-speedrun-step).
+// the copy (about 4 % of a call) costs less than the three such products per block it saves
+// (docs/performance.md#the-speedrun-step).
 //
 // Forward: one task per (head, query tile), in parallel over the pool. Per key tile:
 //   R = Q_i K_jᵀ                          GEMM (rows × cols), the raw dots r (Kᵀ: the copy)
@@ -82,10 +82,8 @@ std::vector<T> transpose_heads(const T* x, int64_t heads, int64_t T_len, int64_t
         for (int64_t h = begin; h < end; ++h) {
             const T* in = x + h * T_len * D;
             T* o = out.data() + h * T_len * D;
-            for (int64_t t0 = 0; t0 < T_len; t0 += 16)  // 16 rows at a time: stores stay in lines
-                for (int64_t d = 0; d < D; ++d)
-                    for (int64_t t = t0; t < std::min(t0 + 16, T_len); ++t)
-                        o[d * T_len + t] = in[t * D + d];
+            for (int64_t t = 0; t < T_len; ++t)
+                for (int64_t d = 0; d < D; ++d) o[d * T_len + t] = in[t * D + d];
         }
     });
     return out;
