@@ -3,6 +3,9 @@
 // (`torch_peer.py attn`, run beside it by bench/gpu_check.sh), and one at head dim 256:
 //
 //   ./build-nvcc/bench/bench_gpu_attention [quick]
+//   ./build-nvcc/bench/bench_gpu_attention profile B H T D   one fused forward + backward at that
+//        shape, untimed, for a profiler (`ncu -k regex:_mma_kernel --launch-count 3 ...` sees
+//        the forward, dK/dV and dQ kernels once each)
 //
 // Per shape, one RESULT line:
 //   kernel      cuda::attention_forward_mma on bf16 q, k, v already on the device: what SDPA does
@@ -13,6 +16,7 @@
 // Each time is the median of repeats between two device synchronisations. `quick`: two shapes.
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -93,11 +97,27 @@ void measure(const Shape4& s, bool with_float32) {
     std::fflush(stdout);
 }
 
+void profile_once(const Shape4& s) {
+    Generator gen(7);
+    const Shape shape{s.B, s.H, s.T, s.D};
+    Tensor q = randn(shape, kF32, Device::cuda, gen), k = randn(shape, kF32, Device::cuda, gen),
+           v = randn(shape, kF32, Device::cuda, gen), probe = randn(shape, kF32, Device::cuda, gen);
+    for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
+    attention(q, k, v, {.causal = true, .precision = Precision::bf16}).backward(probe);
+    cuda::synchronize();
+    fmt::print("profiled B={} H={} T={} D={}\n", s.B, s.H, s.T, s.D);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     if (!cuda::device_available()) {
         fmt::print("bench_gpu_attention: no CUDA device ({})\n", cuda::backend_description());
+        return 0;
+    }
+    if (argc == 6 && std::strcmp(argv[1], "profile") == 0) {
+        profile_once(
+            {std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5])});
         return 0;
     }
     const bool quick = argc > 1 && std::strcmp(argv[1], "quick") == 0;

@@ -59,10 +59,11 @@ step() { timeout 150 "$build/bench/bench_gpu_step" "$@" | tee -a "$results"; }
 ledger_step() {  # step ARGS..., with the ledger of one more step when QK_GPU names the GPU
     QK_LEDGER=${QK_GPU:-} QK_LEDGER_CSV="${QK_OUT:-.}/ledger_V$1_B$2_$3.csv" step "$@"
 }
+ledger_step 65 16 fused 20 8
+step 65 4 fused 20 8
+ledger_step 50257 16 fused 20 8
 ledger_step 65 16 naive 20 8
 step 65 4 naive 20 8
-ledger_step 50257 16 naive 20 8
-ledger_step 65 16 fused 6 3
 if [ -n "$peer" ] && [ -f "$peer" ] && python3 -c 'import torch' 2>/dev/null; then
     for args in "65 16" "65 4" "50257 16"; do
         # shellcheck disable=SC2086
@@ -126,11 +127,13 @@ python3 - "$results" <<'EOF'
 import re, sys
 ms = {}
 for line in open(sys.argv[1]):
-    m = re.search(r"RESULT qknorm bf16 naive V=65 B=(\d+).*?step ([\d.]+) ms", line)
-    if m: ms[int(m.group(1))] = float(m.group(2))
-if 4 in ms and 16 in ms:
-    print(f"\nqknorm naive, V=65: fixed cost per step {ms[4] - ms[16] / 4:.1f} ms "
-          f"(B=4 {ms[4]:.1f} ms, B=16 {ms[16]:.1f} ms)")
+    m = re.search(r"RESULT (\S+) .*?bf16 ?(naive|fused)? V=65 B=(\d+).*?step ([\d.]+) ms", line)
+    if m: ms[(m.group(1), m.group(2) or "eager", int(m.group(3)))] = float(m.group(4))
+for (who, path, b), b16 in sorted(ms.items()):
+    b4 = ms.get((who, path, 4))
+    if b == 16 and b4:
+        print(f"{who} {path}, V=65: fixed cost per step {b4 - b16 / 4:.1f} ms "
+              f"(B=4 {b4:.1f} ms, B=16 {b16:.1f} ms)")
 EOF
 grep -q FAIL "$results" && exit 1
 exit 0

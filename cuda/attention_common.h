@@ -54,6 +54,20 @@ __device__ __forceinline__ KeyTileReaders key_tile_readers(int64_t kvh, int64_t 
 // relative to that difference, not to z: the result keeps float32's accuracy to a few ulps.
 __device__ __forceinline__ float exp_via_exp2(float x) { return exp2f(x * 1.4426950408889634f); }
 
+// The same with results below float32's normal range (x < −126 after the multiply) flushed to 0:
+// the hardware's exp2 alone (ex2.approx.ftz), where exp2f adds a test and two multiplies to keep
+// subnormal results. For the backward's p, whose subnormal values vanish in the bf16 products.
+__device__ __forceinline__ float exp_via_exp2_ftz(float x) {
+#if defined(__CUDA_ARCH__)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+#else
+    const float y = exp2f(x * 1.4426950408889634f);
+    return y < 1.17549435e-38f ? 0.0f : y;
+#endif
+}
+
 template <class T, bool kViaExp2 = false>
 __device__ __forceinline__ void probability_and_grad(T& p, T& ds, T r, T dp, T g, T cap, bool fp8,
                                                      T lse_hi, T lse_lo, T row_delta) {

@@ -123,7 +123,7 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
     for (int idx = 0; idx < kKeys / 2; ++idx) {
         const int j = idx / 4, i = idx % 4;
         RowState& rs = st[i / 2];
-        const float z = s[j][i], e = exp_via_exp2(z - m_ref[i / 2]);  // masked: exp(−inf) = 0
+        const float z = s[j][i], e = exp_via_exp2_ftz(z - m_ref[i / 2]);  // masked: exp(−inf) = 0
         rs.l += e;
         if (kSignals) rs.w += e > 0.0f ? e * z : 0.0f;
         s[j][i] = e;

@@ -35,17 +35,22 @@ constexpr int kMaxCols = 128;
 // The element offset of 16-byte chunk `chunk` of row `row` in a (64, D) tile, swizzled.
 template <int D>
 __device__ __forceinline__ int chunk_at(int row, int chunk) {
-    return row * D + ((chunk ^ (row % 8)) * 8);
+    return row * D + ((chunk ^ (row & 7)) * 8);
 }
 
 // tile: (64, D) shared = rows [0, valid) of src: (·, D) global, zeros after; asynchronous (the
-// caller commits and waits).
+// caller commits and waits). Thread t copies chunk t % (D/8) of rows t / (D/8) + n·(128 / (D/8)):
+// the same chunk in every pass, so the addresses are a few adds, in 32 bits.
 template <int D>
-__device__ void load_tile_async(uint16_t* tile, const uint16_t* src, int64_t valid) {
-    constexpr int kChunks = D / 8;
-    for (int idx = threadIdx.x; idx < kTileRows * kChunks; idx += kThreads) {
-        const int row = idx / kChunks, chunk = idx % kChunks;
-        const bool in = row < valid;
+__device__ __forceinline__ void load_tile_async(uint16_t* tile, const uint16_t* src,
+                                                int64_t valid) {
+    constexpr int kChunks = D / 8, kRowsPerPass = kThreads / kChunks;
+    const int rows = valid < kTileRows ? int(valid) : kTileRows;
+    const int chunk = int(threadIdx.x % kChunks), first_row = int(threadIdx.x / kChunks);
+    QK_UNROLL
+    for (int pass = 0; pass < kTileRows / kRowsPerPass; ++pass) {
+        const int row = first_row + pass * kRowsPerPass;
+        const bool in = row < rows;
         mma::cp_async_16(tile + chunk_at<D>(row, chunk), src + (in ? row * D + chunk * 8 : 0), in);
     }
 }

@@ -68,49 +68,62 @@ void attention_delta_round(float* delta, H* dout_h, const float* dout, RowStride
 using tc::kThreads;
 constexpr int kTile = tc::kTileRows;
 
-// What a (row, column) element of a warp's 16 × 64 block needs: whether its pair is visible, and
-// the query's lse (split in two floats, as on the cpu) and D_i.
-struct PairStats {
-    bool visible;
-    float lse_hi, lse_lo, delta;
+// The statistics of the 4 pairs a lane holds in one 8-column block of a warp's 16 × 64 block
+// (register i: row lane / 4 + 8·(i / 2), column 2·(lane % 4) + i % 2): the query's lse split in
+// two floats (as on the cpu) and D_i.
+struct QuadStats {
+    float lse_hi[4], lse_lo[4], delta[4];
 };
 
-// s holds the warp's dots r, dp the dots dO·v (this lane's share, accumulator layout); s leaves
-// holding p, dp holding ds (0 where hidden). stats(row, col) gives each element's PairStats;
-// masked false: every pair of the block is visible (stats' `visible` is not consulted). Without a
-// cap or FP8 logits (the common case) p = exp(g·r − lse) and ds = p (dp − D_i) need no more, and
-// their loop stays short; else each pair goes through the full rule.
-template <class Stats>
-__device__ void probabilities_and_grads(float (&s)[kTile / 8][4], float (&dp)[kTile / 8][4],
-                                        bool masked, float g, float cap, bool fp8,
-                                        const Stats& stats) {
+// rule(p, ds, r, dp, lse_hi, lse_lo, D_i) on every pair of the block, s and dp left holding p and
+// ds. kTested: each pair is asked visible(row, column) first and its query's lse checked (0 for
+// both where hidden, or where the row sees nothing); otherwise the rule runs unconditionally, a
+// straight line of arithmetic with no branch (the tiles off the mask's edge, nearly all of them).
+template <bool kTested, class Stats, class Visible, class Rule>
+__device__ __forceinline__ void each_pair(float (&s)[kTile / 8][4], float (&dp)[kTile / 8][4],
+                                          const Stats& stats, const Visible& visible,
+                                          const Rule& rule) {
     const int lane = threadIdx.x % kWarp;
-    auto stats_of = [&](int e) {  // element e: 8-column block e / 4, register e % 4
-        return stats(lane / 4 + 8 * (e % 4 / 2), 8 * (e / 4) + 2 * (lane % 4) + e % 2);
-    };
-    auto each_pair = [&](auto rule) {  // rule(p, ds, r, dp, stats) on every visible pair
+    QK_UNROLL
+    for (int block = 0; block < kTile / 8; ++block) {
+        const QuadStats st = stats(block);
         QK_UNROLL
-        for (int e = 0; e < kTile / 2; ++e) {
-            float& r = s[e / 4][e % 4];
-            float& d = dp[e / 4][e % 4];
-            const PairStats st = stats_of(e);
+        for (int i = 0; i < 4; ++i) {
             float p = 0, ds = 0;
-            if ((!masked || st.visible) && st.lse_hi != -INFINITY) rule(p, ds, r, d, st);
-            r = p;
-            d = ds;
+            if (!kTested || (visible(lane / 4 + 8 * (i / 2), 8 * block + 2 * (lane % 4) + i % 2) &&
+                             st.lse_hi[i] != -INFINITY))
+                rule(p, ds, s[block][i], dp[block][i], st.lse_hi[i], st.lse_lo[i], st.delta[i]);
+            s[block][i] = p;
+            dp[block][i] = ds;
         }
-    };
-    if (cap == 0 && !fp8) {
-        each_pair([&](float& p, float& ds, float r, float d, const PairStats& st) {
-            p = exp_via_exp2((g * r - st.lse_hi) - st.lse_lo);
-            p = p < 1.0f ? p : 1.0f;  // a p above 1 is rounding: see ops/attention.cpp
-            ds = p == 0.0f ? 0.0f : p * (d - st.delta);
-        });
+    }
+}
+
+// s holds the warp's dots r, dp the dots dO·v (this lane's share, accumulator layout); s leaves
+// holding p, dp holding ds (0 where hidden). stats(block) gives a QuadStats, visible(row, column)
+// whether a pair is seen; masked false: every pair of the block is visible. Without a cap or FP8
+// logits on such a block (the common case) p = exp(g·r − lse) and ds = p (dp − D_i) are all there
+// is; else each pair goes through the full rule.
+template <class Stats, class Visible>
+__device__ __forceinline__ void probabilities_and_grads(float (&s)[kTile / 8][4],
+                                                        float (&dp)[kTile / 8][4], bool masked,
+                                                        float g, float cap, bool fp8,
+                                                        const Stats& stats,
+                                                        const Visible& visible) {
+    if (!masked && cap == 0 && !fp8) {
+        each_pair<false>(
+            s, dp, stats, visible,
+            [&](float& p, float& ds, float r, float d, float lse_hi, float lse_lo, float delta) {
+                p = exp_via_exp2_ftz((g * r - lse_hi) - lse_lo);
+                p = p < 1.0f ? p : 1.0f;  // a p above 1 is rounding: ops/attention.cpp
+                ds = p == 0.0f ? 0.0f : p * (d - delta);
+            });
     } else {
-        each_pair([&](float& p, float& ds, float r, float d, const PairStats& st) {
-            probability_and_grad<float, true>(p, ds, r, d, g, cap, fp8, st.lse_hi, st.lse_lo,
-                                              st.delta);
-        });
+        each_pair<true>(
+            s, dp, stats, [&](int row, int col) { return !masked || visible(row, col); },
+            [&](float& p, float& ds, float r, float d, float lse_hi, float lse_lo, float delta) {
+                probability_and_grad<float, true>(p, ds, r, d, g, cap, fp8, lse_hi, lse_lo, delta);
+            });
     }
 }
 
@@ -154,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
     auto q_s = [&](int st) { return stages + st * 2 * kTile * D; };     // (64, D)
     auto do_s = [&](int st) { return q_s(st) + kTile * D; };            // (64, D)
     float* stats_s = reinterpret_cast<float*>(stages + 4 * kTile * D);  // (2, 3, 64)
-    const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const int64_t kvh = blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
     const int64_t cols = sh.Tk - j0 < kTile ? sh.Tk - j0 : kTile;
     tc::load_tile_async<D>(k_s, k + (kvh * sh.Tk + j0) * D, cols);
@@ -200,13 +213,20 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         tc::mma_rows_by_tile<H, D>(st_acc, k_s, 16 * warp, q_s(st));  // Sᵀ = K Qᵀ
         tc::mma_rows_by_tile<H, D>(dpt, v_s, 16 * warp, do_s(st));    // dPᵀ = V dOᵀ
         const int64_t key0 = j0 + 16 * warp;
-        probabilities_and_grads(st_acc, dpt, !tc::tile_fully_visible(i0, j0, sh), g, cap,
-                                sh.fp8_logits, [&](int r, int c) {
-                                    const int64_t key = key0 + r, i = i0 + c;
-                                    return PairStats{key < sh.Tk && i < sh.Tq && sees(i, key, sh),
-                                                     stats[c], stats[kTile + c],
-                                                     stats[2 * kTile + c]};
-                                });
+        probabilities_and_grads(
+            st_acc, dpt, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
+            [&](int block) {  // the queries are the columns: two adjacent ones per lane
+                const int c = 8 * block + 2 * (lane % 4);
+                const float2 hi = *reinterpret_cast<const float2*>(stats + c),
+                             lo = *reinterpret_cast<const float2*>(stats + kTile + c),
+                             dd = *reinterpret_cast<const float2*>(stats + 2 * kTile + c);
+                return QuadStats{
+                    {hi.x, hi.y, hi.x, hi.y}, {lo.x, lo.y, lo.x, lo.y}, {dd.x, dd.y, dd.x, dd.y}};
+            },
+            [&](int r, int c) {
+                const int64_t key = key0 + r, i = i0 + c;
+                return key < sh.Tk && i < sh.Tq && sees(i, key, sh);
+            });
         QK_UNROLL
         for (int e = 0; e < kTile / 2; ++e) dpt[e / 4][e % 4] *= g;                   // g·dsᵀ
         tc::mma_scores_by_tile<H, D, kCols<D>>(dv_acc, st_acc, do_s(st), first_col);  // dV += Pᵀ dO
@@ -274,12 +294,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         tc::mma_rows_by_tile<H, D>(s, q_s, 16 * warp, k_s(st));    // S = Q Kᵀ
         tc::mma_rows_by_tile<H, D>(dp, do_s, 16 * warp, v_s(st));  // dP = dO Vᵀ
         const int64_t row0 = i0 + 16 * warp;
-        probabilities_and_grads(s, dp, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
-                                [&](int r, int c) {
-                                    const int64_t i = row0 + r, j = j0 + c;
-                                    return PairStats{i < sh.Tq && sees(i, j, sh), lse_hi[r / 8],
-                                                     lse_lo[r / 8], row_delta[r / 8]};
-                                });
+        probabilities_and_grads(
+            s, dp, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
+            [&](int) {  // the rows are this lane's two
+                return QuadStats{{lse_hi[0], lse_hi[0], lse_hi[1], lse_hi[1]},
+                                 {lse_lo[0], lse_lo[0], lse_lo[1], lse_lo[1]},
+                                 {row_delta[0], row_delta[0], row_delta[1], row_delta[1]}};
+            },
+            [&](int r, int c) {
+                const int64_t i = row0 + r, j = j0 + c;
+                return i < sh.Tq && sees(i, j, sh);
+            });
         tc::mma_scores_by_tile<H, D, kCols<D>>(dq_acc, dp, k_s(st), first_col);  // dQ' += dS K
         __syncthreads();  // every warp is done with this stage before it is filled again
     }
