@@ -18,6 +18,8 @@
 #   QK_GPU         h100 or h200: print the launch ledger of one naive step (V = 65 and 50257,
 #                  B = 16) with each launch's measured time beside the cost model's estimate
 #   QK_OUT         where the ledgers' CSV files go (default: the current directory)
+#   QK_NCU=1       also profile the three tensor-core attention kernels with Nsight Compute (one
+#                  launch each at B 2, H 12, T 4096, D 64; ~20 s) into QK_OUT/ncu_attention.txt
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-nvcc}
@@ -80,6 +82,14 @@ if [ "${QK_ATTENTION:-1}" = 1 ] && [ -x "$build/bench/bench_gpu_attention" ]; th
     if [ -n "$peer" ] && [ -f "$peer" ] && python3 -c 'import torch' 2>/dev/null; then
         timeout 150 python3 "$peer" attn 2>&1 | grep RESULT | tee -a "$results"
     fi
+fi
+
+# 3b. Where the attention kernels' time goes (QK_NCU=1): one launch of each, every section.
+if [ "${QK_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+    timeout 120 ncu --set full -k 'regex:attention_(forward|dkdv|dq)_mma' --launch-count 3 \
+        "$build/bench/bench_gpu_attention" profile 2 12 4096 64 >"${QK_OUT:-.}/ncu_attention.txt" 2>&1
+    grep -E '_mma_kernel<|Duration|Executed Instructions  |Registers Per|Local Memory Spilling Requests  ' \
+        "${QK_OUT:-.}/ncu_attention.txt" | sed 's/(float \*.*//'
 fi
 
 # 4. The tables: tokens/s against PyTorch eager at the same vocabulary and batch; attention

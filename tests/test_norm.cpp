@@ -435,3 +435,16 @@ TEST_CASE("norm bad inputs name the op and what was wrong") {
     CHECK(throws_with([&] { lp_normalize(ids, 2.0); }, {"lp_normalize", "int32"}));
     CHECK(throws_with([&] { lp_normalize(x, 2.0, -1, -1e-3); }, {"lp_normalize", "eps", "-0.001"}));
 }
+
+TEST_CASE("NormRows: a row's offset is the walk of its (B, H, T) strides, past 2^32 rows too") {
+    // (B, H, T) rows of a head view at three strides, as the per-head norms read q and k.
+    const NormRows rows{3, {16, 12, 1024}, {1024 * 2304, 64, 2304}};
+    auto walk = [&](int64_t r) {  // the plain split, last dim fastest
+        const int64_t t = r % 1024, h = (r / 1024) % 12, b = r / (1024 * 12);
+        return b * rows.strides[0] + h * rows.strides[1] + t * rows.strides[2];
+    };
+    for (int64_t r : {int64_t(0), int64_t(1), int64_t(1023), int64_t(1024), int64_t(12 * 1024 - 1),
+                      int64_t(12 * 1024), int64_t(196607), int64_t(0xffffffffLL),
+                      int64_t(0x100000000LL), int64_t(0x123456789LL)})
+        CHECK(rows.offset(r) == walk(r));
+}
