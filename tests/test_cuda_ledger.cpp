@@ -266,6 +266,16 @@ TEST_CASE("the cost model: a one-block pass over 2.4 M floats costs far more tha
     gemm.tensor_flops = 2.0 * 8192 * 768 * 2304;
     gemm.bytes = 2.0 * (8192 * 768 + 768 * 2304) + 4.0 * 8192 * 2304;
     CHECK(cost::estimate_us(gemm, h200) == doctest::Approx(62.8).epsilon(0.2));
+    // The vocabulary head: a dimension of 50,257 leaves cuBLAS's aligned kernels (measured 3.2–5.4×
+    // on an H200); the model knows it from the shape in the call's name, 50,304 is aligned.
+    ledger::Entry head = gemm, padded = gemm;
+    head.tensor_flops = padded.tensor_flops = 2.0 * 16384 * 50257 * 768;
+    head.bytes = padded.bytes = 0;
+    head.name = "cublas:GemmEx bf16 16384x50257x768";
+    padded.name = "cublas:GemmEx bf16 16384x50304x768";
+    CHECK(cost::estimate_us(head, h200) > 3 * cost::estimate_us(padded, h200));
+    padded.name = "cublas:GemmEx bf16 16384x50304x768 x12";  // a batch count is not a dimension
+    CHECK(cost::estimate_us(head, h200) > 3 * cost::estimate_us(padded, h200));
     CHECK(test::throws_with([] { cost::gpu("a100"); }, {"unknown GPU 'a100'", "h100", "h200"}));
     const std::string table = cost::table({one_block, full_grid, gemm}, h200);
     CHECK(table.find("| **all** | 3 |") != std::string::npos);
