@@ -47,9 +47,12 @@ const std::vector<GpuSpec>& specs() {
 
 double seconds_to_us(double s) { return s * 1e6; }
 
-// Whether a library entry named "... MxNxK ..." (the ledger's cuBLAS scopes) has a dimension that
-// is not a multiple of 8.
+// Whether a library entry is a GEMM cuBLAS runs off its aligned kernels: the call says so ("...
+// unaligned", cuda/matmul.cu), or, in a ledger written before it did, a dimension of its
+// "MxNxK" is not a multiple of 8 (those came with unaligned rows).
 bool misaligned_gemm(const std::string& name) {
+    if (name.ends_with(" unaligned")) return true;
+    if (name.ends_with(" aligned")) return false;
     for (std::size_t at = 0; at < name.size();) {  // each space-separated word
         const std::size_t end = std::min(name.find(' ', at), name.size());
         long long m = 0, n = 0, k = 0;

@@ -34,6 +34,37 @@ void fill_zeros(const Tensor& t) {
 #endif
 }
 
+// cuBLAS's tensor-core GEMMs run 3–5× slower when a dimension is not a multiple of 8: on an H200
+// the vocabulary head's three (16,384 × 50,257 × 768 and its gradients) took 13.2, 8.9 and 8.3 ms
+// where aligned shapes of the same work take ~2.6, whatever the row strides (padding only those
+// sped up one of the three). As llm.c pads GPT-2's vocabulary to 50,304, a cuda Linear whose
+// output width N is not a multiple of 8 runs its GEMMs N′ = N rounded up to 64 wide: the weight's
+// rounding gets N′ − N zero rows, y is computed N′ wide and its N columns copied out, and dỸ gets
+// N′ − N zero columns. The zeros add nothing to any sum; the values are the unpadded ones. The
+// padded weight is a copy made per call, so only a product of at least kPadRows rows pads: below
+// that the GEMM is a read of the weight (decoding a token, R = batch), and copying it costs more
+// than the slow kernel (2·R·N·K FLOPs at a quarter rate against ~6·N·K bytes: even near R ≈ 800).
+constexpr int64_t kPadTo = 64, kPadRows = 1024;
+bool pads_width(Device device, int64_t R, int64_t N) {
+    return device == Device::cuda && N % 8 != 0 && R >= kPadRows;
+}
+
+// rows: (R, N) -> (R, N′), the same rows followed by zero columns.
+Tensor zero_padded_columns(const Tensor& rows) {
+    const int64_t R = rows.size(0), N = rows.size(1);
+    const Tensor wide = zeros({R, (N + kPadTo - 1) / kPadTo * kPadTo}, rows.dtype(), rows.device());
+    copy_into(wide.narrow(1, 0, N), rows);
+    return wide;
+}
+
+// rows: (N, K) -> (N′, K), the same rows followed by zero rows.
+Tensor zero_padded_rows(const Tensor& rows) {
+    const int64_t N = rows.size(0), K = rows.size(1);
+    const Tensor tall = zeros({(N + kPadTo - 1) / kPadTo * kPadTo, K}, rows.dtype(), rows.device());
+    copy_into(tall.narrow(0, 0, N), rows);
+    return tall;
+}
+
 #ifdef QK_WITH_CUDA
 // x̃ = round(x) as a new (R, K) Half tensor, and y = b in every row, in one launch. x: (R, K)
 // float32 rows (row stride x.stride(0)); y: (R, N) contiguous; b: (N).
@@ -79,16 +110,18 @@ std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor&) {
 }
 #endif
 
+// The job y = op(a) · op(b) (+ bias) on (rows, cols) matrices whose rows are contiguous, each read
+// with its own row stride.
 template <class Half>
 cpu::GemmJob<Half, float> half_job(const Tensor& y, const Tensor& a, bool a_trans, const Tensor& b,
                                    bool b_trans, const Tensor& bias = {}) {
     const int64_t M = y.size(0), N = y.size(1), K = a_trans ? a.size(0) : a.size(1);
     return {y.data<float>(),
-            N,
+            y.strides()[0],
             a.data<Half>(),
-            {a_trans, a.size(1)},
+            {a_trans, a.strides()[0]},
             b.data<Half>(),
-            {b_trans, b.size(1)},
+            {b_trans, b.strides()[0]},
             M,
             N,
             K,
@@ -140,8 +173,12 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     Tensor y = Tensor::empty(out_shape, kF32, device);
     // The weight's rounding is made once per version of its values and kept (cast_once): in
     // training the optimizer rewrites it in its update, so no call rounds a weight again.
-    const Tensor w_rounded = cast_once(weight, kHalf);
     const Tensor b = autograd::contiguous_input(bias_in);
+    // A width cuBLAS runs slowly (above) computes N′ wide against zero rows of the weight: the
+    // vocabulary heads, which have no bias (a biased Linear keeps its one-launch bias rows).
+    const bool padded = pads_width(device, R, N) && K > 0 && !b.defined();
+    const Tensor w_rounded =
+        padded ? zero_padded_rows(cast_once(weight, kHalf)) : cast_once(weight, kHalf);
     // On cuda with a bias, one launch rounds x and writes the bias rows of y (the GEMM adds to
     // them); elsewhere x is rounded on its own, once for every Linear that reads the same x (a
     // gated MLP's gate and up: cast_once keeps the rounding beside x's buffer).
@@ -167,24 +204,29 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
             auto job = half_job<Half>(y_rows, x_rounded, false, w_rounded, true);
             job.beta = 1.0f;
             half_gemm<Half>(job, device);
+        } else if (padded) {  // y = x̃ · W̃ᵀ, N′ wide, then its N columns
+            const Tensor y_wide = Tensor::empty({R, w_rounded.size(0)}, kF32, device);
+            half_gemm<Half>(half_job<Half>(y_wide, x_rounded, false, w_rounded, true), device);
+            copy_into(y_rows, y_wide.narrow(1, 0, N));
         } else {  // y = b + x̃ · W̃ᵀ (the cpu writes the bias inside the GEMM's slabs)
             half_gemm<Half>(half_job<Half>(y_rows, x_rounded, false, w_rounded, true, b), device);
         }
     }
     const bool need_x = x_in.requires_grad(), need_w = weight_in.requires_grad();
     const bool need_b = bias_in.defined() && bias_in.requires_grad();
-    auto backward = [need_x, need_w, need_b, R, N, K, device, x_shape = x.shape(),
+    auto backward = [need_x, need_w, need_b, R, N, K, device, padded, x_shape = x.shape(),
                      x_saved = need_w ? autograd::saved(x_rounded) : Tensor(),
                      w_saved = need_x ? autograd::saved(w_rounded) : Tensor(),
                      w_version = weight.storage()->version(),
                      w_storage = weight.storage()](const Tensor& dy) {
         // The weight's kept rounding is rewritten in place by the optimizer: a backward after a
         // step would read the new weights where the forward read the old.
-        QK_CHECK(!need_x || w_storage->cast_copy().storage != w_saved.storage() ||
+        // (A padded copy is the forward's own, but the same program is refused on every device.)
+        QK_CHECK(!need_x || (!padded && w_storage->cast_copy().storage != w_saved.storage()) ||
                      w_storage->version() == w_version,
                  "linear: backward after the weight {} was written (an optimizer step or an "
                  "in-place edit between this forward and its backward); run the forward again",
-                 w_saved.shape());
+                 Shape{N, K});
         const Tensor dy_rows = rows_of(dy);  // (R, N)
         Tensor db;
         Tensor dy_rounded;
@@ -192,6 +234,11 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
             std::tie(dy_rounded, db) = round_and_sum_columns<Half>(dy_rows);
         else if (need_x || need_w)  // kept beside dY when its producer rounded it (glu)
             dy_rounded = cast_once(dy_rows, kHalf);
+        // Padded: dỸ gets the zero columns that meet the weight's zero rows in dx; dW reads its N
+        // columns (a dimension of N with aligned rows ran at full speed, measured).
+        if (padded && dy_rounded.defined()) dy_rounded = zero_padded_columns(dy_rounded);
+        const Tensor dy_n =
+            padded && dy_rounded.defined() ? dy_rounded.narrow(1, 0, N) : dy_rounded;
         Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
         Tensor dw = need_w ? Tensor::empty({N, K}, kF32, device) : Tensor();
         if (R * N * K > 0) {
@@ -201,8 +248,7 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
             else {
                 if (need_x)
                     half_gemm<Half>(half_job<Half>(dx, dy_rounded, false, w_saved, false), device);
-                if (need_w)
-                    half_gemm<Half>(half_job<Half>(dw, dy_rounded, true, x_saved, false), device);
+                if (need_w) half_gemm<Half>(half_job<Half>(dw, dy_n, true, x_saved, false), device);
             }
         } else {  // an empty sum
             if (need_x) dx = zeros({R, K}, kF32, device);

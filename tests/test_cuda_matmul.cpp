@@ -130,6 +130,12 @@ TEST_CASE("linear in bf16 on cuda (cublasGemmStridedBatchedEx) matches the cpu's
         {randn_seeded({3, 150, K + 3}, 31, kF32), randn_seeded({N, K}, 32, kF32),
          randn_seeded({N}, 33, kF32)},
         options);
+    // 1,024 rows or more and a width that is not a multiple of 8 (a vocabulary head): the GEMMs
+    // run 64 wide against zero rows of the weight and zero columns of dỸ (ops/matmul_bf16.cpp).
+    check_cuda_parity(
+        "bf16 linear, padded width",
+        [](const Inputs& in) { return linear(in[0], in[1], {}, Precision::bf16); },
+        {randn_seeded({2, 512, K}, 37, kF32), randn_seeded({N, K}, 38, kF32)}, options);
     check_cuda_parity(  // widths that are multiples of 4: x and the bias rows four at a time
         "bf16 linear, vector widths",
         [](const Inputs& in) { return linear(in[0], in[1], in[2], Precision::bf16); },
