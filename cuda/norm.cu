@@ -8,7 +8,9 @@
 //   row kernels (forward, and dx in backward): one warp per row, kWarpsPerBlock = 4 rows per
 //     128-thread block. Lane l reads the row's entries l, l + 32, ... (coalesced, any C: the loop
 //     strides), the row statistics are warp shuffles (cuda/warp_reduce.h), no shared memory and
-//     no __syncthreads. The row stays in L1/L2 between passes, so re-reading it is cheap.
+//     no __syncthreads. The row stays in L1/L2 between passes, so re-reading it is cheap. Rows of
+//     at most 128 values (the per-head QK-norms) go to cuda/norm_rows.h's kernels instead: four
+//     rows a warp, held in registers, the same sums in the same order.
 //   parameter gradients (dweight = Σ_rows dy · xhat, dbias = Σ_rows dy): a deterministic two-stage
 //     reduction over rows instead of float atomics (whose order, hence rounding, would change
 //     from run to run). Stage 1: blocks of 32 columns × 8 row lanes (a warp reads 128
@@ -31,6 +33,7 @@
 
 #include "core/storage.h"
 #include "cuda/bf16_convert.h"
+#include "cuda/norm_rows.h"
 #include "cuda/runtime.h"
 #include "cuda/warp_reduce.h"
 #include "ops/norm.h"
@@ -39,15 +42,9 @@ namespace qk::cuda {
 
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
-constexpr int kRowThreads = kWarpsPerBlock * kWarp;
-constexpr int64_t kMinRowsPerChunk = 32;  // parameter gradients: rows of one chunk, at least
+using namespace norm_rows;
 
-// The row this warp works on, or -1 past the end (the whole warp leaves together).
-__device__ __forceinline__ int64_t warp_row(int64_t rows) {
-    const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-    return r < rows ? r : -1;
-}
+constexpr int64_t kMinRowsPerChunk = 32;  // parameter gradients: rows of one chunk, at least
 
 // ---- layer_norm --------------------------------------------------------------------------
 
@@ -324,8 +321,22 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_ro
     ledger::declare(double(sizeof(T)) * double(2 * rows * C + 2 * C + 2 * rows) +
                         (y_half ? 2.0 * double(rows * C) : 0.0),
                     8.0 * double(rows * C), 0, sizeof(T) == 8);
-    QK_LAUNCH((layer_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
-              stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C, eps, y_half, half_is_bf16);
+    switch (short_row_values(C)) {
+        case 2:
+            QK_LAUNCH((layer_norm_forward_short_kernel<T, 2, kShortRows>), short_row_blocks(rows),
+                      kRowThreads, 0, stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C,
+                      eps, y_half, half_is_bf16);
+            break;
+        case 4:
+            QK_LAUNCH((layer_norm_forward_short_kernel<T, 4, kShortRows>), short_row_blocks(rows),
+                      kRowThreads, 0, stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C,
+                      eps, y_half, half_is_bf16);
+            break;
+        default:
+            QK_LAUNCH((layer_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
+                      0, stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C, eps, y_half,
+                      half_is_bf16);
+    }
     QK_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
 }
 
@@ -335,8 +346,21 @@ void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x,
                          int64_t rows, int64_t C) {
     if (rows > 0) {
         ledger::declare_elements<T>(2 * rows * C + C + 2 * rows, rows * C, 12 * rows * C);
-        QK_LAUNCH((layer_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
-                  0, stream(), dx, dy, x, x_rows, mean, rstd, weight, rows, C);
+        switch (short_row_values(C)) {
+            case 2:
+                QK_LAUNCH((layer_norm_backward_dx_short_kernel<T, 2, kShortRows>),
+                          short_row_blocks(rows), kRowThreads, 0, stream(), dx, dy, x, x_rows, mean,
+                          rstd, weight, rows, C);
+                break;
+            case 4:
+                QK_LAUNCH((layer_norm_backward_dx_short_kernel<T, 4, kShortRows>),
+                          short_row_blocks(rows), kRowThreads, 0, stream(), dx, dy, x, x_rows, mean,
+                          rstd, weight, rows, C);
+                break;
+            default:
+                QK_LAUNCH((layer_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock),
+                          kRowThreads, 0, stream(), dx, dy, x, x_rows, mean, rstd, weight, rows, C);
+        }
         QK_CUDA_CHECK_LAUNCH("layer_norm_backward_dx_kernel");
     }
     norm_param_grads(dweight, dbias, dy, x, x_rows, mean, rstd, rows, C);
@@ -359,8 +383,21 @@ void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T
     ledger::declare(double(sizeof(T)) * double(2 * rows * C + C + rows) +
                         (y_half ? 2.0 * double(rows * C) : 0.0),
                     4.0 * double(rows * C), 0, sizeof(T) == 8);
-    QK_LAUNCH((rms_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
-              stream(), y, rstd, x, x_rows, weight, rows, C, eps, y_half, half_is_bf16);
+    switch (short_row_values(C)) {
+        case 2:
+            QK_LAUNCH((rms_norm_forward_short_kernel<T, 2, kShortRows>), short_row_blocks(rows),
+                      kRowThreads, 0, stream(), y, rstd, x, x_rows, weight, rows, C, eps, y_half,
+                      half_is_bf16);
+            break;
+        case 4:
+            QK_LAUNCH((rms_norm_forward_short_kernel<T, 4, kShortRows>), short_row_blocks(rows),
+                      kRowThreads, 0, stream(), y, rstd, x, x_rows, weight, rows, C, eps, y_half,
+                      half_is_bf16);
+            break;
+        default:
+            QK_LAUNCH((rms_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
+                      0, stream(), y, rstd, x, x_rows, weight, rows, C, eps, y_half, half_is_bf16);
+    }
     QK_CUDA_CHECK_LAUNCH("rms_norm_forward_kernel");
 }
 
@@ -369,8 +406,21 @@ void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const NormRow
                        const T* rstd, const T* weight, int64_t rows, int64_t C) {
     if (rows > 0) {
         ledger::declare_elements<T>(2 * rows * C + C + rows, rows * C, 8 * rows * C);
-        QK_LAUNCH((rms_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
-                  0, stream(), dx, dy, x, x_rows, rstd, weight, rows, C);
+        switch (short_row_values(C)) {
+            case 2:
+                QK_LAUNCH((rms_norm_backward_dx_short_kernel<T, 2, kShortRows>),
+                          short_row_blocks(rows), kRowThreads, 0, stream(), dx, dy, x, x_rows, rstd,
+                          weight, rows, C);
+                break;
+            case 4:
+                QK_LAUNCH((rms_norm_backward_dx_short_kernel<T, 4, kShortRows>),
+                          short_row_blocks(rows), kRowThreads, 0, stream(), dx, dy, x, x_rows, rstd,
+                          weight, rows, C);
+                break;
+            default:
+                QK_LAUNCH((rms_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock),
+                          kRowThreads, 0, stream(), dx, dy, x, x_rows, rstd, weight, rows, C);
+        }
         QK_CUDA_CHECK_LAUNCH("rms_norm_backward_dx_kernel");
     }
     if (dweight)
