@@ -56,7 +56,10 @@ __device__ __forceinline__ float exp_via_exp2(float x) { return exp2f(x * 1.4426
 
 // The same with results below float32's normal range (x < −126 after the multiply) flushed to 0:
 // the hardware's exp2 alone (ex2.approx.ftz), where exp2f adds a test and two multiplies to keep
-// subnormal results. For the backward's p, whose subnormal values vanish in the bf16 products.
+// subnormal results. For the forward's e and the backward's p in the tensor-core kernels: an e or
+// p below 2⁻¹²⁶ moves an output by at most 2⁻¹²⁶ times the values it multiplies (and l, which holds
+// an e = 1, not at all). (The backward's tested tiles keep exp_via_exp2: their rule is shared with
+// the CUDA-core kernel.)
 __device__ __forceinline__ float exp_via_exp2_ftz(float x) {
 #if defined(__CUDA_ARCH__)
     float y;

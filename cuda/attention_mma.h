@@ -45,6 +45,8 @@ template <int D>
 __device__ __forceinline__ void load_tile_async(uint16_t* tile, const uint16_t* src,
                                                 int64_t valid) {
     constexpr int kChunks = D / 8, kRowsPerPass = kThreads / kChunks;
+    static_assert(kThreads % kChunks == 0 && kTileRows % kRowsPerPass == 0,
+                  "every row and chunk of the tile is one thread's in one pass");
     const int rows = valid < kTileRows ? int(valid) : kTileRows;
     const int chunk = int(threadIdx.x % kChunks), first_row = int(threadIdx.x / kChunks);
     QK_UNROLL

@@ -78,7 +78,8 @@ struct QuadStats {
 // rule(p, ds, r, dp, lse_hi, lse_lo, D_i) on every pair of the block, s and dp left holding p and
 // ds. kTested: each pair is asked visible(row, column) first and its query's lse checked (0 for
 // both where hidden, or where the row sees nothing); otherwise the rule runs unconditionally, a
-// straight line of arithmetic with no branch (the tiles off the mask's edge, nearly all of them).
+// straight line of arithmetic with no branch (the tiles off the mask's edge, nearly all of them,
+// where every row sees keys: its lse is finite, or NaN from non-finite inputs, which p carries).
 template <bool kTested, class Stats, class Visible, class Rule>
 __device__ __forceinline__ void each_pair(float (&s)[kTile / 8][4], float (&dp)[kTile / 8][4],
                                           const Stats& stats, const Visible& visible,

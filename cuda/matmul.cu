@@ -96,9 +96,14 @@ void gemm_mixed(float* y, int64_t ldy, int64_t stride_y, const Half* a, bool a_t
     ledger::declare(matrices * (2.0 * double(M * K + K * N) + 4.0 * double(M * N)), 0,
                     2.0 * matrices * double(M) * double(N) * double(K));
     // Whether cuBLAS can take its aligned tensor-core kernels (the cost model reads the word): N
-    // and K multiples of 8 and every row 16-byte aligned. An odd M with aligned rows ran at full
-    // speed on an H200 (the vocabulary head's dW); an odd N or K did not, whatever the rows.
-    const bool aligned = N % 8 == 0 && K % 8 == 0 && lda % 8 == 0 && ldb % 8 == 0 && ldy % 4 == 0;
+    // and K multiples of 8, every matrix and row 16-byte aligned. An odd M with aligned rows ran
+    // at full speed on an H200 (the vocabulary head's dW); an odd N or K did not, whatever the
+    // rows.
+    const auto on_16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+    const bool aligned =
+        N % 8 == 0 && K % 8 == 0 && lda % 8 == 0 && ldb % 8 == 0 && ldy % 4 == 0 && on_16(a) &&
+        on_16(b) && on_16(y) &&
+        (batch == 1 || (stride_a % 8 == 0 && stride_b % 8 == 0 && stride_y % 4 == 0));
     const ledger::Scope scope(
         ledger::is_open() ? fmt::format("GemmEx {} {}x{}x{}{} {}", is_bf16 ? "bf16" : "fp16", M, N,
                                         K, batch > 1 ? fmt::format(" x{}", batch) : std::string(),

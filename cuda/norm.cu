@@ -9,8 +9,9 @@
 //     128-thread block. Lane l reads the row's entries l, l + 32, ... (coalesced, any C: the loop
 //     strides), the row statistics are warp shuffles (cuda/warp_reduce.h), no shared memory and
 //     no __syncthreads. The row stays in L1/L2 between passes, so re-reading it is cheap. Rows of
-//     at most 128 values (the per-head QK-norms) go to cuda/norm_rows.h's kernels instead: four
-//     rows a warp, held in registers, the same sums in the same order.
+//     at most 128 values (the per-head QK-norms, and every norm of a model that narrow) go to
+//     cuda/norm_rows.h's kernels instead: four rows a warp, held in registers, the same sums in
+//     the same order.
 //   parameter gradients (dweight = Σ_rows dy · xhat, dbias = Σ_rows dy): a deterministic two-stage
 //     reduction over rows instead of float atomics (whose order, hence rounding, would change
 //     from run to run). Stage 1: blocks of 32 columns × 8 row lanes (a warp reads 128

@@ -30,12 +30,13 @@ __device__ __forceinline__ int64_t warp_row(int64_t rows) {
 // H200 the per-head QK-norms ran at a third of the memory's speed (114 µs a call where their bytes
 // take 44), each small block's dependent chain waiting on DRAM, wave after wave. Here a warp takes
 // kRows rows at once and every lane loads its kPerLane values of all of them before the first sum,
-// kRows·kPerLane loads in flight. Each row's sums and outputs are cuda/norm.cu's one-row kernels', term
-// for term and in the same order (values past C are never added): the same bits but where the
+// kRows·kPerLane loads in flight. Each row's sums and outputs are cuda/norm.cu's one-row kernels',
+// term for term and in the same order (values past C are never added): the same bits but where the
 // compiler fuses a multiply and an add differently (measured in the emulator: rms_norm's dx at
 // C = 100 and 128 differs in the last bit, every other output is identical).
 
-// The kRows rows from `first` (those below `rows`): lane l's values l, l + 32, ... of each, 0 past C.
+// The kRows rows from `first` (those below `rows`): lane l's values l, l + 32, ... of each, 0 past
+// C.
 template <class T, int kPerLane, int kRows, class RowStart>
 __device__ __forceinline__ void load_short_rows(T (&v)[kRows][kPerLane], const RowStart& row_start,
                                                 int64_t first, int64_t rows, int64_t C) {
@@ -68,7 +69,8 @@ __global__ void layer_norm_forward_short_kernel(T* y, T* mean, T* rstd, const T*
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
     T v[kRows][kPerLane], m[kRows], s[kRows];
-    load_short_rows(v, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
+    load_short_rows(
+        v, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
         T sum = 0;
@@ -113,8 +115,10 @@ __global__ void layer_norm_backward_dx_short_kernel(T* dx, const T* dy, const T*
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
     T xv[kRows][kPerLane], dyv[kRows][kPerLane], mean_dxhat[kRows], mean_dxhat_xhat[kRows];
-    load_short_rows(xv, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
-    load_short_rows(dyv, [&](int64_t r) { return dy + r * C; }, first, rows, C);
+    load_short_rows(
+        xv, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
+    load_short_rows(
+        dyv, [&](int64_t r) { return dy + r * C; }, first, rows, C);
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
         const int64_t row = first + r < rows ? first + r : first;
@@ -156,7 +160,8 @@ __global__ void rms_norm_forward_short_kernel(T* y, T* rstd, const T* x, NormRow
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
     T v[kRows][kPerLane], s[kRows];
-    load_short_rows(v, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
+    load_short_rows(
+        v, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
         T ss = 0;
@@ -190,8 +195,10 @@ __global__ void rms_norm_backward_dx_short_kernel(T* dx, const T* dy, const T* x
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
     T xv[kRows][kPerLane], dyv[kRows][kPerLane], mean_dxhat_xhat[kRows];
-    load_short_rows(xv, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
-    load_short_rows(dyv, [&](int64_t r) { return dy + r * C; }, first, rows, C);
+    load_short_rows(
+        xv, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
+    load_short_rows(
+        dyv, [&](int64_t r) { return dy + r * C; }, first, rows, C);
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
         const T s = rstd[first + r < rows ? first + r : first];

@@ -40,10 +40,12 @@ void fill_zeros(const Tensor& t) {
 // sped up one of the three). As llm.c pads GPT-2's vocabulary to 50,304, a cuda Linear whose
 // output width N is not a multiple of 8 runs its GEMMs N′ = N rounded up to 64 wide: the weight's
 // rounding gets N′ − N zero rows, y is computed N′ wide and its N columns copied out, and dỸ gets
-// N′ − N zero columns. The zeros add nothing to any sum; the values are the unpadded ones. The
-// padded weight is a copy made per call, so only a product of at least kPadRows rows pads: below
-// that the GEMM is a read of the weight (decoding a token, R = batch), and copying it costs more
-// than the slow kernel (2·R·N·K FLOPs at a quarter rate against ~6·N·K bytes: even near R ≈ 800).
+// N′ − N zero columns. The zeros add nothing to any sum: the same sums (cuBLAS may split them
+// differently for N′, so the last bits can differ). The padded weight is a copy made per call
+// (~6·N·K bytes), which pays when the time saved, 2·R·N·K FLOPs at three quarters of the
+// rate, exceeds it: above R ≈ 200 rows on an H200. kPadRows keeps decoding (R = batch), where the
+// product is a read of the weight, well clear of that. The cost in memory: y's N′-wide rows
+// (R·N′ floats) live next to y until the copy.
 constexpr int64_t kPadTo = 64, kPadRows = 1024;
 bool pads_width(Device device, int64_t R, int64_t N) {
     return device == Device::cuda && N % 8 != 0 && R >= kPadRows;
@@ -110,6 +112,10 @@ std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor&) {
 }
 #endif
 
+// A (rows, cols) matrix's row stride, for BLAS: a single row's stride is arbitrary (a view may
+// carry any), and BLAS wants at least cols.
+int64_t row_stride(const Tensor& t) { return t.size(0) <= 1 ? t.size(1) : t.strides()[0]; }
+
 // The job y = op(a) · op(b) (+ bias) on (rows, cols) matrices whose rows are contiguous, each read
 // with its own row stride.
 template <class Half>
@@ -117,11 +123,11 @@ cpu::GemmJob<Half, float> half_job(const Tensor& y, const Tensor& a, bool a_tran
                                    bool b_trans, const Tensor& bias = {}) {
     const int64_t M = y.size(0), N = y.size(1), K = a_trans ? a.size(0) : a.size(1);
     return {y.data<float>(),
-            y.strides()[0],
+            row_stride(y),
             a.data<Half>(),
-            {a_trans, a.strides()[0]},
+            {a_trans, row_stride(a)},
             b.data<Half>(),
-            {b_trans, b.strides()[0]},
+            {b_trans, row_stride(b)},
             M,
             N,
             K,
@@ -221,7 +227,8 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
                      w_storage = weight.storage()](const Tensor& dy) {
         // The weight's kept rounding is rewritten in place by the optimizer: a backward after a
         // step would read the new weights where the forward read the old.
-        // (A padded copy is the forward's own, but the same program is refused on every device.)
+        // A padded copy is the forward's own and would still be right, but a write to the weight
+        // between the two is refused there too, as on the unpadded path after an optimizer step.
         QK_CHECK(!need_x || (!padded && w_storage->cast_copy().storage != w_saved.storage()) ||
                      w_storage->version() == w_version,
                  "linear: backward after the weight {} was written (an optimizer step or an "
