@@ -47,12 +47,20 @@ std::string rate(double ms, double flops) {
     return fmt::format("{:.3f} ms {:.1f} TFLOP/s", ms, flops / ms / 1e9);
 }
 
+// Random float32 q, k, v (taking gradients) and an upstream gradient of shape s, on the device.
+struct Inputs {
+    Tensor q, k, v, probe;
+    explicit Inputs(const Shape& shape) {
+        Generator gen(7);
+        for (Tensor* t : {&q, &k, &v, &probe}) *t = randn(shape, kF32, Device::cuda, gen);
+        for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
+    }
+};
+
 void measure(const Shape4& s, bool with_float32) {
-    Generator gen(7);
     const Shape shape{s.B, s.H, s.T, s.D};
-    Tensor q = randn(shape, kF32, Device::cuda, gen), k = randn(shape, kF32, Device::cuda, gen),
-           v = randn(shape, kF32, Device::cuda, gen), probe = randn(shape, kF32, Device::cuda, gen);
-    for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
+    const Inputs in(shape);
+    const Tensor &q = in.q, &k = in.k, &v = in.v, &probe = in.probe;
     const double fwd = 4.0 * double(s.B * s.H) * double(s.T) * double(s.T) * double(s.D) / 2;
     const AttentionOptions bf16_causal{.causal = true, .precision = Precision::bf16};
 
@@ -98,12 +106,8 @@ void measure(const Shape4& s, bool with_float32) {
 }
 
 void profile_once(const Shape4& s) {
-    Generator gen(7);
-    const Shape shape{s.B, s.H, s.T, s.D};
-    Tensor q = randn(shape, kF32, Device::cuda, gen), k = randn(shape, kF32, Device::cuda, gen),
-           v = randn(shape, kF32, Device::cuda, gen), probe = randn(shape, kF32, Device::cuda, gen);
-    for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
-    attention(q, k, v, {.causal = true, .precision = Precision::bf16}).backward(probe);
+    const Inputs in({s.B, s.H, s.T, s.D});
+    attention(in.q, in.k, in.v, {.causal = true, .precision = Precision::bf16}).backward(in.probe);
     cuda::synchronize();
     fmt::print("profiled B={} H={} T={} D={}\n", s.B, s.H, s.T, s.D);
 }

@@ -52,6 +52,25 @@ __device__ __forceinline__ void load_short_rows(T (&v)[kRows][kPerLane], const R
     }
 }
 
+// write(row, r, i, c) for each of this lane's values (i: column c = lane + 32·i < C) of the group's
+// rows r that exist (row = first + r < rows): the kernels' output pass.
+template <int kRows, int kPerLane, class Write>
+__device__ __forceinline__ void each_short_value(int64_t first, int64_t rows, int64_t C,
+                                                 const Write& write) {
+    const int lane = threadIdx.x % kWarp;
+    QK_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+        const int64_t row = first + r;
+        if (row >= rows) break;
+        QK_UNROLL
+        for (int i = 0; i < kPerLane; ++i) {
+            const int c = lane + kWarp * i;
+            if (c >= C) break;
+            write(row, r, i, c);
+        }
+    }
+}
+
 // The warp's row group (kRows rows from the returned first), or -1 past the end.
 template <int kRows>
 __device__ __forceinline__ int64_t warp_row_group(int64_t rows) {
@@ -87,23 +106,17 @@ __global__ void layer_norm_forward_short_kernel(T* y, T* mean, T* rstd, const T*
             if (lane + kWarp * i < C) sq += (v[r][i] - m[r]) * (v[r][i] - m[r]);
         s[r] = T(1) / dev_sqrt(warp_sum(sq) / T(C) + eps);
     }
+    each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
+        const T value = (v[r][i] - m[r]) * s[r] * weight[c] + (bias ? bias[c] : T(0));
+        y[row * C + c] = value;
+        store_half(y_half, row * C + c, value, half_is_bf16);
+    });
     QK_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-        const int64_t row = first + r;
-        if (row >= rows) break;
-        QK_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-            const int c = lane + kWarp * i;
-            if (c >= C) break;
-            const T value = (v[r][i] - m[r]) * s[r] * weight[c] + (bias ? bias[c] : T(0));
-            y[row * C + c] = value;
-            store_half(y_half, row * C + c, value, half_is_bf16);
+    for (int r = 0; r < kRows; ++r)
+        if (lane == 0 && first + r < rows) {
+            mean[first + r] = m[r];
+            rstd[first + r] = s[r];
         }
-        if (lane == 0) {
-            mean[row] = m[r];
-            rstd[row] = s[r];
-        }
-    }
 }
 
 // cuda/norm.cu's layer_norm_backward_dx_kernel, kRows rows a warp.
@@ -114,41 +127,34 @@ __global__ void layer_norm_backward_dx_short_kernel(T* dx, const T* dy, const T*
     const int lane = threadIdx.x % kWarp;
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
-    T xv[kRows][kPerLane], dyv[kRows][kPerLane], mean_dxhat[kRows], mean_dxhat_xhat[kRows];
+    T xv[kRows][kPerLane], dyv[kRows][kPerLane], m[kRows], s[kRows], mean_dxhat[kRows],
+        mean_dxhat_xhat[kRows];
     load_short_rows(
         xv, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
     load_short_rows(
         dyv, [&](int64_t r) { return dy + r * C; }, first, rows, C);
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
-        const int64_t row = first + r < rows ? first + r : first;
-        const T m = mean[row], s = rstd[row];
+        const int64_t row = first + r < rows ? first + r : first;  // past the end: any row's
+        m[r] = mean[row];
+        s[r] = rstd[row];
         T sum_dxhat = 0, sum_dxhat_xhat = 0;
         QK_UNROLL
         for (int i = 0; i < kPerLane; ++i) {
             const int c = lane + kWarp * i;
             if (c >= C) break;
-            const T xhat = (xv[r][i] - m) * s, dxhat = dyv[r][i] * weight[c];
+            const T xhat = (xv[r][i] - m[r]) * s[r], dxhat = dyv[r][i] * weight[c];
             sum_dxhat += dxhat;
             sum_dxhat_xhat += dxhat * xhat;
         }
         mean_dxhat[r] = warp_sum(sum_dxhat) / T(C);
         mean_dxhat_xhat[r] = warp_sum(sum_dxhat_xhat) / T(C);
     }
-    QK_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-        const int64_t row = first + r;
-        if (row >= rows) break;
-        const T m = mean[row], s = rstd[row];
-        QK_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-            const int c = lane + kWarp * i;
-            if (c >= C) break;
-            const T xhat = (xv[r][i] - m) * s, dxhat = dyv[r][i] * weight[c];
-            //                 direct   mean term        rstd term
-            dx[row * C + c] = s * (dxhat - mean_dxhat[r] - xhat * mean_dxhat_xhat[r]);
-        }
-    }
+    each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
+        const T xhat = (xv[r][i] - m[r]) * s[r], dxhat = dyv[r][i] * weight[c];
+        //                  direct   mean term        rstd term
+        dx[row * C + c] = s[r] * (dxhat - mean_dxhat[r] - xhat * mean_dxhat_xhat[r]);
+    });
 }
 
 // cuda/norm.cu's rms_norm_forward_kernel, kRows rows a warp.
@@ -170,20 +176,14 @@ __global__ void rms_norm_forward_short_kernel(T* y, T* rstd, const T* x, NormRow
             if (lane + kWarp * i < C) ss += v[r][i] * v[r][i];
         s[r] = T(1) / dev_sqrt(warp_sum(ss) / T(C) + eps);
     }
+    each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
+        const T value = v[r][i] * s[r] * (weight ? weight[c] : T(1));
+        y[row * C + c] = value;
+        store_half(y_half, row * C + c, value, half_is_bf16);
+    });
     QK_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-        const int64_t row = first + r;
-        if (row >= rows) break;
-        QK_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-            const int c = lane + kWarp * i;
-            if (c >= C) break;
-            const T value = v[r][i] * s[r] * (weight ? weight[c] : T(1));
-            y[row * C + c] = value;
-            store_half(y_half, row * C + c, value, half_is_bf16);
-        }
-        if (lane == 0) rstd[row] = s[r];
-    }
+    for (int r = 0; r < kRows; ++r)
+        if (lane == 0 && first + r < rows) rstd[first + r] = s[r];
 }
 
 // cuda/norm.cu's rms_norm_backward_dx_kernel, kRows rows a warp.
@@ -194,36 +194,27 @@ __global__ void rms_norm_backward_dx_short_kernel(T* dx, const T* dy, const T* x
     const int lane = threadIdx.x % kWarp;
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
-    T xv[kRows][kPerLane], dyv[kRows][kPerLane], mean_dxhat_xhat[kRows];
+    T xv[kRows][kPerLane], dyv[kRows][kPerLane], s[kRows], mean_dxhat_xhat[kRows];
     load_short_rows(
         xv, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
     load_short_rows(
         dyv, [&](int64_t r) { return dy + r * C; }, first, rows, C);
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
-        const T s = rstd[first + r < rows ? first + r : first];
+        s[r] = rstd[first + r < rows ? first + r : first];  // past the end: any row's
         T acc = 0;
         QK_UNROLL
         for (int i = 0; i < kPerLane; ++i) {
             const int c = lane + kWarp * i;
             if (c >= C) break;
-            acc += dyv[r][i] * (weight ? weight[c] : T(1)) * (xv[r][i] * s);  // dxhat · xhat
+            acc += dyv[r][i] * (weight ? weight[c] : T(1)) * (xv[r][i] * s[r]);  // dxhat · xhat
         }
         mean_dxhat_xhat[r] = warp_sum(acc) / T(C);
     }
-    QK_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-        const int64_t row = first + r;
-        if (row >= rows) break;
-        const T s = rstd[row];
-        QK_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-            const int c = lane + kWarp * i;
-            if (c >= C) break;
-            const T xhat = xv[r][i] * s, dxhat = dyv[r][i] * (weight ? weight[c] : T(1));
-            dx[row * C + c] = s * (dxhat - xhat * mean_dxhat_xhat[r]);  // direct − rstd term
-        }
-    }
+    each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
+        const T xhat = xv[r][i] * s[r], dxhat = dyv[r][i] * (weight ? weight[c] : T(1));
+        dx[row * C + c] = s[r] * (dxhat - xhat * mean_dxhat_xhat[r]);  // direct − rstd term
+    });
 }
 
 constexpr int kShortRows = 4;  // rows a warp: 8 or 16 loads in flight a lane

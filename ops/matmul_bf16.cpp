@@ -51,20 +51,14 @@ bool pads_width(Device device, int64_t R, int64_t N) {
     return device == Device::cuda && N % 8 != 0 && R >= kPadRows;
 }
 
-// rows: (R, N) -> (R, N′), the same rows followed by zero columns.
-Tensor zero_padded_columns(const Tensor& rows) {
-    const int64_t R = rows.size(0), N = rows.size(1);
-    const Tensor wide = zeros({R, (N + kPadTo - 1) / kPadTo * kPadTo}, rows.dtype(), rows.device());
-    copy_into(wide.narrow(1, 0, N), rows);
-    return wide;
-}
-
-// rows: (N, K) -> (N′, K), the same rows followed by zero rows.
-Tensor zero_padded_rows(const Tensor& rows) {
-    const int64_t N = rows.size(0), K = rows.size(1);
-    const Tensor tall = zeros({(N + kPadTo - 1) / kPadTo * kPadTo, K}, rows.dtype(), rows.device());
-    copy_into(tall.narrow(0, 0, N), rows);
-    return tall;
+// m: a matrix -> the same values followed by zeros along dim, its size rounded up to kPadTo: the
+// weight's (N′, K) rows, dỸ's (R, N′) columns.
+Tensor zero_padded(const Tensor& m, int dim) {
+    Shape shape = m.shape();
+    shape[size_t(dim)] = (shape[size_t(dim)] + kPadTo - 1) / kPadTo * kPadTo;
+    const Tensor padded = zeros(shape, m.dtype(), m.device());
+    copy_into(padded.narrow(dim, 0, m.size(dim)), m);
+    return padded;
 }
 
 #ifdef QK_WITH_CUDA
@@ -184,7 +178,7 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     // vocabulary heads, which have no bias (a biased Linear keeps its one-launch bias rows).
     const bool padded = pads_width(device, R, N) && K > 0 && !b.defined();
     const Tensor w_rounded =
-        padded ? zero_padded_rows(cast_once(weight, kHalf)) : cast_once(weight, kHalf);
+        padded ? zero_padded(cast_once(weight, kHalf), 0) : cast_once(weight, kHalf);
     // On cuda with a bias, one launch rounds x and writes the bias rows of y (the GEMM adds to
     // them); elsewhere x is rounded on its own, once for every Linear that reads the same x (a
     // gated MLP's gate and up: cast_once keeps the rounding beside x's buffer).
@@ -243,7 +237,7 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
             dy_rounded = cast_once(dy_rows, kHalf);
         // Padded: dỸ gets the zero columns that meet the weight's zero rows in dx; dW reads its N
         // columns (a dimension of N with aligned rows ran at full speed, measured).
-        if (padded && dy_rounded.defined()) dy_rounded = zero_padded_columns(dy_rounded);
+        if (padded && dy_rounded.defined()) dy_rounded = zero_padded(dy_rounded, 1);
         const Tensor dy_n =
             padded && dy_rounded.defined() ? dy_rounded.narrow(1, 0, N) : dy_rounded;
         Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
