@@ -11,7 +11,7 @@
 //     no __syncthreads. The row stays in L1/L2 between passes, so re-reading it is cheap. Rows of
 //     at most 128 values (the per-head QK-norms, and every norm of a model that narrow) go to
 //     cuda/norm_rows.h's kernels instead: four rows a warp, held in registers, the same sums in
-//     the same order.
+//     the same order; their backward also sums the parameter gradients on the way (below).
 //   parameter gradients (dweight = Σ_rows dy · xhat, dbias = Σ_rows dy): a deterministic two-stage
 //     reduction over rows instead of float atomics (whose order, hence rounding, would change
 //     from run to run). Stage 1: blocks of 32 columns × 8 row lanes (a warp reads 128
@@ -22,7 +22,10 @@
 //     chunk count depends on the shape only, never on the GPU. (Before: 32-row chunks, one thread
 //     per column. A per-head QK-norm gain sees B·H·T rows of 64, 196,608 at the 124M shape:
 //     stage 2 was one block walking 6,144 partials per column, 0.65 ms a call on an H200, and
-//     stage 1's 64-thread blocks could not keep DRAM busy.)
+//     stage 1's 64-thread blocks could not keep DRAM busy.) Rows of at most 128 values skip
+//     stage 1: the short-row dx kernel adds each lane's columns over the rows it visits (it holds
+//     dy and x already), writes one partial per block and the last block adds them, as llm.c's
+//     layernorm_backward does: one read of dy and x instead of two.
 //
 // rms_norm forward keeps a kernel ladder: v1 is one thread per row, the cpu loop verbatim; v2 is
 // one warp per row. v2 is faster for two reasons: v1 has only `rows` threads (a few thousand: too
@@ -46,6 +49,27 @@ namespace {
 using namespace norm_rows;
 
 constexpr int64_t kMinRowsPerChunk = 32;  // parameter gradients: rows of one chunk, at least
+
+// The tables' elements a rotation reads (cos and sin, positions × C/2 each: from DRAM once, then
+// from cache), and its arithmetic per value.
+template <class T>
+int64_t rotation_reads(const RowRotation<T>& rotation, int64_t C) {
+    return rotation.cos ? rotation.positions * C : 0;
+}
+template <class T>
+int64_t rotation_flops(const RowRotation<T>& rotation, int64_t rows, int64_t C) {
+    return rotation.cos ? 3 * rows * C : 0;
+}
+
+// Only the short-row kernels rotate, and only rows whose pairs sit in one lane (norm_rotates): the
+// op rotates other rows itself.
+template <class T>
+void check_rotation(const RowRotation<T>& rotation, int64_t C) {
+    QK_CHECK(!rotation.cos || (norm_rotates(C) && rotation.sin && rotation.positions > 0),
+             "cuda norm: a rotation needs rows of 64 or 128 values, cos, sin and positions > 0; "
+             "got C = {}, positions {}",
+             C, rotation.positions);
+}
 
 // ---- layer_norm --------------------------------------------------------------------------
 
@@ -164,6 +188,35 @@ void norm_param_grads(T* dweight, T* dbias, const T* dy, const T* x, const NormR
               dim3(kWarp, kLaneRows), 0, stream(), dweight, dbias, partial_dw, partial_db,
               tile_counters(tiles), dy, x, xs, mean, rstd, rows, C, per_chunk);
     QK_CUDA_CHECK_LAUNCH("norm_param_grads_kernel");
+}
+
+// The short-row backward (cuda/norm_rows.h): dx, and dweight (dbias) when given, in one launch.
+// mean: null for rms_norm; dweight: null for an rms_norm without weight (dx only).
+template <class T, bool kLayerNorm>
+void norm_backward_short(T* dx, T* dweight, T* dbias, const T* dy, const T* x, const NormRows& xs,
+                         const T* mean, const T* rstd, const T* weight, int64_t rows, int64_t C,
+                         const RowRotation<T>& rotation) {
+    // Chunks for half of kFillBlocks (blocks of 256 threads, four per SM of an H100, each lane 16
+    // or 32 loads in flight), none under one group of rows per warp.
+    const auto [per_chunk, chunks] = pieces_for(rows, 2, kBackwardWarps * kShortRows);
+    const int64_t outputs = dweight ? (dbias ? 2 : 1) : 0;
+    Storage scratch(sizeof(T) * size_t(std::max<int64_t>(1, outputs * chunks * C)), Device::cuda);
+    T* partial_dw = outputs ? static_cast<T*>(scratch.data()) : nullptr;
+    T* partial_db = outputs == 2 ? partial_dw + chunks * C : nullptr;
+    ledger::declare_elements<T>(2 * rows * C + C + (kLayerNorm ? 2 : 1) * rows +
+                                    outputs * chunks * C + rotation_reads(rotation, C),
+                                rows * C + outputs * (chunks * C + C),
+                                15 * rows * C + rotation_flops(rotation, rows, C));
+    const dim3 grid(1, unsigned(chunks));
+    if (short_row_values(C) == 2)
+        QK_LAUNCH((norm_backward_short_kernel<T, 2, kLayerNorm>), grid, kBackwardThreads, 0,
+                  stream(), dx, dweight, dbias, partial_dw, partial_db, tile_counters(1), dy, x, xs,
+                  mean, rstd, weight, rows, C, per_chunk, rotation);
+    else
+        QK_LAUNCH((norm_backward_short_kernel<T, 4, kLayerNorm>), grid, kBackwardThreads, 0,
+                  stream(), dx, dweight, dbias, partial_dw, partial_db, tile_counters(1), dy, x, xs,
+                  mean, rstd, weight, rows, C, per_chunk, rotation);
+    QK_CUDA_CHECK_LAUNCH("norm_backward_short_kernel");
 }
 
 // ---- rms_norm ------------------------------------------------------------------------------
@@ -317,21 +370,23 @@ __global__ void lp_normalize_backward_kernel(T* dx, const T* dy, const T* x, con
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
                         const T* bias, int64_t rows, int64_t C, T eps, uint16_t* y_half,
-                        bool half_is_bf16) {
+                        bool half_is_bf16, const RowRotation<T>& rotation) {
+    check_rotation(rotation, C);
     if (rows == 0) return;
-    ledger::declare(double(sizeof(T)) * double(2 * rows * C + 2 * C + 2 * rows) +
-                        (y_half ? 2.0 * double(rows * C) : 0.0),
-                    8.0 * double(rows * C), 0, sizeof(T) == 8);
+    ledger::declare(
+        double(sizeof(T)) * double(2 * rows * C + 2 * C + 2 * rows + rotation_reads(rotation, C)) +
+            (y_half ? 2.0 * double(rows * C) : 0.0),
+        double(8 * rows * C + rotation_flops(rotation, rows, C)), 0, sizeof(T) == 8);
     switch (short_row_values(C)) {
         case 2:
             QK_LAUNCH((layer_norm_forward_short_kernel<T, 2, kShortRows>), short_row_blocks(rows),
                       kRowThreads, 0, stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C,
-                      eps, y_half, half_is_bf16);
+                      eps, y_half, half_is_bf16, rotation);
             break;
         case 4:
             QK_LAUNCH((layer_norm_forward_short_kernel<T, 4, kShortRows>), short_row_blocks(rows),
                       kRowThreads, 0, stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C,
-                      eps, y_half, half_is_bf16);
+                      eps, y_half, half_is_bf16, rotation);
             break;
         default:
             QK_LAUNCH((layer_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
@@ -344,24 +399,17 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_ro
 template <class T>
 void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x,
                          const NormRows& x_rows, const T* mean, const T* rstd, const T* weight,
-                         int64_t rows, int64_t C) {
+                         int64_t rows, int64_t C, const RowRotation<T>& rotation) {
+    check_rotation(rotation, C);
+    if (rows > 0 && short_row_values(C)) {
+        norm_backward_short<T, true>(dx, dweight, dbias, dy, x, x_rows, mean, rstd, weight, rows, C,
+                                     rotation);
+        return;
+    }
     if (rows > 0) {
         ledger::declare_elements<T>(2 * rows * C + C + 2 * rows, rows * C, 12 * rows * C);
-        switch (short_row_values(C)) {
-            case 2:
-                QK_LAUNCH((layer_norm_backward_dx_short_kernel<T, 2, kShortRows>),
-                          short_row_blocks(rows), kRowThreads, 0, stream(), dx, dy, x, x_rows, mean,
-                          rstd, weight, rows, C);
-                break;
-            case 4:
-                QK_LAUNCH((layer_norm_backward_dx_short_kernel<T, 4, kShortRows>),
-                          short_row_blocks(rows), kRowThreads, 0, stream(), dx, dy, x, x_rows, mean,
-                          rstd, weight, rows, C);
-                break;
-            default:
-                QK_LAUNCH((layer_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock),
-                          kRowThreads, 0, stream(), dx, dy, x, x_rows, mean, rstd, weight, rows, C);
-        }
+        QK_LAUNCH((layer_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
+                  0, stream(), dx, dy, x, x_rows, mean, rstd, weight, rows, C);
         QK_CUDA_CHECK_LAUNCH("layer_norm_backward_dx_kernel");
     }
     norm_param_grads(dweight, dbias, dy, x, x_rows, mean, rstd, rows, C);
@@ -379,21 +427,24 @@ void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t row
 
 template <class T>
 void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
-                      int64_t rows, int64_t C, T eps, uint16_t* y_half, bool half_is_bf16) {
+                      int64_t rows, int64_t C, T eps, uint16_t* y_half, bool half_is_bf16,
+                      const RowRotation<T>& rotation) {
+    check_rotation(rotation, C);
     if (rows == 0) return;
-    ledger::declare(double(sizeof(T)) * double(2 * rows * C + C + rows) +
-                        (y_half ? 2.0 * double(rows * C) : 0.0),
-                    4.0 * double(rows * C), 0, sizeof(T) == 8);
+    ledger::declare(
+        double(sizeof(T)) * double(2 * rows * C + C + rows + rotation_reads(rotation, C)) +
+            (y_half ? 2.0 * double(rows * C) : 0.0),
+        double(4 * rows * C + rotation_flops(rotation, rows, C)), 0, sizeof(T) == 8);
     switch (short_row_values(C)) {
         case 2:
             QK_LAUNCH((rms_norm_forward_short_kernel<T, 2, kShortRows>), short_row_blocks(rows),
                       kRowThreads, 0, stream(), y, rstd, x, x_rows, weight, rows, C, eps, y_half,
-                      half_is_bf16);
+                      half_is_bf16, rotation);
             break;
         case 4:
             QK_LAUNCH((rms_norm_forward_short_kernel<T, 4, kShortRows>), short_row_blocks(rows),
                       kRowThreads, 0, stream(), y, rstd, x, x_rows, weight, rows, C, eps, y_half,
-                      half_is_bf16);
+                      half_is_bf16, rotation);
             break;
         default:
             QK_LAUNCH((rms_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
@@ -404,24 +455,19 @@ void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T
 
 template <class T>
 void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const NormRows& x_rows,
-                       const T* rstd, const T* weight, int64_t rows, int64_t C) {
+                       const T* rstd, const T* weight, int64_t rows, int64_t C,
+                       const RowRotation<T>& rotation) {
+    check_rotation(rotation, C);
+    if (rows > 0 && short_row_values(C)) {
+        norm_backward_short<T, false>(dx, dweight, static_cast<T*>(nullptr), dy, x, x_rows,
+                                      static_cast<const T*>(nullptr), rstd, weight, rows, C,
+                                      rotation);
+        return;
+    }
     if (rows > 0) {
         ledger::declare_elements<T>(2 * rows * C + C + rows, rows * C, 8 * rows * C);
-        switch (short_row_values(C)) {
-            case 2:
-                QK_LAUNCH((rms_norm_backward_dx_short_kernel<T, 2, kShortRows>),
-                          short_row_blocks(rows), kRowThreads, 0, stream(), dx, dy, x, x_rows, rstd,
-                          weight, rows, C);
-                break;
-            case 4:
-                QK_LAUNCH((rms_norm_backward_dx_short_kernel<T, 4, kShortRows>),
-                          short_row_blocks(rows), kRowThreads, 0, stream(), dx, dy, x, x_rows, rstd,
-                          weight, rows, C);
-                break;
-            default:
-                QK_LAUNCH((rms_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock),
-                          kRowThreads, 0, stream(), dx, dy, x, x_rows, rstd, weight, rows, C);
-        }
+        QK_LAUNCH((rms_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
+                  0, stream(), dx, dy, x, x_rows, rstd, weight, rows, C);
         QK_CUDA_CHECK_LAUNCH("rms_norm_backward_dx_kernel");
     }
     if (dweight)

@@ -3,7 +3,7 @@
 //
 // Row kernels (forward, and dx in backward) give a warp one row, kWarpsPerBlock = 4 rows per
 // 128-thread block. Rows of at most 128 values (the QK-norms over a head of D = 64 or 128) take
-// the kernels below, kRows rows a warp.
+// the kernels below, kRows rows a warp; their backward computes the parameter gradients too.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +34,8 @@ __device__ __forceinline__ int64_t warp_row(int64_t rows) {
 // term for term and in the same order (values past C are never added): the same bits but where the
 // compiler fuses a multiply and an add differently (measured in the emulator: rms_norm's dx at
 // C = 100 and 128 differs in the last bit, every other output is identical).
+
+constexpr int kShortRows = 4;  // rows a warp: 8 or 16 loads in flight a lane
 
 // The kRows rows from `first` (those below `rows`): lane l's values l, l + 32, ... of each, 0 past
 // C.
@@ -71,6 +73,24 @@ __device__ __forceinline__ void each_short_value(int64_t first, int64_t rows, in
     }
 }
 
+// Turns this lane's pairs of row `row` by the row's angles (ops/rope.cpp's formula, sign −1 the
+// inverse): with C = 32·kPerLane (norm_rotates), value i (column c = lane + 32·i < C/2) pairs with
+// value i + kPerLane/2 (column c + C/2), both in this lane.
+template <class T, int kPerLane>
+__device__ __forceinline__ void rotate_pairs(T (&v)[kPerLane], const RowRotation<T>& rot,
+                                             int64_t row, int64_t C, T sign) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t h = C / 2, t = row % rot.positions;
+    QK_UNROLL
+    for (int i = 0; i < kPerLane / 2; ++i) {
+        const int c = lane + kWarp * i;
+        const T co = rot.cos[t * h + c], si = rot.sin[t * h + c] * sign;
+        const T a = v[i], b = v[i + kPerLane / 2];
+        v[i] = a * co - b * si;
+        v[i + kPerLane / 2] = b * co + a * si;
+    }
+}
+
 // The warp's row group (kRows rows from the returned first), or -1 past the end.
 template <int kRows>
 __device__ __forceinline__ int64_t warp_row_group(int64_t rows) {
@@ -83,7 +103,7 @@ template <class T, int kPerLane, int kRows>
 __global__ void layer_norm_forward_short_kernel(T* y, T* mean, T* rstd, const T* x, NormRows xs,
                                                 const T* weight, const T* bias, int64_t rows,
                                                 int64_t C, T eps, uint16_t* y_half,
-                                                bool half_is_bf16) {
+                                                bool half_is_bf16, RowRotation<T> rot) {
     const int lane = threadIdx.x % kWarp;
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
@@ -106,10 +126,18 @@ __global__ void layer_norm_forward_short_kernel(T* y, T* mean, T* rstd, const T*
             if (lane + kWarp * i < C) sq += (v[r][i] - m[r]) * (v[r][i] - m[r]);
         s[r] = T(1) / dev_sqrt(warp_sum(sq) / T(C) + eps);
     }
+    QK_UNROLL
+    for (int r = 0; r < kRows; ++r) {  // v becomes y
+        QK_UNROLL
+        for (int i = 0; i < kPerLane; ++i) {
+            const int c = lane + kWarp * i;
+            if (c < C) v[r][i] = (v[r][i] - m[r]) * s[r] * weight[c] + (bias ? bias[c] : T(0));
+        }
+        if (rot.cos) rotate_pairs(v[r], rot, first + r, C, T(1));
+    }
     each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
-        const T value = (v[r][i] - m[r]) * s[r] * weight[c] + (bias ? bias[c] : T(0));
-        y[row * C + c] = value;
-        store_half(y_half, row * C + c, value, half_is_bf16);
+        y[row * C + c] = v[r][i];
+        store_half(y_half, row * C + c, v[r][i], half_is_bf16);
     });
     QK_UNROLL
     for (int r = 0; r < kRows; ++r)
@@ -119,49 +147,12 @@ __global__ void layer_norm_forward_short_kernel(T* y, T* mean, T* rstd, const T*
         }
 }
 
-// cuda/norm.cu's layer_norm_backward_dx_kernel, kRows rows a warp.
-template <class T, int kPerLane, int kRows>
-__global__ void layer_norm_backward_dx_short_kernel(T* dx, const T* dy, const T* x, NormRows xs,
-                                                    const T* mean, const T* rstd, const T* weight,
-                                                    int64_t rows, int64_t C) {
-    const int lane = threadIdx.x % kWarp;
-    const int64_t first = warp_row_group<kRows>(rows);
-    if (first < 0) return;
-    T xv[kRows][kPerLane], dyv[kRows][kPerLane], m[kRows], s[kRows], mean_dxhat[kRows],
-        mean_dxhat_xhat[kRows];
-    load_short_rows(
-        xv, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
-    load_short_rows(
-        dyv, [&](int64_t r) { return dy + r * C; }, first, rows, C);
-    QK_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-        const int64_t row = first + r < rows ? first + r : first;  // past the end: any row's
-        m[r] = mean[row];
-        s[r] = rstd[row];
-        T sum_dxhat = 0, sum_dxhat_xhat = 0;
-        QK_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-            const int c = lane + kWarp * i;
-            if (c >= C) break;
-            const T xhat = (xv[r][i] - m[r]) * s[r], dxhat = dyv[r][i] * weight[c];
-            sum_dxhat += dxhat;
-            sum_dxhat_xhat += dxhat * xhat;
-        }
-        mean_dxhat[r] = warp_sum(sum_dxhat) / T(C);
-        mean_dxhat_xhat[r] = warp_sum(sum_dxhat_xhat) / T(C);
-    }
-    each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
-        const T xhat = (xv[r][i] - m[r]) * s[r], dxhat = dyv[r][i] * weight[c];
-        //                  direct   mean term        rstd term
-        dx[row * C + c] = s[r] * (dxhat - mean_dxhat[r] - xhat * mean_dxhat_xhat[r]);
-    });
-}
-
 // cuda/norm.cu's rms_norm_forward_kernel, kRows rows a warp.
 template <class T, int kPerLane, int kRows>
 __global__ void rms_norm_forward_short_kernel(T* y, T* rstd, const T* x, NormRows xs,
                                               const T* weight, int64_t rows, int64_t C, T eps,
-                                              uint16_t* y_half, bool half_is_bf16) {
+                                              uint16_t* y_half, bool half_is_bf16,
+                                              RowRotation<T> rot) {
     const int lane = threadIdx.x % kWarp;
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
@@ -176,48 +167,142 @@ __global__ void rms_norm_forward_short_kernel(T* y, T* rstd, const T* x, NormRow
             if (lane + kWarp * i < C) ss += v[r][i] * v[r][i];
         s[r] = T(1) / dev_sqrt(warp_sum(ss) / T(C) + eps);
     }
+    QK_UNROLL
+    for (int r = 0; r < kRows; ++r) {  // v becomes y
+        QK_UNROLL
+        for (int i = 0; i < kPerLane; ++i) {
+            const int c = lane + kWarp * i;
+            if (c < C) v[r][i] = v[r][i] * s[r] * (weight ? weight[c] : T(1));
+        }
+        if (rot.cos) rotate_pairs(v[r], rot, first + r, C, T(1));
+    }
     each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
-        const T value = v[r][i] * s[r] * (weight ? weight[c] : T(1));
-        y[row * C + c] = value;
-        store_half(y_half, row * C + c, value, half_is_bf16);
+        y[row * C + c] = v[r][i];
+        store_half(y_half, row * C + c, v[r][i], half_is_bf16);
     });
     QK_UNROLL
     for (int r = 0; r < kRows; ++r)
         if (lane == 0 && first + r < rows) rstd[first + r] = s[r];
 }
 
-// cuda/norm.cu's rms_norm_backward_dx_kernel, kRows rows a warp.
-template <class T, int kPerLane, int kRows>
-__global__ void rms_norm_backward_dx_short_kernel(T* dx, const T* dy, const T* x, NormRows xs,
-                                                  const T* rstd, const T* weight, int64_t rows,
-                                                  int64_t C) {
-    const int lane = threadIdx.x % kWarp;
-    const int64_t first = warp_row_group<kRows>(rows);
-    if (first < 0) return;
-    T xv[kRows][kPerLane], dyv[kRows][kPerLane], s[kRows], mean_dxhat_xhat[kRows];
-    load_short_rows(
-        xv, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
-    load_short_rows(
-        dyv, [&](int64_t r) { return dy + r * C; }, first, rows, C);
+// ---- short rows, backward: dx and the parameter gradients from one read -----------------------
+//
+// dweight = Σ_rows dy · xhat and dbias = Σ_rows dy read the dy and x that dx reads; on its own
+// (cuda/norm.cu's norm_param_grads) that is a second pass over both, which for the per-head norms
+// took as long as dx itself. As llm.c's layernorm_backward does, the dx kernel sums them on the
+// way: a lane's columns (lane + 32·i) are the same in every row it visits, so its share of the sums
+// stays in registers. Block k of the grid (1, chunks) takes the rows of chunk k, its warp w the
+// groups of kShortRows rows w, w + 8, ... of the chunk; the block's 8 warps add their sums in warp
+// order into the chunk's partials, and the block that arrives last adds the chunks' partials in
+// chunk order (arrived_last): a fixed order, the same bits under every run order. The chunk count
+// depends on the shape only (pieces_for), never on the GPU.
+
+constexpr int kBackwardWarps = 8, kBackwardThreads = kBackwardWarps * kWarp;
+
+// partial_row: (C) out, the block's column sums: sums[i] of every warp's lane (column lane + 32·i),
+// added in warp order. Every thread of the block calls it (barriers).
+template <class T, int kPerLane>
+__device__ void store_chunk_sums(T* partial_row, const T (&sums)[kPerLane], int64_t C) {
+    __shared__ T by_warp[kBackwardWarps][kPerLane * kWarp];
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    __syncthreads();  // a previous call's readers are done with by_warp
     QK_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-        s[r] = rstd[first + r < rows ? first + r : first];  // past the end: any row's
-        T acc = 0;
-        QK_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-            const int c = lane + kWarp * i;
-            if (c >= C) break;
-            acc += dyv[r][i] * (weight ? weight[c] : T(1)) * (xv[r][i] * s[r]);  // dxhat · xhat
-        }
-        mean_dxhat_xhat[r] = warp_sum(acc) / T(C);
+    for (int i = 0; i < kPerLane; ++i) by_warp[warp][lane + kWarp * i] = sums[i];
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += kBackwardThreads) {
+        T acc = by_warp[0][c];
+        for (int w = 1; w < kBackwardWarps; ++w) acc += by_warp[w][c];
+        partial_row[c] = acc;
     }
-    each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
-        const T xhat = xv[r][i] * s[r], dxhat = dyv[r][i] * (weight ? weight[c] : T(1));
-        dx[row * C + c] = s[r] * (dxhat - xhat * mean_dxhat_xhat[r]);  // direct − rstd term
-    });
 }
 
-constexpr int kShortRows = 4;  // rows a warp: 8 or 16 loads in flight a lane
+// In the block that arrived last: out: (C) = Σ_k partial[k][c] over the chunks in order. Each
+// column's chunks are split into `runs` interleaved runs (thread t: column t % C, run t / C) so
+// that the block's threads share the reads; the runs are then added in run order.
+template <class T>
+__device__ void sum_chunk_partials(T* out, const T* partial, int64_t chunks, int64_t C) {
+    __shared__ T by_run[kBackwardThreads];
+    const int runs = int(kBackwardThreads / C);  // C <= 128: at least 2
+    const int c = int(threadIdx.x % C), run = int(threadIdx.x / C);
+    T acc = 0;
+    if (run < runs)
+        for (int64_t k = run; k < chunks; k += runs) acc += __ldcg(partial + k * C + c);
+    __syncthreads();  // a previous call's readers are done with by_run
+    by_run[threadIdx.x] = acc;
+    __syncthreads();
+    if (run != 0) return;
+    for (int r = 1; r < runs; ++r) acc += by_run[r * C + c];
+    out[c] = acc;
+}
+
+// layer_norm (kLayerNorm) or rms_norm backward for rows of C <= 32·kPerLane values: dx, and when
+// dweight is given the parameter gradients. dx: (rows, C) out; dweight, dbias: (C) out or null;
+// partial_dw, partial_db: (chunks, C) scratch or null; counters: one (arrived_last); dy: (rows, C);
+// x: rows of C where xs says; mean: (rows) (layer_norm) or null; rstd: (rows); weight: (C) or null
+// (rms_norm). dx's terms and order are cuda/norm.cu's one-row kernels'.
+template <class T, int kPerLane, bool kLayerNorm>
+__global__ void __launch_bounds__(kBackwardThreads)
+    norm_backward_short_kernel(T* dx, T* dweight, T* dbias, T* partial_dw, T* partial_db,
+                               unsigned* counters, const T* dy, const T* x, NormRows xs,
+                               const T* mean, const T* rstd, const T* weight, int64_t rows,
+                               int64_t C, int64_t per_chunk, RowRotation<T> rot) {
+    constexpr int kRows = kShortRows;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int64_t chunk = blockIdx.y, r0 = chunk * per_chunk;
+    const int64_t r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
+    const bool sums_wanted = dweight != nullptr, bias_wanted = kLayerNorm && dbias != nullptr;
+    T dw_sum[kPerLane] = {}, db_sum[kPerLane] = {};
+    for (int64_t first = r0 + int64_t(warp) * kRows; first < r1; first += kBackwardWarps * kRows) {
+        T xv[kRows][kPerLane], dyv[kRows][kPerLane], m[kRows], s[kRows], mean_dxhat[kRows],
+            mean_dxhat_xhat[kRows];
+        load_short_rows(
+            xv, [&](int64_t r) { return x + xs.offset(r); }, first, r1, C);
+        load_short_rows(
+            dyv, [&](int64_t r) { return dy + r * C; }, first, r1, C);
+        QK_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+            const int64_t row = first + r < r1 ? first + r : first;  // past the end: any row's
+            // With a rotation dy is the rotated y's: turned back, it is the norm output's.
+            if (rot.cos) rotate_pairs(dyv[r], rot, row, C, T(-1));
+            m[r] = kLayerNorm ? mean[row] : T(0);
+            s[r] = rstd[row];
+            T sum_dxhat = 0, sum_dxhat_xhat = 0;
+            QK_UNROLL
+            for (int i = 0; i < kPerLane; ++i) {
+                const int c = lane + kWarp * i;
+                if (c >= C) break;
+                if constexpr (kLayerNorm) {
+                    const T xhat = (xv[r][i] - m[r]) * s[r], dxhat = dyv[r][i] * weight[c];
+                    sum_dxhat += dxhat;
+                    sum_dxhat_xhat += dxhat * xhat;
+                } else {
+                    sum_dxhat_xhat += dyv[r][i] * (weight ? weight[c] : T(1)) * (xv[r][i] * s[r]);
+                }
+            }
+            mean_dxhat[r] = kLayerNorm ? warp_sum(sum_dxhat) / T(C) : T(0);
+            mean_dxhat_xhat[r] = warp_sum(sum_dxhat_xhat) / T(C);
+        }
+        each_short_value<kRows, kPerLane>(first, r1, C, [&](int64_t row, int r, int i, int c) {
+            if constexpr (kLayerNorm) {
+                const T xhat = (xv[r][i] - m[r]) * s[r], dxhat = dyv[r][i] * weight[c];
+                //                  direct   mean term        rstd term
+                dx[row * C + c] = s[r] * (dxhat - mean_dxhat[r] - xhat * mean_dxhat_xhat[r]);
+                if (sums_wanted) dw_sum[i] += dyv[r][i] * xhat;  // dweight = Σ_rows dy · xhat
+                if (bias_wanted) db_sum[i] += dyv[r][i];         // dbias = Σ_rows dy
+            } else {
+                const T xhat = xv[r][i] * s[r], dxhat = dyv[r][i] * (weight ? weight[c] : T(1));
+                dx[row * C + c] = s[r] * (dxhat - xhat * mean_dxhat_xhat[r]);  // direct − rstd term
+                if (sums_wanted) dw_sum[i] += dyv[r][i] * xhat;
+            }
+        });
+    }
+    if (!sums_wanted) return;  // the same for every block: no barrier is skipped by some
+    store_chunk_sums(partial_dw + chunk * C, dw_sum, C);
+    if (bias_wanted) store_chunk_sums(partial_db + chunk * C, db_sum, C);
+    if (!arrived_last(counters)) return;
+    sum_chunk_partials(dweight, partial_dw, gridDim.y, C);
+    if (bias_wanted) sum_chunk_partials(dbias, partial_db, gridDim.y, C);
+}
 
 // kPerLane of the short-row kernels for rows of C values: 2 (C <= 64), 4 (C <= 128), or 0 (the
 // one-row kernels); and their grid.

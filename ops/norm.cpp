@@ -332,11 +332,48 @@ std::pair<Tensor, NormRows> norm_input(const Tensor& x_in, int64_t rows, int64_t
     return {autograd::contiguous_input(x_in), NormRows::contiguous(rows, C)};
 }
 
+// A rotation of the norm's output (`rotate` in ops/norm.h), ready for the kernels: the tables
+// contiguous, x's dim −2 the positions; in_kernel where the cuda kernels turn the rows themselves.
+struct OutputRotation {
+    Tensor cos, sin;
+    int64_t positions = 1;
+    bool in_kernel = false;
+    explicit operator bool() const { return cos.defined(); }
+    template <class T>
+    cuda::RowRotation<T> for_kernel() const {
+        if (!in_kernel) return {};
+        return {cos.data<T>(), sin.data<T>(), positions};
+    }
+};
+
+OutputRotation output_rotation(const char* op, const RopeTables& rotate, const Tensor& x) {
+    if (!rotate.cos.defined() && !rotate.sin.defined()) return {};
+    QK_CHECK(rotate.cos.defined() && rotate.sin.defined(),
+             "{}: rotate needs both RoPE tables, cos and sin (x of shape {})", op, x.shape());
+    check_rope_tables(op, x, rotate.cos, rotate.sin);
+    return {rotate.cos.contiguous(), rotate.sin.contiguous(), x.size(-2),
+            x.device() == Device::cuda && cuda::norm_rotates(x.size(-1))};
+}
+
+// y turned by the angles (direction +1, the forward) or dy by their negatives (−1, the backward:
+// a rotation's transpose is its inverse), where the kernels do not do it in their own pass.
+Tensor rotated_outside_kernel(const Tensor& t, const OutputRotation& rotation, int direction) {
+    return rotation && !rotation.in_kernel ? rope_rotated(t, rotation.cos, rotation.sin, direction)
+                                           : t;
+}
+
+// The half copy a norm writes beside y: none where y is rotated after the kernel.
+Tensor rounded_copy_unless_rotated_after(const Tensor& y, Precision rounded_copy,
+                                         const OutputRotation& rotation) {
+    return rounded_copy_for(y, rotation && !rotation.in_kernel ? Precision::full : rounded_copy);
+}
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps,
-                  Precision rounded_copy) {
+                  Precision rounded_copy, const RopeTables& rotate) {
     check_norm_input("layer_norm", x_in, eps);
+    const OutputRotation rotation = output_rotation("layer_norm", rotate, x_in);
     QK_CHECK(weight_in.defined(), "layer_norm: weight is required (shape [{}]), got none",
              x_in.size(-1));
     check_param("layer_norm", "weight", weight_in, x_in);
@@ -347,7 +384,7 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
     const Tensor bias = autograd::contiguous_input(bias_in);
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     Tensor mean = Tensor::empty({rows}, x.dtype(), x.device()), rstd = empty_like(mean);
-    const Tensor y_half = rounded_copy_for(y, rounded_copy);
+    const Tensor y_half = rounded_copy_unless_rotated_after(y, rounded_copy, rotation);
     on_device(
         "layer_norm", x.device(), x.dtype(),
         [&](auto tag) {
@@ -359,14 +396,18 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
             using T = decltype(tag);
             cuda::layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(),
                                      x_rows, weight.data<T>(), data_or_null<T>(bias), rows, C,
-                                     T(eps), half_bits(y_half), rounded_copy == Precision::bf16);
+                                     T(eps), half_bits(y_half), rounded_copy == Precision::bf16,
+                                     rotation.for_kernel<T>());
         });
+    y = rotated_outside_kernel(y, rotation, +1);
     keep_rounded_copy(y, y_half);
     return autograd::record(
         "layer_norm", y, {x_in, weight_in, bias_in},
         [x = x, x_rows = x_rows, weight = autograd::saved(weight), mean = autograd::saved(mean),
-         rstd = autograd::saved(rstd), has_bias = bias.defined(), rows, C](const Tensor& dy_in) {
-            Tensor dy = dy_in.contiguous(), dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+         rstd = autograd::saved(rstd), has_bias = bias.defined(), rows, C,
+         rotation](const Tensor& dy_in) {
+            Tensor dy = rotated_outside_kernel(dy_in.contiguous(), rotation, -1);
+            Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
             Tensor dweight = empty_like(weight);
             Tensor dbias = has_bias ? empty_like(weight) : Tensor();
             on_device(
@@ -382,21 +423,23 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
                     cuda::layer_norm_backward(dx.data<T>(), dweight.data<T>(),
                                               data_or_null<T>(dbias), dy.data<T>(), x.data<T>(),
                                               x_rows, mean.data<T>(), rstd.data<T>(),
-                                              weight.data<T>(), rows, C);
+                                              weight.data<T>(), rows, C, rotation.for_kernel<T>());
                 });
             return Grads{dx, dweight, dbias};
         });
 }
 
-Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, Precision rounded_copy) {
+Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, Precision rounded_copy,
+                const RopeTables& rotate) {
     check_norm_input("rms_norm", x_in, eps);
+    const OutputRotation rotation = output_rotation("rms_norm", rotate, x_in);
     check_param("rms_norm", "weight", weight_in, x_in);
     const int64_t C = x_in.size(-1), rows = x_in.numel() / std::max<int64_t>(C, 1);
     const auto [x, x_rows] = norm_input(x_in, rows, C);
     const Tensor weight = autograd::contiguous_input(weight_in);
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     Tensor rstd = Tensor::empty({rows}, x.dtype(), x.device());
-    const Tensor y_half = rounded_copy_for(y, rounded_copy);
+    const Tensor y_half = rounded_copy_unless_rotated_after(y, rounded_copy, rotation);
     on_device(
         "rms_norm", x.device(), x.dtype(),
         [&](auto tag) {
@@ -408,14 +451,16 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, Precisi
             using T = decltype(tag);
             cuda::rms_norm_forward(y.data<T>(), rstd.data<T>(), x.data<T>(), x_rows,
                                    data_or_null<T>(weight), rows, C, T(eps), half_bits(y_half),
-                                   rounded_copy == Precision::bf16);
+                                   rounded_copy == Precision::bf16, rotation.for_kernel<T>());
         });
+    y = rotated_outside_kernel(y, rotation, +1);
     keep_rounded_copy(y, y_half);
     return autograd::record(
         "rms_norm", y, {x_in, weight_in},
         [x = x, x_rows = x_rows, weight = autograd::saved(weight), rstd = autograd::saved(rstd),
-         rows, C](const Tensor& dy_in) {
-            Tensor dy = dy_in.contiguous(), dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+         rows, C, rotation](const Tensor& dy_in) {
+            Tensor dy = rotated_outside_kernel(dy_in.contiguous(), rotation, -1);
+            Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
             Tensor dweight = weight.defined() ? empty_like(weight) : Tensor();
             on_device(
                 "rms_norm backward", x.device(), x.dtype(),
@@ -427,9 +472,9 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, Precisi
                 },
                 [&](auto tag) {
                     using T = decltype(tag);
-                    cuda::rms_norm_backward(dx.data<T>(), data_or_null<T>(dweight), dy.data<T>(),
-                                            x.data<T>(), x_rows, rstd.data<T>(),
-                                            data_or_null<T>(weight), rows, C);
+                    cuda::rms_norm_backward(
+                        dx.data<T>(), data_or_null<T>(dweight), dy.data<T>(), x.data<T>(), x_rows,
+                        rstd.data<T>(), data_or_null<T>(weight), rows, C, rotation.for_kernel<T>());
                 });
             return Grads{dx, dweight};
         });

@@ -5,21 +5,27 @@
 
 #include "core/host_device.h"
 #include "core/tensor.h"
+#include "ops/rope.h"
 
 namespace qk {
 
 // y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance).
 // weight: (C), required; bias: (C) or an undefined Tensor for none. eps > 0.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
-                  Precision rounded_copy = Precision::full);
+                  Precision rounded_copy = Precision::full, const RopeTables& rotate = {});
 
 // y = x / sqrt(mean(x²) + eps) * weight over the last dim. weight: (C) or undefined for none
 // (the parameter-free QK-RMSNorm variants). eps > 0.
 // rounded_copy (both norms) bf16 / fp16: on cuda the kernel also writes y rounded for the mixed
 // Linear that reads it next (a block's pre-norms feed c_attn and the MLP), kept as y's cast copy
 // (ops/rounded_copy.h). The values do not change.
+// rotate (both norms): RoPE's tables for x's dim −2 (ops/rope.h), or none: the result is then
+// rope(norm(x), cos, sin), the QK-norm before RoPE of OLMo 2 and Qwen3 as one op. On cuda, heads
+// of 64 or 128 values rotate in the norm's own pass (forward, and dy's inverse rotation in the
+// backward), saving rope's two passes over q and k; elsewhere the same two steps run one after
+// the other (and no rounded copy is kept).
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6,
-                Precision rounded_copy = Precision::full);
+                Precision rounded_copy = Precision::full, const RopeTables& rotate = {});
 
 // y = x / max(‖x‖_p, eps) along `dim`, for any finite p >= 1 (p = 2 is L2 normalisation).
 // At p = 1 the gradient uses the subgradient sign(x) of |x|, with sign(0) = 0.
@@ -92,26 +98,41 @@ struct NormRows {
 };
 
 namespace cuda {
+// A rotary embedding (ops/rope.h) that the short-row kernels apply to a norm's rows of C = 64 or
+// 128 values (norm_rotates): to y on the way out in the forward, to dy on the way in (by the
+// opposite angle) in the backward. Row r sits at position r % positions; cos, sin: (positions,
+// C/2). cos null: no rotation.
+template <class T>
+struct RowRotation {
+    const T* cos = nullptr;
+    const T* sin = nullptr;
+    int64_t positions = 1;
+};
+// Whether the kernels below rotate rows of C values in the same pass: C = 64 or 128, where each
+// lane's values include both halves of its pairs (others: ops/norm.cpp rotates in a second pass).
+inline bool norm_rotates(int64_t C) { return C == 64 || C == 128; }
+
 // x's rows where x_rows says; y, dy, dx contiguous (rows, C). y_half: null, or (rows, C) out, y
 // rounded to bf16 (half_is_bf16) or fp16 bits (the op's rounded_copy).
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
                         const T* bias, int64_t rows, int64_t C, T eps, uint16_t* y_half = nullptr,
-                        bool half_is_bf16 = true);
+                        bool half_is_bf16 = true, const RowRotation<T>& rotation = {});
 template <class T>
 void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x,
                          const NormRows& x_rows, const T* mean, const T* rstd, const T* weight,
-                         int64_t rows, int64_t C);
+                         int64_t rows, int64_t C, const RowRotation<T>& rotation = {});
 template <class T>
 void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C,
                          T eps);
 template <class T>
 void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
                       int64_t rows, int64_t C, T eps, uint16_t* y_half = nullptr,
-                      bool half_is_bf16 = true);
+                      bool half_is_bf16 = true, const RowRotation<T>& rotation = {});
 template <class T>
 void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const NormRows& x_rows,
-                       const T* rstd, const T* weight, int64_t rows, int64_t C);
+                       const T* rstd, const T* weight, int64_t rows, int64_t C,
+                       const RowRotation<T>& rotation = {});
 template <class T>
 void lp_normalize_forward(T* y, T* norm, const T* x, int64_t rows, int64_t C, T p, T eps);
 template <class T>

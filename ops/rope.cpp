@@ -103,28 +103,25 @@ RopeTables rope_tables(int64_t T, int64_t D, double theta, DType dtype, Device d
             from_vector(sin_values, {T, h}, dtype).to(device)};
 }
 
-namespace {
-
-void check_rope_args(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+void check_rope_tables(const char* op, const Tensor& x, const Tensor& cos, const Tensor& sin) {
     QK_CHECK(x.dim() >= 2 && x.size(-1) % 2 == 0 && x.size(-1) > 0,
-             "rope: x must be (..., T, D) with D even, got {}", x.shape());
-    QK_CHECK(is_compute_dtype(x.dtype()), "rope: x must be float32 or float64, got {} of shape {}",
-             x.dtype(), x.shape());
+             "{}: x must be (..., T, D) with D even, got {}", op, x.shape());
+    QK_CHECK(is_compute_dtype(x.dtype()), "{}: x must be float32 or float64, got {} of shape {}",
+             op, x.dtype(), x.shape());
     const Shape table{x.size(-2), x.size(-1) / 2};
     QK_CHECK(cos.shape() == table && sin.shape() == table,
-             "rope: for x of shape {} the cos and sin tables must be {}, got {} and {}", x.shape(),
-             table, cos.shape(), sin.shape());
+             "{}: for x of shape {} the cos and sin tables must be {}, got {} and {}", op,
+             x.shape(), table, cos.shape(), sin.shape());
     QK_CHECK(cos.dtype() == x.dtype() && sin.dtype() == x.dtype(),
-             "rope: the tables must have x's dtype {}, got {} and {}", x.dtype(), cos.dtype(),
+             "{}: the tables must have x's dtype {}, got {} and {}", op, x.dtype(), cos.dtype(),
              sin.dtype());
     QK_CHECK(cos.device() == x.device() && sin.device() == x.device(),
-             "rope: x is on {}, the tables on {} and {}", x.device(), cos.device(), sin.device());
+             "{}: x is on {}, the tables on {} and {}", op, x.device(), cos.device(), sin.device());
     QK_CHECK(!cos.requires_grad() && !sin.requires_grad(),
-             "rope: the cos/sin tables are constants; detach them (shape {})", table);
+             "{}: the cos/sin tables are constants; detach them (shape {})", op, table);
 }
 
-// y = x rotated by ±angle (direction): x (G, P, D) contiguous, tables (P, D/2) contiguous.
-Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, int direction) {
+Tensor rope_rotated(const Tensor& x, const Tensor& cos, const Tensor& sin, int direction) {
     const int64_t P = x.size(-2), D = x.size(-1), G = P > 0 ? x.numel() / (P * D) : 0;
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
     on_device(
@@ -142,17 +139,15 @@ Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin, int directi
     return y;
 }
 
-}  // namespace
-
 Tensor rope(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in) {
-    check_rope_args(x_in, cos_in, sin_in);
+    check_rope_tables("rope", x_in, cos_in, sin_in);
     const Tensor x = autograd::contiguous_input(x_in), cos = autograd::contiguous_input(cos_in),
                  sin = autograd::contiguous_input(sin_in);
-    Tensor y = rotate(x, cos, sin, +1);
+    Tensor y = rope_rotated(x, cos, sin, +1);
     return autograd::record(
         "rope", y, {x_in},
         [cos = autograd::saved(cos), sin = autograd::saved(sin)](const Tensor& dy) {
-            return std::vector<Tensor>{rotate(dy.contiguous(), cos, sin, -1)};  // Rᵀ dy
+            return std::vector<Tensor>{rope_rotated(dy.contiguous(), cos, sin, -1)};  // Rᵀ dy
         });
 }
 

@@ -21,6 +21,13 @@ RopeTables rope_tables(int64_t T, int64_t D, double theta, DType dtype = kF32,
 // Differentiable in x; the tables are constants (a table that requires grad is refused).
 Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
+// The pieces of rope() that layer_norm and rms_norm reuse when they rotate their output
+// (ops/norm.h): the checks on x and the tables (messages name `op`), and the rotation itself
+// without autograd, by the angle (direction +1) or its negative (−1): x (..., P, D) contiguous,
+// tables (P, D/2) contiguous.
+void check_rope_tables(const char* op, const Tensor& x, const Tensor& cos, const Tensor& sin);
+Tensor rope_rotated(const Tensor& x, const Tensor& cos, const Tensor& sin, int direction);
+
 namespace cpu {
 // y, x: (G, P, D) contiguous, G = the product of x's leading dims, P positions; cos, sin:
 // (P, D/2).

@@ -239,10 +239,16 @@ TEST_CASE("a bf16 step takes at most 50 launches per layer: the default and a Qw
     qwen3.mlp = nn::MLPKind::swiglu, qwen3.bias = false, qwen3.tie_embeddings = false;
     const double default_block = launches_per_layer(base), qwen3_block = launches_per_layer(qwen3);
     MESSAGE("launches per layer: default block ", default_block, ", Qwen3-style ", qwen3_block);
-    CHECK(default_block <= 50);  // 270 before the launch work, 84 before this test, now 48
+    CHECK(default_block <= 50);  // 270 before the launch work, 84 before this test
     // 53 until the norms and the gated product wrote their outputs (and glu its gradients)
-    // rounded for the bias-free Linear layers that read them (ops/rounded_copy.h); now 48.
+    // rounded for the bias-free Linear layers that read them (ops/rounded_copy.h).
     CHECK(qwen3_block <= 50);
+    // 48 each until a per-head norm before RoPE turned its own output (ops/norm.h's rotate: two
+    // rope launches forward, two backward) and rows of at most 128 values summed their gains'
+    // gradients in the dx pass (here the block norms too, at this width): 40 each now. A launch
+    // more fails here, so that docs/cuda.md's count is changed with it.
+    CHECK(default_block <= 40);
+    CHECK(qwen3_block <= 40);
 }
 
 TEST_CASE("the cost model: a one-block pass over 2.4 M floats costs far more than a full grid's") {

@@ -147,11 +147,15 @@ TEST_CASE_TEMPLATE("cuda layer_norm matches the cpu, forward and backward", T, f
     check_layer_norm<T>({9, 100}, true, 7, 100.0);  // mean 100, std 2
 }
 
-TEST_CASE("cuda layer_norm's parameter gradients over many row chunks") {
+TEST_CASE("cuda norms' parameter gradients over many row chunks") {
     if (!cuda_device_or_skip()) return;
     // 8,500 rows of 3 columns: one column tile wants 1,056 chunks, but none may be under 32 rows:
     // 258 chunks of 33 rows, the last one 14.
     check_layer_norm<float>({8500, 3}, true, 900, 0.0);
+    // Heads of 64: dx and the parameter gradients from one kernel, 91 chunks of 33 rows (the last
+    // 31), added up by the last block to arrive.
+    check_layer_norm<float>({3001, 64}, true, 901, 0.0);
+    check_rms_norm<float>({3001, 64}, true, 902);
 }
 
 TEST_CASE_TEMPLATE("cuda rms_norm v1 and v2 match the cpu, forward and backward", T, float,
@@ -233,6 +237,41 @@ TEST_CASE("cuda layer_norm, rms_norm and lp_normalize ops match the cpu through 
     }
 }
 
+// The QK-norm before RoPE as one op: heads of 64 and 128 values turn in the kernels' own pass
+// (forward, and dy's inverse in the backward, beside the parameter gradients), others (D = 6) by
+// rope's kernel after the norm's.
+TEST_CASE("cuda norms that rotate their output match the cpu through autograd") {
+    for (qk::DType dtype : {qk::kF32, qk::kF64})
+        for (int64_t D : {64, 128, 6}) {
+            CAPTURE(D);
+            // c_attn's output (B, T, H, D) read per head, (B, H, T, D): rows at three strides.
+            const qk::Tensor by_time = randn_seeded({2, 9, 3, D}, 80 + D, dtype, 2.0);
+            const qk::Tensor w = randn_seeded({D}, 81, dtype), b = randn_seeded({D}, 82, dtype);
+            const qk::RopeTables cpu_tables = qk::rope_tables(9, D, 10000.0, dtype);
+            const auto tables_on = [&](const qk::Tensor& x) {
+                return qk::RopeTables{cpu_tables.cos.to(x.device()), cpu_tables.sin.to(x.device())};
+            };
+            check_cuda_parity("layer_norm, rotated",
+                              [&](const Inputs& in) {
+                                  return qk::layer_norm(in[0].transpose(1, 2), in[1], in[2], 1e-5,
+                                                        qk::Precision::full, tables_on(in[0]));
+                              },
+                              {by_time, w, b});
+            check_cuda_parity("rms_norm, rotated",
+                              [&](const Inputs& in) {
+                                  return qk::rms_norm(in[0].transpose(1, 2), in[1], 1e-6,
+                                                      qk::Precision::full, tables_on(in[0]));
+                              },
+                              {by_time, w});
+            check_cuda_parity("rms_norm without weight, rotated",
+                              [&](const Inputs& in) {
+                                  return qk::rms_norm(in[0].transpose(1, 2), qk::Tensor(), 1e-6,
+                                                      qk::Precision::full, tables_on(in[0]));
+                              },
+                              {by_time});
+        }
+}
+
 TEST_CASE("cuda norms round their output in the same pass when asked, no value changed") {
     if (!cuda_runnable()) return;
     const qk::Tensor x = randn_seeded({2, 37, 48}, 41).to(qk::Device::cuda);
@@ -253,6 +292,15 @@ TEST_CASE("cuda norms round their output in the same pass when asked, no value c
         const qk::Tensor rms_heads = qk::rms_norm(heads, w_head, 1e-6, precision);
         CHECK(max_abs_diff(rms_heads, qk::rms_norm(heads, w_head, 1e-6)) == 0);
         check_kept_rounding(rms_heads, half);
+        // Rotated in the same pass (heads of 64): the copy is of the rotated values.
+        const qk::Tensor h64 =
+            randn_seeded({2, 37, 2, 64}, 45).to(qk::Device::cuda).transpose(1, 2);
+        const qk::Tensor w64 = randn_seeded({64}, 46).to(qk::Device::cuda);
+        const qk::RopeTables t = qk::rope_tables(37, 64, 10000.0, qk::kF32, qk::Device::cuda);
+        const qk::Tensor turned = qk::layer_norm(h64, w64, {}, 1e-5, precision, t);
+        CHECK(max_abs_diff(turned, qk::layer_norm(h64, w64, {}, 1e-5, qk::Precision::full, t)) ==
+              0);
+        check_kept_rounding(turned, half);
         // On the cpu nothing is written beside the output.
         const qk::Tensor cpu_ln =
             qk::layer_norm(x.to(qk::Device::cpu), w.to(qk::Device::cpu), {}, 1e-5, precision);

@@ -6,6 +6,7 @@
 
 using namespace qk;
 using qk::test::leaf;
+using qk::test::max_abs_diff;
 
 namespace {
 
@@ -259,6 +260,26 @@ TEST_CASE("rms_norm gradients match finite differences") {
                     {xt, w8});
 }
 
+// A norm that rotates its output (the QK-norm before RoPE, one op): the cpu runs the two steps,
+// so the values are rope's after the norm's to the bit; the gradients through both.
+TEST_CASE(
+    "a norm that rotates its output is rope after the norm, gradients by finite differences") {
+    const RopeTables t = rope_tables(5, 6, 10000.0, kF64);
+    Tensor x = leaf({2, 3, 5, 6}, 70), w = leaf({6}, 71), b = leaf({6}, 72);  // (B, H, T, D)
+    CHECK(max_abs_diff(layer_norm(x, w, b, 1e-5, Precision::full, t),
+                       rope(layer_norm(x, w, b, 1e-5), t.cos, t.sin)) == 0);
+    CHECK(max_abs_diff(rms_norm(x, w, 1e-6, Precision::full, t),
+                       rope(rms_norm(x, w, 1e-6), t.cos, t.sin)) == 0);
+    CHECK_GRADCHECK([&] { return layer_norm(x, w, b, 1e-5, Precision::full, t); }, {x, w, b});
+    CHECK_GRADCHECK([&] { return rms_norm(x, w, 1e-6, Precision::full, t); }, {x, w});
+    CHECK_GRADCHECK([&] { return rms_norm(x, Tensor(), 1e-6, Precision::full, t); }, {x});
+    // Heads seen in c_attn's (B, T, H, D) output, as the attention hands them over.
+    Tensor by_time = leaf({2, 5, 3, 6}, 73);
+    CHECK_GRADCHECK(
+        [&] { return layer_norm(by_time.transpose(1, 2), w, b, 1e-5, Precision::full, t); },
+        {by_time, w, b});
+}
+
 TEST_CASE("lp_normalize gradients match finite differences: p, dims, transposed input") {
     Tensor x = leaf({3, 4, 5}, 50), xt = leaf({5, 4}, 51);
     for (double p : {1.5, 2.0, 3.0, 4.0, 7.0})
@@ -434,6 +455,18 @@ TEST_CASE("norm bad inputs name the op and what was wrong") {
     CHECK(throws_with([&] { lp_normalize(x, 2.0, 2); }, {"lp_normalize", "dim 2", "rank 2"}));
     CHECK(throws_with([&] { lp_normalize(ids, 2.0); }, {"lp_normalize", "int32"}));
     CHECK(throws_with([&] { lp_normalize(x, 2.0, -1, -1e-3); }, {"lp_normalize", "eps", "-0.001"}));
+    // A rotation: the tables must fit x's positions (dim −2) and half its last dim, both given.
+    const RopeTables t2 = rope_tables(2, 6, 10000.0), t3 = rope_tables(3, 6, 10000.0);
+    const Tensor x6 = zeros({4, 2, 6}), w6 = ones({6});
+    CHECK(throws_with([&] { layer_norm(x6, w6, Tensor(), 1e-5, Precision::full, t3); },
+                      {"layer_norm", "[4, 2, 6]", "[2, 3]", "[3, 3]"}));
+    CHECK(throws_with(
+        [&] {
+            rms_norm(x6, w6, 1e-6, Precision::full, {t2.cos, Tensor()});
+        },
+        {"rms_norm", "both", "cos and sin"}));
+    CHECK(throws_with([&] { rms_norm(x, w, 1e-6, Precision::full, t2); },
+                      {"rms_norm", "D even", "[2, 5]"}));
 }
 
 TEST_CASE("NormRows: a row's offset is the walk of its (B, H, T) strides, past 2^32 rows too") {

@@ -11,7 +11,8 @@
 //   soft-cap:          s <- c·tanh(s/c) after the scaling, before the mask
 //   qkv_norm:          v is normalised like q and k (and the block drops ln_1)
 //   RoPE:              q and k rotated per head by their position (ops/rope.h), after the
-//                      normalisation (before_rope, OLMo 2 and Qwen3) or before it (after_rope)
+//                      normalisation (before_rope, OLMo 2 and Qwen3; a per-head norm then
+//                      rotates its own output, ops/norm.h) or before it (after_rope)
 //   sliding window:    on the config's sliding layers, row i sees only its last W keys, and RoPE
 //                      turns at the layer's own base (Gemma 3's local layers)
 // then A = softmax(mask(s)), y = A v, heads merged, y = c_proj(y).
@@ -143,17 +144,18 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen
 }
 
 // Applies this layer's q/k/v normalisation to t: (B, H, T, D) for scope head, (B, T, C) for full.
-Tensor CausalSelfAttention::normalize(const Tensor& t, const std::shared_ptr<Norm>& norm) const {
+Tensor CausalSelfAttention::normalize(const Tensor& t, const std::shared_ptr<Norm>& norm,
+                                      const RopeTables& rotate) const {
     if (is_lp_family(config_.qk_norm))
         return lp_normalize(t, config_.qk_norm == QKNorm::l2 ? 2.0 : config_.lp_p, -1);
-    return norm ? norm->forward(t) : t;
+    return norm ? norm->forward(t, rotate) : t;
 }
 
 // t: (B, H, T, D) rotated by positions first…first+T−1. The tables are made per device and dtype
 // (the angles in float64) for the positions needed so far, doubling up to block_size: a model
 // with a context of 40,960 (Qwen3) does not hold 40,960 rows per layer to read 13 of them. An
 // angle does not depend on the table's length, so neither do the results.
-Tensor CausalSelfAttention::rotate(const Tensor& t, int64_t first) const {
+RopeTables CausalSelfAttention::rope_at(const Tensor& t, int64_t first) const {
     const int64_t T = t.size(2), end = first + T;
     if (!rope_cos_.defined() || rope_cos_.device() != t.device() ||
         rope_cos_.dtype() != t.dtype() || rope_cos_.size(0) < end) {
@@ -164,7 +166,12 @@ Tensor CausalSelfAttention::rotate(const Tensor& t, int64_t first) const {
         rope_cos_ = tables.cos;
         rope_sin_ = tables.sin;
     }
-    return rope(t, rope_cos_.narrow(0, first, T), rope_sin_.narrow(0, first, T));
+    return {rope_cos_.narrow(0, first, T), rope_sin_.narrow(0, first, T)};
+}
+
+Tensor CausalSelfAttention::rotate(const Tensor& t, int64_t first) const {
+    const RopeTables tables = rope_at(t, first);
+    return rope(t, tables.cos, tables.sin);
 }
 
 CausalSelfAttention::Projected CausalSelfAttention::project(const Tensor& x,
@@ -212,12 +219,15 @@ CausalSelfAttention::Projected CausalSelfAttention::to_heads(Projected p, int64_
         p.q = rotate(p.q, first);
         p.k = rotate(p.k, first);
     }
+    // QK-norm per head, then RoPE: one op each for q and k (the norm turns its own output).
+    const bool rotate_in_norm = use_rope && !rotate_first && !full_scope() && q_norm && k_norm &&
+                                !is_lp_family(config_.qk_norm);
     if (!full_scope()) {
-        p.q = normalize(p.q, q_norm);
-        p.k = normalize(p.k, k_norm);
+        p.q = normalize(p.q, q_norm, rotate_in_norm ? rope_at(p.q, first) : RopeTables{});
+        p.k = normalize(p.k, k_norm, rotate_in_norm ? rope_at(p.k, first) : RopeTables{});
         if (config_.qkv_norm) p.v = normalize(p.v, v_norm);
     }
-    if (use_rope && !rotate_first) {
+    if (use_rope && !rotate_first && !rotate_in_norm) {
         p.q = rotate(p.q, first);
         p.k = rotate(p.k, first);
     }

@@ -76,8 +76,11 @@ class CausalSelfAttention : public Module {
     AttentionOptions options() const;                  // the scale, soft-cap, window and precision
     void add_saturated_logits(const Tensor& per_row);  // (B, H, T) counts into fp8_logits_saturated
     bool full_scope() const;  // QK-norm statistics over the whole width (OLMo 2)
-    Tensor normalize(const Tensor& t, const std::shared_ptr<Norm>& norm) const;  // per variant
-    Tensor rotate(const Tensor& t, int64_t first) const;  // RoPE, t: (B, H, T, D)
+    // Per variant; with `rotate`, a per-head norm also turns its output by RoPE in the same op.
+    Tensor normalize(const Tensor& t, const std::shared_ptr<Norm>& norm,
+                     const RopeTables& rotate = {}) const;
+    RopeTables rope_at(const Tensor& t, int64_t first) const;  // t's RoPE tables, t: (B, H, T, D)
+    Tensor rotate(const Tensor& t, int64_t first) const;       // RoPE
 
     GPTConfig config_;
     int64_t layer_;

@@ -38,10 +38,10 @@ Norm::Norm(NormKind kind_in, int64_t dim, bool with_bias, DType dtype, double ep
         bias = register_parameter("bias", zeros({dim}, dtype));
 }
 
-Tensor Norm::forward(const Tensor& x) const {
+Tensor Norm::forward(const Tensor& x, const RopeTables& rotate) const {
     const Tensor gain = unit_offset ? weight + 1.0 : weight;  // (1 + w) rounded once, as Gemma
-    return kind == NormKind::layernorm ? layer_norm(x, gain, bias, eps, rounded_copy)
-                                       : rms_norm(x, gain, eps, rounded_copy);
+    return kind == NormKind::layernorm ? layer_norm(x, gain, bias, eps, rounded_copy, rotate)
+                                       : rms_norm(x, gain, eps, rounded_copy, rotate);
 }
 
 }  // namespace qk::nn

@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "nn/model/module.h"
 #include "ops/fp8.h"
+#include "ops/rope.h"
 
 namespace qk::nn {
 
@@ -44,7 +45,7 @@ class Norm : public Module {
   public:
     Norm(NormKind kind, int64_t dim, bool bias, DType dtype = kF32, double eps = 1e-5,
          bool unit_offset = false);
-    Tensor forward(const Tensor& x) const;
+    Tensor forward(const Tensor& x, const RopeTables& rotate = {}) const;  // ops/norm.h's rotate
 
     NormKind kind;
     double eps;
