@@ -1,7 +1,8 @@
 // cuda/multi_tensor.cu — one launch for a whole list of tensors: the sum of squares of every
-// gradient (global-norm clipping), the scaling of every gradient, and AdamW's update of every
-// parameter. The CUDA twins of cpu::sum_of_squares, cpu::scale_all and cpu::adamw_update_all in
-// nn/optim/optim.cpp, which run the same list through one parallel region.
+// gradient (global-norm clipping), the scaling of every gradient, AdamW's update of every
+// parameter and Muon's two passes over a shape group's matrices. The CUDA twins of
+// cpu::sum_of_squares, cpu::scale_all and cpu::adamw_update_all in nn/optim/optim.cpp, which run
+// the same list through one parallel region, and of cpu::muon_*_all in nn/optim/muon.cpp.
 //
 // Why: a GPT has a dozen tensors per layer, most of them small (biases and gains of 768
 // elements). One launch per tensor leaves the GPU idle between launches, and a reduction per
@@ -35,6 +36,7 @@
 #include "cuda/bf16_convert.h"
 #include "cuda/runtime.h"
 #include "cuda/warp_reduce.h"
+#include "nn/optim/muon.h"
 #include "nn/optim/optim.h"
 
 namespace qk::cuda {
@@ -120,7 +122,78 @@ __global__ void adamw_update_all_kernel(const nn::AdamWSlot<T>* slots, T lr, T b
     }
 }
 
+// slots: one per chunk, grid (num_chunks), block (kThreads). Muon's passes (nn/optim/muon.h),
+// the cpu loops' arithmetic term for term.
+template <class T>
+__global__ void muon_momentum_all_kernel(const nn::MuonSlot<T>* slots, T mu) {
+    const nn::MuonSlot<T> s = slots[blockIdx.x];
+    for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
+        const T m = mu * s.m[i] + s.g[i];  // M ← μ·M + G
+        s.m[i] = m;
+        s.u[i] = s.g[i] + mu * m;  // U = G + μ·M
+    }
+}
+
+template <class T>
+__global__ void muon_weight_all_kernel(const nn::MuonSlot<T>* slots, T keep) {
+    const nn::MuonSlot<T> s = slots[blockIdx.x];
+    for (int64_t i = threadIdx.x; i < s.n; i += blockDim.x) {
+        const T updated = s.w[i] * keep - s.o[i] * s.rate;  // W·(1 − lr·wd) − rate·O
+        s.w[i] = updated;
+        if constexpr (std::is_same_v<T, float>) {  // the weight's cast copy, as AdamW's
+            if (s.half_dtype == DType::bf16)
+                static_cast<bf16*>(s.half)[i] = float_to_bf16(updated);
+            else if (s.half_dtype == DType::f16)
+                static_cast<f16*>(s.half)[i] = convert_element<f16>(updated);
+        }
+    }
+}
+
+// The chunks of Muon's slots, every pointer offset to the chunk's start.
+template <class T>
+std::vector<nn::MuonSlot<T>> muon_chunks(const std::vector<nn::MuonSlot<T>>& slots) {
+    std::vector<int64_t> sizes;
+    for (const nn::MuonSlot<T>& s : slots) sizes.push_back(s.n);
+    return chunks_of<nn::MuonSlot<T>>(
+        slots, sizes, [](const nn::MuonSlot<T>& s, int64_t start, int64_t n) {
+            void* half = s.half ? static_cast<char*>(s.half) + 2 * start : nullptr;
+            return nn::MuonSlot<T>{
+                s.m + start, s.g + start, s.u + start, s.w + start, s.o ? s.o + start : nullptr,
+                s.rate,      n,           half,        s.half_dtype};
+        });
+}
+
 }  // namespace
+
+template <class T>
+void muon_momentum_all(const std::vector<nn::MuonSlot<T>>& slots, T mu) {
+    const auto table = muon_chunks(slots);
+    if (table.empty()) return;
+    const auto device_slots = upload(table);
+    int64_t elements = 0;
+    for (const nn::MuonSlot<T>& s : slots) elements += s.n;
+    ledger::declare_elements<T>(2 * elements, 2 * elements, 4 * elements);
+    QK_LAUNCH((muon_momentum_all_kernel<T>), static_cast<unsigned>(table.size()), kThreads, 0,
+              stream(), static_cast<const nn::MuonSlot<T>*>(device_slots->data()), mu);
+    QK_CUDA_CHECK_LAUNCH("muon_momentum_all_kernel");
+}
+
+template <class T>
+void muon_weight_all(const std::vector<nn::MuonSlot<T>>& slots, T keep) {
+    const auto table = muon_chunks(slots);
+    if (table.empty()) return;
+    const auto device_slots = upload(table);
+    int64_t elements = 0, half_elements = 0;
+    for (const nn::MuonSlot<T>& s : slots) {
+        elements += s.n;
+        half_elements += s.half ? s.n : 0;
+    }
+    ledger::declare(double(sizeof(T)) * 3.0 * double(elements) + 2.0 * double(half_elements),
+                    3.0 * double(elements), 0, sizeof(T) == 8);
+    QK_LAUNCH((muon_weight_all_kernel<T>), static_cast<unsigned>(table.size()), kThreads, 0,
+              stream(), static_cast<const nn::MuonSlot<T>*>(device_slots->data()), keep);
+    QK_CUDA_CHECK_LAUNCH("muon_weight_all_kernel");
+}
 
 template <class T>
 double sum_of_squares(const std::vector<const T*>& tensors, const std::vector<int64_t>& sizes) {
@@ -196,5 +269,9 @@ template void adamw_update_all<float>(const std::vector<nn::AdamWSlot<float>>&, 
                                       float, float, float);
 template void adamw_update_all<double>(const std::vector<nn::AdamWSlot<double>>&, double, double,
                                        double, double, double, double);
+template void muon_momentum_all<float>(const std::vector<nn::MuonSlot<float>>&, float);
+template void muon_momentum_all<double>(const std::vector<nn::MuonSlot<double>>&, double);
+template void muon_weight_all<float>(const std::vector<nn::MuonSlot<float>>&, float);
+template void muon_weight_all<double>(const std::vector<nn::MuonSlot<double>>&, double);
 
 }  // namespace qk::cuda

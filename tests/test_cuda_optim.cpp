@@ -356,3 +356,47 @@ TEST_CASE("weights cast once: AdamW rewrites the copy, and a stale backward is r
                                 {"linear", "backward after the weight [4, 3] was written"}));
     }
 }
+
+TEST_CASE("weights cast once: Muon rewrites the copy of every block, one launch a pass on cuda") {
+    std::vector<Device> devices = {Device::cpu};
+    if (cuda_runnable()) devices.push_back(Device::cuda);
+    for (Device device : devices) {
+        CAPTURE(device);
+        // Like c_attn: q, k and v, three 4 × 4 blocks of one (12, 4) weight, one shape group.
+        Tensor w = randn_seeded({12, 4}, 7, kF32).to(device);
+        w.requires_grad_();
+        const Tensor x = randn_seeded({3, 4}, 8, kF32).to(device);
+        nn::Muon opt({{w, 0, 4, "q"}, {w, 4, 4, "k"}, {w, 8, 4, "v"}}, {});
+        const Tensor y = linear(x, w, Tensor(), Precision::bf16);  // makes the bf16 copy
+        const std::shared_ptr<Storage> copy = w.storage()->cast_copy().storage;
+        REQUIRE(copy);
+        sum(y * y).backward();
+        const bool count = device == Device::cuda;
+        size_t iteration_launches = 0;  // the batched Newton–Schulz alone, on a batch like U
+        if (count) {
+            const Tensor batch = randn_seeded({3, 4, 4}, 9, kF32).to(device);
+            cuda::ledger::open();
+            nn::newton_schulz5(batch);
+            iteration_launches = cuda::ledger::close().size();
+            cuda::ledger::open();
+        }
+        opt.step(0.02);
+        if (count) {
+            const std::vector<cuda::ledger::Entry> launches = cuda::ledger::close();
+            int momentum = 0, weight = 0;
+            for (const cuda::ledger::Entry& e : launches) {
+                momentum += e.name.find("muon_momentum_all_kernel") != std::string::npos;
+                weight += e.name.find("muon_weight_all_kernel") != std::string::npos;
+            }
+            CHECK(momentum == 1);  // the three blocks in one launch (tensor ops: five a block)
+            CHECK(weight == 1);    // their update and the copy (tensor ops: four a block)
+            CHECK(launches.size() == iteration_launches + 2);  // and nothing else
+        }
+        // The same buffer, rewritten in the update's pass: every block's rows, current again.
+        CHECK(w.storage()->cast_copy().storage == copy);
+        CHECK(w.storage()->cast_copy().version == w.storage()->version());
+        const auto got = cast_once(w, kBF16).to(Device::cpu).to_vector<bf16>();
+        const auto want = w.to(kBF16).to(Device::cpu).to_vector<bf16>();
+        for (size_t i = 0; i < want.size(); ++i) CHECK(got[i].bits == want[i].bits);
+    }
+}

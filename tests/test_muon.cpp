@@ -285,6 +285,7 @@ TEST_CASE("Muon and Newton-Schulz refuse bad input with the name and shape") {
     CHECK(throws_with([&] { Muon({{v, 0, -1, "gain"}}, {}); }, {"Muon", "gain", "2-D", "[5]"}));
     CHECK(throws_with([&] { Muon({{w, 2, 3, "q"}}, {}); }, {"Muon", "q", "[2, 5)", "4 rows"}));
     CHECK(throws_with([&] { Muon({{w, 0, -1, "w"}}, {.momentum = 1}); }, {"momentum", "1"}));
+    CHECK(throws_with([&] { Muon({{w.t(), 0, -1, "wt"}}, {}); }, {"Muon", "wt", "contiguous"}));
     CHECK(throws_with(
         [&] {
             newton_schulz5(randn({2, 2, 3, 4}));

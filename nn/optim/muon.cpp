@@ -5,16 +5,20 @@
 // Newton–Schulz gets U Vᵀ (approximately) from GEMMs alone, so it runs on either device at
 // GEMM speed; an SVD would not.
 //
-// Everything here is tensor ops under NoGradGuard: the same code on cpu and cuda.
+// The iteration is tensor ops under NoGradGuard, the same code on cpu and cuda; the elementwise
+// passes around it (momentum, weight) take a shape group's matrices in one pass each (MuonSlot):
+// the loops below on the cpu, one launch each on cuda (cuda/multi_tensor.cu).
 #include "nn/optim/muon.h"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "autograd/grad_mode.h"
 #include "core/factory.h"
+#include "core/threading.h"
+#include "nn/optim/optim.h"
 #include "ops/elementwise.h"
-#include "ops/join.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
 
@@ -99,8 +103,8 @@ Muon::Muon(std::vector<MuonMatrix> matrices, MuonOptions options)
     QK_CHECK(options_.ns_steps >= 1 && options_.ns_steps <= 100,
              "Muon: ns_steps must be in [1, 100], got {}", options_.ns_steps);
     for (const MuonMatrix& m : matrices_) {
-        QK_CHECK(m.param.defined() && m.param.dim() == 2,
-                 "Muon: '{}' must be a 2-D parameter, got shape {}", m.name,
+        QK_CHECK(m.param.defined() && m.param.dim() == 2 && m.param.is_contiguous(),
+                 "Muon: '{}' must be a contiguous 2-D parameter, got shape {}", m.name,
                  m.param.defined() ? m.param.shape() : Shape{});
         QK_CHECK(m.rows < 0 ||
                      (m.row_begin >= 0 && m.rows > 0 && m.row_begin + m.rows <= m.param.size(0)),
@@ -124,34 +128,139 @@ Muon::Muon(std::vector<MuonMatrix> matrices, MuonOptions options)
     }
 }
 
+namespace {
+
+// The two passes on the cpu: loops over each slot, a parallel region per slot as the tensor ops
+// they replace had.
+constexpr int64_t kParallelPass = 1 << 16;  // below this many values a slot stays on one thread
+
+template <class T>
+void momentum_on_cpu(const std::vector<MuonSlot<T>>& slots, T mu) {
+    for (const MuonSlot<T>& s : slots) {
+        auto range = [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) {
+                const T m = mu * s.m[i] + s.g[i];  // M ← μ·M + G
+                s.m[i] = m;
+                s.u[i] = s.g[i] + mu * m;  // U = G + μ·M
+            }
+        };
+        parallel_for(s.n, range, s.n >= kParallelPass);
+    }
+}
+
+template <class T>
+void weight_on_cpu(const std::vector<MuonSlot<T>>& slots, T keep) {
+    for (const MuonSlot<T>& s : slots) {
+        auto range = [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) s.w[i] = s.w[i] * keep - s.o[i] * s.rate;
+            if constexpr (std::is_same_v<T, float>)
+                if (s.half) round_into_half(s.half, s.half_dtype, s.w, lo, hi);
+        };
+        parallel_for(s.n, range, s.n >= kParallelPass);
+    }
+}
+
+// A shape group's two passes on its device: the cpu loops, or their one-launch cuda twins.
+template <class T>
+void momentum_pass(Device device, const std::vector<MuonSlot<T>>& slots, T mu) {
+    if (device == Device::cpu) return momentum_on_cpu(slots, mu);
+#ifdef QK_WITH_CUDA
+    qk::cuda::muon_momentum_all(slots, mu);
+#else
+    throw_built_without_cuda("Muon");
+#endif
+}
+
+template <class T>
+void weight_pass(Device device, const std::vector<MuonSlot<T>>& slots, T keep) {
+    if (device == Device::cpu) return weight_on_cpu(slots, keep);
+#ifdef QK_WITH_CUDA
+    qk::cuda::muon_weight_all(slots, keep);
+#else
+    throw_built_without_cuda("Muon");
+#endif
+}
+
+// The slots of a shape group's matrices (momentum, gradient block, place in U, weight block and,
+// where it is current, the weight's cast copy); o is filled in after the iteration.
+template <class T>
+std::vector<MuonSlot<T>> group_slots(const std::vector<const MuonMatrix*>& matrices,
+                                     const std::vector<Tensor>& momentum,
+                                     const std::vector<Tensor>& grads, const Tensor& U, T rate) {
+    std::vector<MuonSlot<T>> slots;
+    const int64_t n = U.size(1) * U.size(2);
+    for (size_t j = 0; j < matrices.size(); ++j) {
+        const MuonMatrix& m = *matrices[j];
+        const int64_t offset = (m.rows < 0 ? 0 : m.row_begin) * U.size(2);  // rows of a block
+        MuonSlot<T> slot{momentum[j].data<T>(),
+                         grads[j].data<T>(),
+                         U.data<T>() + j * n,
+                         m.param.data<T>() + offset,
+                         nullptr,
+                         rate,
+                         n};
+        // A current copy stays current with these rows rewritten; a stale one is left to the
+        // next GEMM that reads the weight, which rounds it again.
+        const Storage::CastCopy* copy = half_copy_of(m.param);
+        if (copy && has_kept_cast(m.param, copy->dtype)) {
+            slot.half = static_cast<char*>(copy->storage->data()) + 2 * offset;
+            slot.half_dtype = copy->dtype;
+        }
+        slots.push_back(slot);
+    }
+    return slots;
+}
+
+// After the step: every block of p is written (its q, k and v may sit in different groups), and
+// so is its cast copy where the copy was current.
+void mark_updated(const Tensor& p) {
+    const Storage::CastCopy* copy = half_copy_of(p);
+    if (copy && has_kept_cast(p, copy->dtype))
+        written_with_half_copy(p);
+    else
+        mark_written(p);
+}
+
+}  // namespace
+
 void Muon::step(double lr) {
     NoGradGuard no_grad;
     ++step_;
-    const double mu = options_.momentum;
+    std::vector<Tensor> updated;  // each parameter once
     for (const std::vector<size_t>& group : shape_groups_) {
-        std::vector<size_t> stepped;  // the group's matrices that have a gradient
-        std::vector<Tensor> nesterov;
+        std::vector<const MuonMatrix*> stepped;  // the group's matrices that have a gradient
+        std::vector<Tensor> momentum, grads;     // theirs; the gradients' blocks contiguous
         for (size_t i : group) {
             const MuonMatrix& m = matrices_[i];
             if (!m.param.grad().defined()) continue;
-            const Tensor G = block_of(m.param.grad(), m);
-            copy_into(momentum_[i], momentum_[i] * mu + G);  // M ← μ·M + G
-            nesterov.push_back(G + momentum_[i] * mu);       // U = G + μ·M
-            stepped.push_back(i);
+            QK_CHECK(m.param.grad().device() == m.param.device(),
+                     "Muon: '{}' is on {} but its gradient on {}", m.name, m.param.device(),
+                     m.param.grad().device());
+            stepped.push_back(&m);
+            momentum.push_back(momentum_[i]);
+            grads.push_back(block_of(m.param.grad(), m).contiguous());
+            const auto same = [&](const Tensor& t) { return t.storage() == m.param.storage(); };
+            if (std::none_of(updated.begin(), updated.end(), same)) updated.push_back(m.param);
         }
         if (stepped.empty()) continue;
-        // One batched iteration for the group: (n, m, k) → O, each matrix on its own.
-        const Tensor O =
-            newton_schulz5(nesterov.size() == 1 ? nesterov[0].unsqueeze(0) : stack(nesterov),
-                           options_.ns_steps, options_.precision);
-        for (size_t j = 0; j < stepped.size(); ++j) {
-            Tensor W = block_of(matrices_[stepped[j]].param, matrices_[stepped[j]]);
-            const double scale =
-                0.2 * std::sqrt(static_cast<double>(std::max(W.size(0), W.size(1))));
-            copy_into(W, W * (1 - lr * options_.weight_decay) -
-                             O.select(0, static_cast<int64_t>(j)) * (lr * scale));
-        }
+        const Tensor& first = momentum.front();
+        const int64_t rows = first.size(0), cols = first.size(1);
+        // U for every matrix of the group, written where the batched iteration reads it.
+        const Tensor U =
+            Tensor::empty({int64_t(stepped.size()), rows, cols}, first.dtype(), first.device());
+        const double rate = lr * 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
+        dispatch_float(first.dtype(), [&](auto tag) {
+            using T = decltype(tag);
+            std::vector<MuonSlot<T>> slots = group_slots(stepped, momentum, grads, U, T(rate));
+            momentum_pass(first.device(), slots, T(options_.momentum));
+            // One batched iteration for the group: (n, m, k) → O, each matrix on its own.
+            const Tensor O = newton_schulz5(U, options_.ns_steps, options_.precision).contiguous();
+            const int64_t n = rows * cols;
+            for (size_t j = 0; j < slots.size(); ++j) slots[j].o = O.data<T>() + int64_t(j) * n;
+            weight_pass(first.device(), slots, T(1 - lr * options_.weight_decay));
+        });
     }
+    for (const Tensor& p : updated) mark_updated(p);
 }
 
 void Muon::zero_grad() {

@@ -41,6 +41,26 @@ struct MuonMatrix {
     std::string name;  // for error messages and checkpoints
 };
 
+// One matrix's two elementwise passes as the kernels see them (n values each, contiguous, one
+// device), around the batched Newton–Schulz iteration of its shape group:
+//   momentum pass  m ← μ·m + g,  u = g + μ·m      (u: its matrix in the batch the iteration takes)
+//   weight pass    w ← w·keep − o·rate            (keep = 1 − lr·wd, rate = lr·0.2·sqrt(max(m, n)),
+//                                                  o: its matrix in the iteration's result)
+// The weight pass also rewrites the weight's cast copy (half, when not null: bf16 or f16) in the
+// same pass, as AdamW's does, so the next forward's GEMMs do not round the weight again.
+template <class T>
+struct MuonSlot {
+    T* m;
+    const T* g;
+    T* u;
+    T* w;
+    const T* o;
+    T rate;
+    int64_t n;
+    void* half = nullptr;
+    DType half_dtype = DType::f32;
+};
+
 // Per matrix W (m × n) with gradient G, each step:
 //   M ← μ·M + G               momentum, sum form (torch keeps (1−μ)·M: only the buffer differs)
 //   U = G + μ·M               Nesterov
@@ -51,7 +71,8 @@ struct MuonMatrix {
 // Matrices whose parameter has no gradient are skipped. The matrices of one shape (a model's q,
 // k, v and c_proj of every layer; its c_fc's; its MLP c_proj's) are orthogonalised together, one
 // batched newton_schulz5 per shape: a GPT-2-shaped model's 72 matrices take 3 calls, not 72 (on
-// a GPU each is ~35 launches and a host read of ‖U‖_F).
+// a GPU each is ~35 launches and a host read of ‖U‖_F). The passes before and after it take the
+// whole group too (MuonSlot): one launch each on cuda, where the tensor ops took ~9 per matrix.
 class Muon {
   public:
     Muon(std::vector<MuonMatrix> matrices, MuonOptions options);
@@ -74,3 +95,12 @@ class Muon {
 };
 
 }  // namespace qk::nn
+
+// The two passes over every slot of a group on cuda (cuda/multi_tensor.cu): one launch each,
+// device pointers; the cpu loops they mirror are in nn/optim/muon.cpp.
+namespace qk::cuda {
+template <class T>
+void muon_momentum_all(const std::vector<nn::MuonSlot<T>>& slots, T mu);
+template <class T>
+void muon_weight_all(const std::vector<nn::MuonSlot<T>>& slots, T keep);
+}  // namespace qk::cuda

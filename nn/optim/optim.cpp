@@ -38,15 +38,6 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, T lr, T beta1, T beta
     }
 }
 
-// half[lo, hi) = p[lo, hi) rounded to bf16 or f16, as Tensor::to rounds them (the cast copy the
-// GEMMs read, core/storage.h).
-void round_into(void* half, DType dtype, const float* p, int64_t lo, int64_t hi) {
-    if (dtype == DType::f16)
-        return qk::cpu::floats_to_f16(static_cast<f16*>(half) + lo, p + lo, hi - lo);
-    bf16* out = static_cast<bf16*>(half);
-    for (int64_t i = lo; i < hi; ++i) out[i] = bf16(p[i]);
-}
-
 // Tensors laid end to end, as one index space for the threads to share: element i of tensor k is
 // element start[k] + i overall. One parallel region then serves a whole list of parameters, each
 // thread cutting through tensors where its share ends. (A region per parameter was ~2 x 8 pool
@@ -86,7 +77,7 @@ void adamw_update_all(const std::vector<AdamWSlot<T>>& slots, T lr, T beta1, T b
             adamw_update(s.p + lo, s.g + lo, s.m + lo, s.v + lo, hi - lo, lr, beta1, beta2, eps,
                          s.decay, bias1, bias2);
             if constexpr (std::is_same_v<T, float>)
-                if (s.half) round_into(s.half, s.half_dtype, s.p, lo, hi);
+                if (s.half) round_into_half(s.half, s.half_dtype, s.p, lo, hi);
         });
     };
     parallel_for(all.total(), range, all.total() >= kParallelUpdate);
@@ -131,18 +122,19 @@ void scale_all(const std::vector<T*>& grads, const std::vector<int64_t>& sizes, 
 
 }  // namespace cpu
 
-namespace {
+void round_into_half(void* half, DType dtype, const float* p, int64_t lo, int64_t hi) {
+    if (dtype == DType::f16)
+        return qk::cpu::floats_to_f16(static_cast<f16*>(half) + lo, p + lo, hi - lo);
+    bf16* out = static_cast<bf16*>(half);
+    for (int64_t i = lo; i < hi; ++i) out[i] = bf16(p[i]);
+}
 
-// The bf16 or f16 copy a GEMM made of p's values (Storage::cast_copy, made only for a tensor that
-// is its whole buffer), for the update to rewrite in its pass; null when p has none.
 const Storage::CastCopy* half_copy_of(const Tensor& p) {
     const Storage::CastCopy& copy = p.storage()->cast_copy();
     const bool half = copy.dtype == DType::bf16 || copy.dtype == DType::f16;
     return copy.storage && half && is_whole_buffer(p) && p.dtype() == DType::f32 ? &copy : nullptr;
 }
 
-// After an update that wrote p and, where it has one, its half copy: the copy holds the new
-// version (anything else that writes p makes it stale again).
 void written_with_half_copy(const Tensor& p) {
     mark_written(p);
     if (!half_copy_of(p)) return;
@@ -150,8 +142,6 @@ void written_with_half_copy(const Tensor& p) {
     copy.version = p.storage()->version();
     copy.recorded_only = !writes_take_effect(p);  // a dry run's update wrote nothing
 }
-
-}  // namespace
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options, std::vector<bool> decayed)
     : params_(std::move(params)), decayed_(std::move(decayed)), options_(options) {

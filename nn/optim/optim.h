@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core/storage.h"
 #include "core/tensor.h"
 
 namespace qk::nn {
@@ -88,6 +89,17 @@ struct AdamWSlot {
     void* half = nullptr;
     DType half_dtype = DType::f32;
 };
+// For the optimizers that write weights (AdamW, Muon): the bf16 or f16 copy a GEMM made of p's
+// values (Storage::cast_copy, made only for a tensor that is its whole buffer), for the update to
+// rewrite in its own pass, or null; and after such an update, the mark that the copy holds p's new
+// version (anything else that writes p makes it stale again).
+const Storage::CastCopy* half_copy_of(const Tensor& p);
+void written_with_half_copy(const Tensor& p);
+
+// half[lo, hi) = p[lo, hi) rounded to bf16 or f16 (dtype), as Tensor::to rounds them: the cpu
+// updates' rewrite of a weight's cast copy.
+void round_into_half(void* half, DType dtype, const float* p, int64_t lo, int64_t hi);
+
 }  // namespace qk::nn
 
 // The CUDA twins of the optimizer's passes (the cpu loops are in nn/optim/optim.cpp): device
