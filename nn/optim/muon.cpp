@@ -211,8 +211,9 @@ std::vector<MuonSlot<T>> group_slots(const std::vector<const MuonMatrix*>& matri
     return slots;
 }
 
-// After the step: every block of p is written (its q, k and v may sit in different groups), and
-// so is its cast copy where the copy was current.
+// After a group's passes: p is written, and so is its cast copy where the copy was current (the
+// rows the group did not write were current too, and did not change). A parameter whose blocks
+// sit in several groups (q, and k, v under GQA) is marked after each.
 void mark_updated(const Tensor& p) {
     const Storage::CastCopy* copy = half_copy_of(p);
     if (copy && has_kept_cast(p, copy->dtype))
@@ -226,7 +227,6 @@ void mark_updated(const Tensor& p) {
 void Muon::step(double lr) {
     NoGradGuard no_grad;
     ++step_;
-    std::vector<Tensor> updated;  // each parameter once
     for (const std::vector<size_t>& group : shape_groups_) {
         std::vector<const MuonMatrix*> stepped;  // the group's matrices that have a gradient
         std::vector<Tensor> momentum, grads;     // theirs; the gradients' blocks contiguous
@@ -239,8 +239,6 @@ void Muon::step(double lr) {
             stepped.push_back(&m);
             momentum.push_back(momentum_[i]);
             grads.push_back(block_of(m.param.grad(), m).contiguous());
-            const auto same = [&](const Tensor& t) { return t.storage() == m.param.storage(); };
-            if (std::none_of(updated.begin(), updated.end(), same)) updated.push_back(m.param);
         }
         if (stepped.empty()) continue;
         const Tensor& first = momentum.front();
@@ -259,8 +257,10 @@ void Muon::step(double lr) {
             for (size_t j = 0; j < slots.size(); ++j) slots[j].o = O.data<T>() + int64_t(j) * n;
             weight_pass(first.device(), slots, T(1 - lr * options_.weight_decay));
         });
+        // Marked group by group, so that an iteration that throws (a non-finite U) leaves the
+        // groups before it marked as written.
+        for (const MuonMatrix* m : stepped) mark_updated(m->param);
     }
-    for (const Tensor& p : updated) mark_updated(p);
 }
 
 void Muon::zero_grad() {
