@@ -21,6 +21,11 @@
 //                                direct    rstd term
 //              dweight = Σ_rows dy · xhat.  Without weight, dxhat = dy and there is no dweight.
 //
+// rotate       (either norm, with RoPE's tables) y = R_t · norm(x) for a row at position t, R_t
+//              the block rotation of ops/rope.cpp. Saves nothing more: R is linear and its tables
+//              are constants. Backward: the norm's output gets Rᵀ_t dy (the rotation by −angle),
+//              and everything above (dx, dweight, dbias) reads that in place of dy.
+//
 // Kernels (namespace cpu): v1 mirrors the formulas and is the tests' reference; v2 is what the
 // ops call. Why v2 is faster, and how its sums keep float32 accurate: above the v2 kernels.
 #include "ops/norm.h"
