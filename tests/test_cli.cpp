@@ -307,7 +307,11 @@ TEST_CASE("experiment 9's config runs end to end, two steps a run; a mixed model
                                       "--out",
                                       out,
                                       "--data",
-                                      write_corpus(dir)});
+                                      write_corpus(dir)},
+                                     {},
+                                     // 24 runs: 38 s alone under ASan here, past the default 60
+                                     // when other suites share the cores. A hang guard, no more.
+                                     240);
     CAPTURE(swept.output);
     REQUIRE(swept.exit_code == 0);
     CHECK(swept.output.find("24 variants x 1 learning rates x 1 seeds") != std::string::npos);
