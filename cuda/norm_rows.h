@@ -91,6 +91,30 @@ __device__ __forceinline__ void rotate_pairs(T (&v)[kPerLane], const RowRotation
     }
 }
 
+// The forward kernels' output pass: each value x of column c < C in row r of the group becomes
+// y = value(r, c, x), each row is turned by rot (if any), and the rows that exist are written to
+// y: (rows, C) and, when y_half is not null, rounded beside it.
+template <class T, int kPerLane, int kRows, class Value>
+__device__ __forceinline__ void store_short_rows(T* y, uint16_t* y_half, bool half_is_bf16,
+                                                 T (&v)[kRows][kPerLane], const RowRotation<T>& rot,
+                                                 int64_t first, int64_t rows, int64_t C,
+                                                 const Value& value) {
+    const int lane = threadIdx.x % kWarp;
+    QK_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+        QK_UNROLL
+        for (int i = 0; i < kPerLane; ++i) {
+            const int c = lane + kWarp * i;
+            if (c < C) v[r][i] = value(r, c, v[r][i]);
+        }
+        if (rot.cos) rotate_pairs(v[r], rot, first + r, C, T(1));
+    }
+    each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
+        y[row * C + c] = v[r][i];
+        store_half(y_half, row * C + c, v[r][i], half_is_bf16);
+    });
+}
+
 // The warp's row group (kRows rows from the returned first), or -1 past the end.
 template <int kRows>
 __device__ __forceinline__ int64_t warp_row_group(int64_t rows) {
@@ -126,18 +150,8 @@ __global__ void layer_norm_forward_short_kernel(T* y, T* mean, T* rstd, const T*
             if (lane + kWarp * i < C) sq += (v[r][i] - m[r]) * (v[r][i] - m[r]);
         s[r] = T(1) / dev_sqrt(warp_sum(sq) / T(C) + eps);
     }
-    QK_UNROLL
-    for (int r = 0; r < kRows; ++r) {  // v becomes y
-        QK_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-            const int c = lane + kWarp * i;
-            if (c < C) v[r][i] = (v[r][i] - m[r]) * s[r] * weight[c] + (bias ? bias[c] : T(0));
-        }
-        if (rot.cos) rotate_pairs(v[r], rot, first + r, C, T(1));
-    }
-    each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
-        y[row * C + c] = v[r][i];
-        store_half(y_half, row * C + c, v[r][i], half_is_bf16);
+    store_short_rows(y, y_half, half_is_bf16, v, rot, first, rows, C, [&](int r, int c, T x) {
+        return (x - m[r]) * s[r] * weight[c] + (bias ? bias[c] : T(0));
     });
     QK_UNROLL
     for (int r = 0; r < kRows; ++r)
@@ -167,19 +181,8 @@ __global__ void rms_norm_forward_short_kernel(T* y, T* rstd, const T* x, NormRow
             if (lane + kWarp * i < C) ss += v[r][i] * v[r][i];
         s[r] = T(1) / dev_sqrt(warp_sum(ss) / T(C) + eps);
     }
-    QK_UNROLL
-    for (int r = 0; r < kRows; ++r) {  // v becomes y
-        QK_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-            const int c = lane + kWarp * i;
-            if (c < C) v[r][i] = v[r][i] * s[r] * (weight ? weight[c] : T(1));
-        }
-        if (rot.cos) rotate_pairs(v[r], rot, first + r, C, T(1));
-    }
-    each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
-        y[row * C + c] = v[r][i];
-        store_half(y_half, row * C + c, v[r][i], half_is_bf16);
-    });
+    store_short_rows(y, y_half, half_is_bf16, v, rot, first, rows, C,
+                     [&](int r, int c, T x) { return x * s[r] * (weight ? weight[c] : T(1)); });
     QK_UNROLL
     for (int r = 0; r < kRows; ++r)
         if (lane == 0 && first + r < rows) rstd[first + r] = s[r];

@@ -223,8 +223,9 @@ CausalSelfAttention::Projected CausalSelfAttention::to_heads(Projected p, int64_
     const bool rotate_in_norm = use_rope && !rotate_first && !full_scope() && q_norm && k_norm &&
                                 !is_lp_family(config_.qk_norm);
     if (!full_scope()) {
-        p.q = normalize(p.q, q_norm, rotate_in_norm ? rope_at(p.q, first) : RopeTables{});
-        p.k = normalize(p.k, k_norm, rotate_in_norm ? rope_at(p.k, first) : RopeTables{});
+        const RopeTables tables = rotate_in_norm ? rope_at(p.q, first) : RopeTables{};  // q's = k's
+        p.q = normalize(p.q, q_norm, tables);
+        p.k = normalize(p.k, k_norm, tables);
         if (config_.qkv_norm) p.v = normalize(p.v, v_norm);
     }
     if (use_rope && !rotate_first && !rotate_in_norm) {
