@@ -171,6 +171,12 @@ TEST_CASE("planted bug 2: a write one element past a cudaMalloc allocation names
         {"cuda emulation: kernel 'fill_off_by_one_kernel'",
          "past the end of a device allocation of 400 bytes", "bytes 0 to 3 past the end"}));
     CHECK(qk::emu::live_device_bytes() == live);  // the buffer was freed during unwinding
+    // Every address's red zone sees the whole float: 1.0f's bytes (00 00 80 3F) are never a
+    // canary, whatever address the allocation lands on (one in 128 tries once missed one).
+    for (int n = 1; n <= 200; ++n)
+        CHECK(throws_with(
+            [n] { es::write_one_past_end(n); },
+            {fmt::format("device allocation of {} bytes", 4 * n), "bytes 0 to 3 past the end"}));
 }
 
 TEST_CASE("planted bug 3: host and freed pointers as kernel arguments are reported") {

@@ -11,6 +11,7 @@
 // recognised as such.
 #include <sys/mman.h>
 
+#include <array>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -30,10 +31,23 @@ constexpr std::size_t kQuarantineCount = 4096;
 
 std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 
-// The canary byte for an address: varies along the red zone so that no repeated value (a float,
-// zeros, 0xFF) written over it goes unnoticed.
+// The canary byte for an address: varies along the red zone so that no repeated value written
+// over it goes unnoticed, and never takes a byte value common in data: zero, 0xFF, and the top
+// and bottom bytes of small floats and bf16 (0x3F, 0x40, 0x7F, 0x80, 0xBF, 0xC0). A plain hash
+// of the address matched 1.0f's low byte (0x00) one time in 256, and a report then began a byte
+// late; a byte from that set is always seen as written.
+constexpr std::array<unsigned char, 248> kCanaryBytes = [] {
+    std::array<unsigned char, 248> bytes{};
+    std::size_t n = 0;
+    for (int b = 0; b < 256; ++b)
+        if (b != 0x00 && b != 0xFF && b != 0x3F && b != 0x40 && b != 0x7F && b != 0x80 &&
+            b != 0xBF && b != 0xC0)
+            bytes[n++] = static_cast<unsigned char>(b);
+    return bytes;
+}();
 unsigned char canary(uintptr_t a) {
-    return static_cast<unsigned char>((static_cast<uint32_t>(a) * 0x9E3779B1u) >> 24);
+    const uint32_t hash = static_cast<uint32_t>(a) * 0x9E3779B1u;
+    return kCanaryBytes[(hash >> 16) % kCanaryBytes.size()];
 }
 void fill_canary(uintptr_t lo, uintptr_t hi) {
     for (uintptr_t a = lo; a < hi; ++a) *reinterpret_cast<unsigned char*>(a) = canary(a);
