@@ -27,10 +27,16 @@
 // CPU twins: cpu::gemm and cpu::batched_gemm in ops/gemm.cpp (cblas_sgemm/dgemm, CblasRowMajor).
 #include <climits>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <tuple>
 #include <type_traits>
 
 #include <fmt/format.h>
 
+#include "core/storage.h"
+#include "cuda/emu/cublaslt_compat.h"
 #include "cuda/runtime.h"
 #include "ops/matmul.h"
 
@@ -115,6 +121,153 @@ void gemm_mixed(float* y, int64_t ldy, int64_t stride_y, const Half* a, bool a_t
         y, CUDA_R_32F, static_cast<int>(ldy), stride_y, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT));
 }
+
+// ---- the bias in the GEMM's epilogue (cuBLASLt) --------------------------------------------
+//
+// The Linear's y = x̃ · W̃ᵀ + b as one call: cuBLASLt's CUBLASLT_EPILOGUE_BIAS adds b to each row's
+// float32 sums before y is stored, where cublasGemmEx has no bias and needed y filled with b first
+// and read back (beta = 1): a write and a read of y saved, and the fill's launch. The same one
+// float32 addition per value. Column-major, as above: D (N × R) = W̃ᵀ · x̃ with W̃ read as the
+// stored (K × N) and x̃ as (K × R), so the bias is one value per row of D, which is what the
+// epilogue broadcasts.
+//
+// A plan per shape and alignment (descriptors and the heuristic's algorithm) is made once and
+// kept; the bias pointer is set at each call. No algorithm for a shape: the caller's two-step path.
+
+namespace {
+
+// The largest power of two dividing p's address, at most 256: what the heuristic is told, so that
+// it never picks a kernel that needs more alignment than a pointer has.
+uint32_t alignment_of(const void* p) {
+    const auto address = reinterpret_cast<std::uintptr_t>(p);
+    uint32_t a = 256;
+    while (a > 1 && address % a != 0) a /= 2;
+    return a;
+}
+
+struct BiasGemmPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t w = nullptr, x = nullptr, y = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    std::size_t workspace = 0;
+    bool found = false;
+};
+
+cublasLtHandle_t blas_lt() {
+    static cublasLtHandle_t handle = [] {
+        cublasLtHandle_t h = nullptr;
+        QK_CUDA_CHECK(cublasLtCreate(&h));
+        return h;
+    }();
+    return handle;
+}
+
+bool bias_epilogue_on = true;
+
+// The plan for y (R, N) = x̃ (R, K) · W̃ᵀ (W̃: (N, K)) + b, all contiguous, at these alignments.
+BiasGemmPlan make_plan(cudaDataType_t type, int64_t R, int64_t N, int64_t K, const float* bias,
+                       const uint32_t (&alignments)[4]) {
+    BiasGemmPlan plan;
+    QK_CUDA_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const int32_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const int32_t bias_type = CUDA_R_32F;
+    QK_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                                 sizeof transpose));
+    QK_CUDA_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep));
+    QK_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                 &epilogue, sizeof epilogue));
+    QK_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                 &bias_type, sizeof bias_type));
+    // The heuristic reads the bias's alignment from its pointer (a key of the plan's, with the
+    // others' alignments).
+    QK_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                 &bias, sizeof bias));
+    QK_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.w, type, uint64_t(K), uint64_t(N), K));
+    QK_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.x, type, uint64_t(K), uint64_t(R), K));
+    QK_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.y, CUDA_R_32F, uint64_t(N), uint64_t(R), N));
+    cublasLtMatmulPreference_t preference = nullptr;
+    QK_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const uint64_t max_workspace = uint64_t{32} << 20;  // what Hopper's fastest kernels ask for
+    QK_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(preference,
+                                                       CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &max_workspace, sizeof max_workspace));
+    const cublasLtMatmulPreferenceAttributes_t alignment_attributes[3] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 3; ++i)  // A = W̃, B = x̃, D = y (C is D)
+        QK_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i],
+                                                           &alignments[i], sizeof(uint32_t)));
+    QK_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alignments[2], sizeof(uint32_t)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        blas_lt(), plan.desc, plan.w, plan.x, plan.y, plan.y, preference, 1, &result, &found);
+    QK_CUDA_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) QK_CUDA_CHECK(status);
+    plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
+    plan.algo = result.algo;
+    plan.workspace = result.workspaceSize;
+    return plan;
+}
+
+}  // namespace
+
+bool use_bias_epilogue(bool on) {
+    const bool was = bias_epilogue_on;
+    bias_epilogue_on = on;
+    return was;
+}
+
+template <class Half>
+bool linear_bias_mixed(float* y, const Half* x, const Half* w, const float* bias, int64_t R,
+                       int64_t N, int64_t K) {
+    constexpr bool is_bf16 = std::is_same_v<Half, bf16>;
+    if (!bias_epilogue_on || R == 0 || N == 0 || K == 0 || R > INT_MAX || N > INT_MAX ||
+        K > INT_MAX)
+        return false;
+    const uint32_t alignments[4] = {alignment_of(w), alignment_of(x), alignment_of(y),
+                                    alignment_of(bias)};
+    using Key = std::tuple<bool, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, uint32_t>;
+    static std::mutex mutex;
+    static std::map<Key, BiasGemmPlan> plans;  // kept for the process's life, as cuBLAS's handle
+    std::lock_guard lock(mutex);
+    const Key key{is_bf16, R, N, K, alignments[0], alignments[1], alignments[2], alignments[3]};
+    auto it = plans.find(key);
+    if (it == plans.end())
+        it = plans
+                 .emplace(key,
+                          make_plan(is_bf16 ? CUDA_R_16BF : CUDA_R_16F, R, N, K, bias, alignments))
+                 .first;
+    const BiasGemmPlan& plan = it->second;
+    if (!plan.found) return false;
+    QK_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                 &bias, sizeof bias));
+    // Ledger: as gemm_mixed, plus the bias read; y written once, never read.
+    ledger::declare(2.0 * double(R * K + N * K) + 4.0 * double(R * N + N), 0,
+                    2.0 * double(R) * double(N) * double(K));
+    const bool aligned = N % 8 == 0 && K % 8 == 0 && alignments[0] >= 16 && alignments[1] >= 16 &&
+                         alignments[2] >= 16;
+    const ledger::Scope scope(ledger::is_open() ? fmt::format("LtMatmul {} {}x{}x{} bias {}",
+                                                              is_bf16 ? "bf16" : "fp16", R, N, K,
+                                                              aligned ? "aligned" : "unaligned")
+                                                : std::string());
+    // Scratch from the caching allocator, freed at return: the stream orders its reuse.
+    std::optional<Storage> workspace;
+    if (plan.workspace) workspace.emplace(plan.workspace, Device::cuda);
+    const float one = 1.0f, zero = 0.0f;
+    QK_CUDA_CHECK(cublasLtMatmul(blas_lt(), plan.desc, &one, w, plan.w, x, plan.x, &zero, y, plan.y,
+                                 y, plan.y, &plan.algo, workspace ? workspace->data() : nullptr,
+                                 plan.workspace, stream()));
+    return true;
+}
+
+template bool linear_bias_mixed<bf16>(float*, const bf16*, const bf16*, const float*, int64_t,
+                                      int64_t, int64_t);
+template bool linear_bias_mixed<f16>(float*, const f16*, const f16*, const float*, int64_t, int64_t,
+                                     int64_t);
 
 template void gemm_mixed<bf16>(float*, int64_t, int64_t, const bf16*, bool, int64_t, int64_t,
                                const bf16*, bool, int64_t, int64_t, int64_t, int64_t, int64_t,

@@ -1,19 +1,19 @@
 // cuda/matmul_bf16.cu — the passes around the bf16 (and fp16) linear's GEMMs, one launch each
 // where plain ops take two (ops/matmul_bf16.cpp calls them; its header gives the math):
 //
-//   forward    x̃ = round(x), and y = b in every row         (the GEMM then adds x̃·W̃ᵀ, beta = 1)
+//   forward    y = b in every row          (only where cuBLASLt declines to add b in its GEMM's
+//                                            epilogue, cuda/matmul.cu: the GEMM then adds x̃·W̃ᵀ
+//                                            to y, beta = 1)
 //   backward   dỸ = round(dY), and db = Σ_r dY in float32    (from one read of dY)
 //
-// cuBLAS's GEMM has no bias argument, and the rounding of x and the bias rows touch different
-// buffers, so one grid does both: rows are shared out over the blocks, and each block rounds its
-// rows of x and writes its rows of y. In the backward the rounding of dY and the column sums read
-// the same values: the column-tile layout of cuda/reduce.cu's v3 (block (bx, k) holds 32 columns
-// of chunk k of the rows, 8 row lanes) rounds each value as it adds it, and the tile's last block
-// to finish combines the chunks' partials (arrived_last, cuda/warp_reduce.h), so the sums are
-// the bits the two-launch path gave. The weight is not rounded here: the optimizer keeps its
-// rounding (core/storage.h, cast_copy).
+// In the backward the rounding of dY and the column sums read the same values: the column-tile
+// layout of cuda/reduce.cu's v3 (block (bx, k) holds 32 columns of chunk k of the rows, 8 row
+// lanes) rounds each value as it adds it, and the tile's last block to finish combines the
+// chunks' partials (arrived_last, cuda/warp_reduce.h), so the sums are the bits the two-launch
+// path gave. The weight is not rounded here: the optimizer keeps its rounding (core/storage.h,
+// cast_copy), and x arrives rounded by its producer or by one cast.
 //
-// CPU twins: to_half and sum_to in ops/matmul_bf16.cpp (the cpu GEMM writes the bias itself).
+// CPU twins: sum_to in ops/matmul_bf16.cpp (the cpu GEMM writes the bias itself).
 #include <cstddef>
 #include <cstdint>
 
@@ -30,33 +30,22 @@ namespace {
 constexpr unsigned kRowThreads = 128;
 constexpr int64_t kMinRowsPerChunk = 64;
 
-// kVec neighbours as one aligned value: with kVec = 4, a 16-byte load or store of float32 and an
-// 8-byte store of the half type, a quarter of the memory instructions.
+// kVec neighbours as one aligned value: with kVec = 4, a 16-byte load or store of float32, a
+// quarter of the memory instructions.
 template <class T, int kVec>
 struct alignas(kVec * sizeof(T)) Vec {
     T v[kVec];
 };
 
-// x_half: (R, K) out; x: (R, K) with row stride ldx; y: (R, N) out; bias: (N); K, N and ldx
-// multiples of kVec. grid (blocks), block (kRowThreads): block b takes rows b, b + gridDim.x, ...;
-// its threads walk each row kVec values at a time.
-template <class Half, int kVec>
-__global__ void round_rows_fill_bias_kernel(Half* x_half, const float* x, int64_t ldx, float* y,
-                                            const float* bias, int64_t R, int64_t K, int64_t N) {
-    using In = Vec<float, kVec>;
-    using Out = Vec<Half, kVec>;
+// y: (R, N) out; bias: (N); N a multiple of kVec. grid (blocks), block (kRowThreads): block b
+// takes rows b, b + gridDim.x, ...; its threads walk each row kVec values at a time.
+template <int kVec>
+__global__ void fill_bias_rows_kernel(float* y, const float* bias, int64_t R, int64_t N) {
+    using Row = Vec<float, kVec>;
     for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-        const In* x_row = reinterpret_cast<const In*>(x + r * ldx);
-        Out* x_half_row = reinterpret_cast<Out*>(x_half + r * K);
-        for (int64_t c = threadIdx.x; c < K / kVec; c += blockDim.x) {
-            const In in = x_row[c];
-            Out out;
-            for (int k = 0; k < kVec; ++k) out.v[k] = convert_element<Half>(in.v[k]);  // x̃
-            x_half_row[c] = out;
-        }
-        In* y_row = reinterpret_cast<In*>(y + r * N);
+        Row* y_row = reinterpret_cast<Row*>(y + r * N);
         for (int64_t c = threadIdx.x; c < N / kVec; c += blockDim.x)
-            y_row[c] = reinterpret_cast<const In*>(bias)[c];  // y = b
+            y_row[c] = reinterpret_cast<const Row*>(bias)[c];  // y = b
     }
 }
 
@@ -91,21 +80,15 @@ __global__ void round_and_sum_columns_kernel(Half* dy_half, float* db, float* pa
 
 }  // namespace
 
-template <class Half>
-void round_rows_fill_bias(Half* x_half, const float* x, int64_t ldx, float* y, const float* bias,
-                          int64_t R, int64_t K, int64_t N) {
+void fill_bias_rows(float* y, const float* bias, int64_t R, int64_t N) {
     if (R == 0) return;
     const unsigned blocks = static_cast<unsigned>(R < 8 * kFillBlocks ? R : 8 * kFillBlocks);
-    ledger::declare(double(R) * (6.0 * double(K) + 4.0 * double(N)) + 4.0 * double(N));
-    const bool by_four = K % 4 == 0 && N % 4 == 0 && ldx % 4 == 0 && aligned(x, 16) &&
-                         aligned(y, 16) && aligned(bias, 16) && aligned(x_half, 8);
-    if (by_four)
-        QK_LAUNCH((round_rows_fill_bias_kernel<Half, 4>), blocks, kRowThreads, 0, stream(), x_half,
-                  x, ldx, y, bias, R, K, N);
+    ledger::declare(4.0 * double(R) * double(N) + 4.0 * double(N));
+    if (N % 4 == 0 && aligned(y, 16) && aligned(bias, 16))
+        QK_LAUNCH((fill_bias_rows_kernel<4>), blocks, kRowThreads, 0, stream(), y, bias, R, N);
     else
-        QK_LAUNCH((round_rows_fill_bias_kernel<Half, 1>), blocks, kRowThreads, 0, stream(), x_half,
-                  x, ldx, y, bias, R, K, N);
-    QK_CUDA_CHECK_LAUNCH("round_rows_fill_bias_kernel");
+        QK_LAUNCH((fill_bias_rows_kernel<1>), blocks, kRowThreads, 0, stream(), y, bias, R, N);
+    QK_CUDA_CHECK_LAUNCH("fill_bias_rows_kernel");
 }
 
 template <class Half>
@@ -128,10 +111,6 @@ void round_and_sum_columns(Half* dy_half, float* db, const float* dy, int64_t ld
     QK_CUDA_CHECK_LAUNCH("round_and_sum_columns_kernel");
 }
 
-template void round_rows_fill_bias<bf16>(bf16*, const float*, int64_t, float*, const float*,
-                                         int64_t, int64_t, int64_t);
-template void round_rows_fill_bias<f16>(f16*, const float*, int64_t, float*, const float*, int64_t,
-                                        int64_t, int64_t);
 template void round_and_sum_columns<bf16>(bf16*, float*, const float*, int64_t, int64_t, int64_t);
 template void round_and_sum_columns<f16>(f16*, float*, const float*, int64_t, int64_t, int64_t);
 

@@ -66,15 +66,19 @@ template <class Half>
 void gemm_mixed(float* y, int64_t ldy, int64_t stride_y, const Half* a, bool a_trans, int64_t lda,
                 int64_t stride_a, const Half* b, bool b_trans, int64_t ldb, int64_t stride_b,
                 int64_t M, int64_t N, int64_t K, int64_t batch, float alpha, float beta);
+// y: (R, N), x: (R, K), w: (N, K), bias: (N), contiguous.    y = x · wᵀ + b
+// One cuBLASLt call, the bias added in its epilogue; false (nothing done) when cuBLASLt has no
+// algorithm for the shape, or use_bias_epilogue(false) turned it off (tests compare the two).
+template <class Half>
+bool linear_bias_mixed(float* y, const Half* x, const Half* w, const float* bias, int64_t R,
+                       int64_t N, int64_t K);
+bool use_bias_epilogue(bool on);  // returns the previous setting
 // y: (batch, M, N), a: (batch, M, K), b: (batch, K, N), contiguous.    y = a · b  (tiled kernel)
 template <class T>
 void matmul_tiled(T* y, const T* a, const T* b, int64_t batch, int64_t M, int64_t N, int64_t K);
 // The mixed linear's passes around its GEMMs, one launch each (cuda/matmul_bf16.cu):
-// x_half: (R, K) out, x: (R, K) row stride ldx, y: (R, N) out, bias: (N).  x̃ = round(x), y = b
-// (K = 0, x and x_half null: the bias rows alone, for an x already rounded)
-template <class Half>
-void round_rows_fill_bias(Half* x_half, const float* x, int64_t ldx, float* y, const float* bias,
-                          int64_t R, int64_t K, int64_t N);
+// y: (R, N) out, bias: (N).    y = b in every row (before a GEMM that adds to y, beta = 1)
+void fill_bias_rows(float* y, const float* bias, int64_t R, int64_t N);
 // dy_half: (R, N) out, db: (N) out, dy: (R, N) row stride ldy.   dỸ = round(dY), db = Σ_r dY
 template <class Half>
 void round_and_sum_columns(Half* dy_half, float* db, const float* dy, int64_t ldy, int64_t R,

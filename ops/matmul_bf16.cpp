@@ -4,8 +4,9 @@
 //     y = b + x̃ · W̃ᵀ        dx = dỸ · W̃        dW = dỸᵀ · x̃        db = Σ_r dY
 // with ˜ a value rounded to the half type (the math, and why the rounding counts as the identity in
 // the backward, are in ops/matmul.cpp). The GEMMs are ops/gemm_bf16.cpp on the cpu and
-// cuda::gemm_mixed (cuBLAS) on the device. float16 overflows where bfloat16 does not: x, W or dY
-// beyond 65,504 becomes Inf here, which is what a loss scaler watches for (nn/optim/loss_scale.h).
+// cuda::gemm_mixed (cuBLAS) on the device, or with a bias cuda::linear_bias_mixed (cuBLASLt, b
+// added in the GEMM's epilogue). float16 overflows where bfloat16 does not: x, W or dY beyond
+// 65,504 becomes Inf here, which is what a loss scaler watches for (nn/optim/loss_scale.h).
 #include <algorithm>
 #include <climits>
 #include <tuple>
@@ -62,23 +63,10 @@ Tensor zero_padded(const Tensor& m, int dim) {
 }
 
 #ifdef QK_WITH_CUDA
-// x̃ = round(x) as a new (R, K) Half tensor, and y = b in every row, in one launch. x: (R, K)
-// float32 rows (row stride x.stride(0)); y: (R, N) contiguous; b: (N).
-template <class Half>
-Tensor round_rows_fill_bias(const Tensor& x, const Tensor& y, const Tensor& b) {
-    const int64_t R = x.size(0), K = x.size(1), N = y.size(1);
-    Tensor x_half = Tensor::empty({R, K}, dtype_of<Half>(), x.device());
-    cuda::round_rows_fill_bias(x_half.data<Half>(), x.data<float>(), x.strides()[0],
-                               y.data<float>(), b.data<float>(), R, K, N);
-    return x_half;
-}
-
-// y = b in every row, for an x that arrives rounded: the same launch with nothing to round (K = 0).
-// y: (R, N) contiguous; b: (N).
+// y = b in every row, in one launch. y: (R, N) contiguous; b: (N).
 template <class Half>
 void fill_bias_rows(const Tensor& y, const Tensor& b) {
-    cuda::round_rows_fill_bias<Half>(nullptr, nullptr, 0, y.data<float>(), b.data<float>(),
-                                     y.size(0), 0, y.size(1));
+    cuda::fill_bias_rows(y.data<float>(), b.data<float>(), y.size(0), y.size(1));
 }
 
 // dỸ = round(dY) as a new (R, N) Half tensor, and db = Σ_r dY (N), from one read of dy: (R, N).
@@ -92,10 +80,6 @@ std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor& dy) {
     return {dy_half, db};
 }
 #else
-template <class Half>
-Tensor round_rows_fill_bias(const Tensor&, const Tensor&, const Tensor&) {
-    throw_built_without_cuda("linear");
-}
 template <class Half>
 void fill_bias_rows(const Tensor&, const Tensor&) {
     throw_built_without_cuda("linear");
@@ -151,6 +135,24 @@ void half_gemm(cpu::GemmJob<Half, float> job, Device device) {
     }
 }
 
+// y = x̃ · W̃ᵀ + b on cuda, in one cuBLASLt call that adds b in its epilogue; where cuBLASLt has
+// no algorithm for the shape (or a test turned it off), b goes into y first and the GEMM adds to
+// it (beta = 1). y: (R, N) contiguous; x_half: (R, K); w_half: (N, K) contiguous; b: (N).
+template <class Half>
+void gemm_with_bias(const Tensor& y, const Tensor& x_half, const Tensor& w_half, const Tensor& b) {
+#ifdef QK_WITH_CUDA
+    const int64_t R = y.size(0), N = y.size(1), K = x_half.size(1);
+    if (x_half.is_contiguous() &&
+        cuda::linear_bias_mixed(y.data<float>(), x_half.data<Half>(), w_half.data<Half>(),
+                                b.data<float>(), R, N, K))
+        return;
+#endif
+    fill_bias_rows<Half>(y, b);
+    auto job = half_job<Half>(y, x_half, false, w_half, true);
+    job.beta = 1.0f;
+    half_gemm<Half>(job, Device::cuda);
+}
+
 template <class Half>
 Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
     const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
@@ -175,24 +177,14 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     // training the optimizer rewrites it in its update, so no call rounds a weight again.
     const Tensor b = autograd::contiguous_input(bias_in);
     // A width cuBLAS runs slowly (above) computes N′ wide against zero rows of the weight: the
-    // vocabulary heads, which have no bias (a biased Linear keeps its one-launch bias rows).
+    // vocabulary heads, which have no bias (a biased Linear adds it in cuBLASLt's epilogue).
     const bool padded = pads_width(device, R, N) && K > 0 && !b.defined();
     const Tensor w_rounded =
         padded ? zero_padded(cast_once(weight, kHalf), 0) : cast_once(weight, kHalf);
-    // On cuda with a bias, one launch rounds x and writes the bias rows of y (the GEMM adds to
-    // them); elsewhere x is rounded on its own, once for every Linear that reads the same x (a
-    // gated MLP's gate and up: cast_once keeps the rounding beside x's buffer).
-    // When x arrives rounded already (kept beside it by the norm that wrote it), the bias rows
-    // are a plain broadcast copy.
-    const bool bias_rows_first = device == Device::cuda && b.defined() && K > 0 && R * N > 0;
-    const Tensor x_rows = rows_of(x);
-    Tensor x_rounded;
-    if (bias_rows_first && !has_kept_cast(x_rows, kHalf)) {
-        x_rounded = round_rows_fill_bias<Half>(x_rows, y.view({R, N}), b);
-    } else {
-        x_rounded = cast_once(x_rows, kHalf);
-        if (bias_rows_first) fill_bias_rows<Half>(y.view({R, N}), b);
-    }
+    // x is rounded once for every Linear that reads the same x (a gated MLP's gate and up:
+    // cast_once keeps the rounding beside x's buffer), or arrives rounded already (kept beside it
+    // by the norm that wrote it).
+    const Tensor x_rounded = cast_once(rows_of(x), kHalf);
     if (R * N > 0) {
         const Tensor y_rows = y.view({R, N});
         if (K == 0) {  // an empty sum: y is the bias, or 0
@@ -200,10 +192,8 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
                 copy_into(y_rows, b.expand({R, N}));
             else
                 fill_zeros(y_rows);
-        } else if (bias_rows_first) {  // y holds b in every row: y += x̃ · W̃ᵀ
-            auto job = half_job<Half>(y_rows, x_rounded, false, w_rounded, true);
-            job.beta = 1.0f;
-            half_gemm<Half>(job, device);
+        } else if (b.defined() && device == Device::cuda) {  // the bias in the GEMM's epilogue
+            gemm_with_bias<Half>(y_rows, x_rounded, w_rounded, b);
         } else if (padded) {  // y = x̃ · W̃ᵀ, N′ wide, then its N columns
             const Tensor y_wide = Tensor::empty({R, w_rounded.size(0)}, kF32, device);
             half_gemm<Half>(half_job<Half>(y_wide, x_rounded, false, w_rounded, true), device);

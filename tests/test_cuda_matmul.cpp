@@ -110,12 +110,19 @@ TEST_CASE("linear in bf16 on cuda (cublasGemmStridedBatchedEx) matches the cpu's
     // orders: float32 tolerance over K terms, forward and all three gradients.
     qk::test::ParityOptions options;
     options.atol_f32 = 2e-5, options.rtol_f32 = 2e-4;
-    check_cuda_parity(
-        "bf16 linear with bias",
-        [](const Inputs& in) { return linear(in[0], in[1], in[2], Precision::bf16); },
-        {randn_seeded({2, 17, K}, 21, kF32), randn_seeded({N, K}, 22, kF32),
-         randn_seeded({N}, 23, kF32)},
-        options);
+    // With a bias: cuBLASLt's epilogue adds it (cuda/matmul.cu), or, turned off, the bias rows
+    // are written first and the GEMM adds to them.
+    for (bool epilogue : {true, false}) {
+        CAPTURE(epilogue);
+        const bool was = cuda::use_bias_epilogue(epilogue);
+        check_cuda_parity(
+            "bf16 linear with bias",
+            [](const Inputs& in) { return linear(in[0], in[1], in[2], Precision::bf16); },
+            {randn_seeded({2, 17, K}, 21, kF32), randn_seeded({N, K}, 22, kF32),
+             randn_seeded({N}, 23, kF32)},
+            options);
+        cuda::use_bias_epilogue(was);
+    }
     check_cuda_parity(
         "bf16 linear without bias",
         [](const Inputs& in) { return linear(in[0], in[1], {}, Precision::bf16); },
@@ -142,6 +149,84 @@ TEST_CASE("linear in bf16 on cuda (cublasGemmStridedBatchedEx) matches the cpu's
         {randn_seeded({2, 70, 32}, 34, kF32), randn_seeded({20, 32}, 35, kF32),
          randn_seeded({20}, 36, kF32)},
         options);
+}
+
+namespace {
+
+// y = x̃ · W̃ᵀ + b in float64 from the same bf16 values: x (R, K), w (N, K), b (N).
+std::vector<double> linear_reference(const Tensor& x, const Tensor& w, const Tensor& b) {
+    const auto xv = x.to(kF64).to_vector<double>(), wv = w.to(kF64).to_vector<double>(),
+               bv = b.to_vector<double>();
+    const int64_t R = x.size(0), K = x.size(1), N = w.size(0);
+    std::vector<double> y(size_t(R * N));
+    for (int64_t r = 0; r < R; ++r)
+        for (int64_t n = 0; n < N; ++n) {
+            double sum = bv[size_t(n)];
+            for (int64_t k = 0; k < K; ++k) sum += xv[size_t(r * K + k)] * wv[size_t(n * K + k)];
+            y[size_t(r * N + n)] = sum;
+        }
+    return y;
+}
+
+}  // namespace
+
+TEST_CASE("cuBLASLt's bias epilogue: y = x̃ · W̃ᵀ + b, the bias added to each row's sums") {
+    if (!cuda_runnable()) return;
+    // Aligned sizes (cuBLASLt has algorithms for them on every GPU) and ragged ones, where
+    // cuBLASLt may decline (false: nothing written, the caller's two-step path runs).
+    for (auto [R, N_, K_] : {std::tuple<int64_t, int64_t, int64_t>{70, 24, 32}, {37, 45, 29}}) {
+        CAPTURE(R);
+        CAPTURE(N_);
+        CAPTURE(K_);
+        const Tensor x = randn_seeded({R, K_}, 51, kF32).to(kBF16),
+                     w = randn_seeded({N_, K_}, 52, kF32).to(kBF16),
+                     b = randn_seeded({N_}, 53, kF32);
+        const Tensor xd = x.to(Device::cuda), wd = w.to(Device::cuda), bd = b.to(Device::cuda);
+        const Tensor y = full({R, N_}, std::nan(""), kF32).to(Device::cuda);
+        const bool done = cuda::linear_bias_mixed(y.data<float>(), xd.data<bf16>(), wd.data<bf16>(),
+                                                  bd.data<float>(), R, N_, K_);
+        if (N_ % 8 == 0 && K_ % 8 == 0) CHECK(done);
+        if (!done) continue;
+        const auto want = linear_reference(x, w, b);
+        const auto got = y.to(Device::cpu).to_vector<float>();
+        double worst = 0;
+        for (size_t i = 0; i < want.size(); ++i)
+            worst = std::max(worst, std::abs(double(got[i]) - want[i]) / (1 + std::abs(want[i])));
+        CHECK(worst < 1e-5);  // float32 sums of exact products: every value written
+    }
+    // Turned off, nothing is done and nothing written.
+    const bool was = cuda::use_bias_epilogue(false);
+    const Tensor one = ones({8, 8}, kBF16).to(Device::cuda),
+                 bias = zeros({8}, kF32).to(Device::cuda);
+    const Tensor y = full({8, 8}, 3.0, kF32).to(Device::cuda);
+    CHECK_FALSE(cuda::linear_bias_mixed(y.data<float>(), one.data<bf16>(), one.data<bf16>(),
+                                        bias.data<float>(), 8, 8, 8));
+    CHECK(y.to(Device::cpu).to_vector<float>()[0] == 3.0f);
+    cuda::use_bias_epilogue(was);
+}
+
+TEST_CASE("a bf16 linear with a bias is one cuBLASLt call after its input's rounding") {
+    if (!cuda_runnable()) return;
+    const Tensor w = randn_seeded({24, 32}, 62, kF32).to(Device::cuda),
+                 b = randn_seeded({24}, 63, kF32).to(Device::cuda);
+    for (bool epilogue : {true, false}) {
+        CAPTURE(epilogue);
+        const Tensor x = randn_seeded({64, 32}, 61, kF32).to(Device::cuda);  // not rounded yet
+        const bool was = cuda::use_bias_epilogue(epilogue);
+        (void)cast_once(w, kBF16);  // the weight's rounding, kept as an optimizer keeps it
+        cuda::ledger::open();
+        (void)linear(x, w, b, Precision::bf16);
+        std::vector<std::string> names;
+        for (const cuda::ledger::Entry& e : cuda::ledger::close()) names.push_back(e.name);
+        cuda::use_bias_epilogue(was);
+        INFO(fmt::format("{}", fmt::join(names, ", ")));
+        // x's rounding, then the GEMM that adds the bias, or the bias rows and a GEMM adding to
+        // them
+        REQUIRE(names.size() == (epilogue ? 2 : 3));
+        if (epilogue) CHECK(names[1] == "cublas:LtMatmul bf16 64x24x32 bias aligned");
+        if (!epilogue) CHECK(names[1] == "(fill_bias_rows_kernel<4>)");
+        if (!epilogue) CHECK(names[2] == "cublas:GemmEx bf16 64x24x32 aligned");
+    }
 }
 
 TEST_CASE("linear in fp16 on cuda (cublasGemmStridedBatchedEx, CUDA_R_16F) matches the cpu's") {

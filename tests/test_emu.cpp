@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "cuda/emu/cublas_compat.h"
+#include "cuda/emu/cublaslt_compat.h"
 #include "emu_selftest_kernels.h"
 #include "helpers.h"
 
@@ -443,6 +444,86 @@ TEST_CASE("cuBLAS shim: argument rules give CUBLAS_STATUS_INVALID_VALUE") {
     CHECK(cublasDestroy(h) == CUBLAS_STATUS_NOT_INITIALIZED);
     CHECK(std::string(cublasGetStatusName(CUBLAS_STATUS_INVALID_VALUE)) ==
           "CUBLAS_STATUS_INVALID_VALUE");
+}
+
+TEST_CASE("cuBLASLt shim: the bias epilogue, beta with a separate C, and the argument rules") {
+    cublasLtHandle_t lt = nullptr;
+    REQUIRE(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS);
+    // D (m x n) = A (m x k) · B (k x n) + beta · C + bias, column-major, bf16 A and B.
+    const int m = 3, n = 2, k = 2;
+    const std::vector<qk::bf16> A{qk::bf16(1.0f), qk::bf16(2.0f), qk::bf16(3.0f),
+                                  qk::bf16(4.0f), qk::bf16(5.0f), qk::bf16(6.0f)};
+    const std::vector<qk::bf16> B{qk::bf16(1.0f), qk::bf16(-1.0f), qk::bf16(0.5f), qk::bf16(2.0f)};
+    const std::vector<float> C{10, 20, 30, 40, 50, 60}, bias{0.25f, -0.5f, 1.0f};
+    auto *dA = to_device(A), *dB = to_device(B);
+    float *dC = to_device(C), *dD = to_device(std::vector<float>(6, 0.0f)),
+          *d_bias = to_device(bias);
+    cublasLtMatmulDesc_t op = nullptr;
+    REQUIRE(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+    const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                         sizeof epilogue) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    REQUIRE(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, m, k, m) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, n, k) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, m, n, m) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulPreference_t pref = nullptr;
+    REQUIRE(cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = -1;
+    // The bias epilogue needs its pointer.
+    CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, &result, &found) ==
+          CUBLAS_STATUS_INVALID_VALUE);
+    CHECK(found == 0);
+    CHECK(qk::emu::last_error_message().find("BIAS_POINTER") != std::string::npos);
+    CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &d_bias, 4) ==
+          CUBLAS_STATUS_INVALID_VALUE);  // the attribute's size is a pointer's
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &d_bias,
+                                           sizeof d_bias) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, &result, &found) ==
+            CUBLAS_STATUS_SUCCESS);
+    CHECK(found == 1);
+    const float one = 1.0f, half = 0.5f;
+    REQUIRE(cublasLtMatmul(lt, op, &one, dA, a, dB, b, &half, dC, c, dD, c, &result.algo, nullptr,
+                           0, nullptr) == CUBLAS_STATUS_SUCCESS);
+    const auto got = from_device(dD, 6);
+    for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+            float want = 0.5f * C[size_t(j * m + i)] + bias[size_t(i)];
+            for (int p = 0; p < k; ++p)
+                want += A[size_t(p * m + i)].to_float() * B[size_t(j * k + p)].to_float();
+            CHECK(got[size_t(j * m + i)] == want);  // small integers and halves: exact
+        }
+    // Shapes that do not chain, a float32 A, a short ld, a destroyed handle; a host bias.
+    cublasLtMatrixLayout_t wrong = nullptr, a32 = nullptr, short_ld = nullptr;
+    REQUIRE(cublasLtMatrixLayoutCreate(&wrong, CUDA_R_16BF, k + 1, n, k + 1) ==
+            CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, a, wrong, c, c, pref, 1, &result, &found) ==
+          CUBLAS_STATUS_INVALID_VALUE);
+    REQUIRE(cublasLtMatrixLayoutCreate(&a32, CUDA_R_32F, m, k, m) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, a32, b, c, c, pref, 1, &result, &found) ==
+          CUBLAS_STATUS_NOT_SUPPORTED);
+    CHECK(found == 0);
+    CHECK(cublasLtMatrixLayoutCreate(&short_ld, CUDA_R_16BF, m, k, m - 1) ==
+          CUBLAS_STATUS_INVALID_VALUE);
+    CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 0, &result, &found) ==
+          CUBLAS_STATUS_INVALID_VALUE);  // at least one result asked for
+    const float* host_bias = bias.data();
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &host_bias,
+                                           sizeof host_bias) == CUBLAS_STATUS_SUCCESS);
+    CHECK(throws_with(
+        [&] {
+            cublasLtMatmul(lt, op, &one, dA, a, dB, b, &half, dC, c, dD, c, &result.algo, nullptr,
+                           0, nullptr);
+        },
+        {"cuda emulation: cublasLtMatmul: the bias is a host pointer"}));
+    for (auto layout : {a, b, c, wrong, a32}) cublasLtMatrixLayoutDestroy(layout);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD), cudaFree(d_bias);
+    CHECK(cublasLtDestroy(lt) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasLtMatmulAlgoGetHeuristic(lt, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                         1, &result, &found) == CUBLAS_STATUS_NOT_INITIALIZED);
 }
 
 TEST_CASE("fiber cost (printed, never asserted)") {
