@@ -19,6 +19,7 @@
 // ops/elementwise.cpp.
 #include <cstdint>
 
+#include "cuda/bf16_convert.h"
 #include "cuda/runtime.h"
 #include "cuda/strided_index.h"
 #include "ops/elementwise.h"
@@ -30,12 +31,18 @@ namespace {
 
 // Each kernel runs unrolled_grid_loop (cuda/strided_index.h): four elements per thread in flight.
 
-// y, x: (n) contiguous.    y[i] = f(x[i], s)
+// y, x: (n) contiguous; y_half: null or (n).    y[i] = f(x[i], s), y_half[i] = round(y[i])
 template <class T, class F>
-__global__ void unary_forward_kernel(T* y, const T* x, int64_t n, T s) {
+__global__ void unary_forward_kernel(T* y, const T* x, int64_t n, T s, uint16_t* y_half,
+                                     bool half_is_bf16) {
     const F f{};
     unrolled_grid_loop(
-        n, [&](int64_t i) { return x[i]; }, [&](int64_t i, T xi) { y[i] = f(xi, s); });
+        n, [&](int64_t i) { return x[i]; },
+        [&](int64_t i, T xi) {
+            const T yi = f(xi, s);
+            y[i] = yi;
+            store_half(y_half, i, yi, half_is_bf16);
+        });
 }
 
 // dx, dy, saved: (n) contiguous.    dx[i] = f(dy[i], saved[i], s)
@@ -93,11 +100,12 @@ __global__ void accumulate_kernel(T* dst, const T* src, StridedIndex<2> index, i
 }  // namespace
 
 template <class T, class F>
-void unary_forward(T* y, const T* x, int64_t n, T s) {
+void unary_forward(T* y, const T* x, int64_t n, T s, uint16_t* y_half, bool half_is_bf16) {
     if (n == 0) return;
-    ledger::declare_elements<T>(n, n, n);
-    QK_LAUNCH((unary_forward_kernel<T, F>), grid_for_unrolled(n), kThreads, 0, stream(), y, x, n,
-              s);
+    ledger::declare(double(sizeof(T)) * double(2 * n) + (y_half ? 2.0 * double(n) : 0.0), double(n),
+                    0, sizeof(T) == 8);
+    QK_LAUNCH((unary_forward_kernel<T, F>), grid_for_unrolled(n), kThreads, 0, stream(), y, x, n, s,
+              y_half, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("unary_forward_kernel");
 }
 
@@ -138,9 +146,11 @@ void accumulate(T* dst, const Shape& dst_strides, const T* src, const Shape& src
 // QK_UNARY(F): the forward of a unary op without autograd functor of its own (neg, the scalar
 // arithmetic); QK_POINTWISE(F): a pointwise op, its forward F and its backward FBackward;
 // QK_BINARY(F): a binary op.
-#define QK_UNARY(F)                                                                    \
-    template void unary_forward<float, math::F>(float*, const float*, int64_t, float); \
-    template void unary_forward<double, math::F>(double*, const double*, int64_t, double);
+#define QK_UNARY(F)                                                                              \
+    template void unary_forward<float, math::F>(float*, const float*, int64_t, float, uint16_t*, \
+                                                bool);                                           \
+    template void unary_forward<double, math::F>(double*, const double*, int64_t, double,        \
+                                                 uint16_t*, bool);
 #define QK_UNARY_BACKWARD(F)                                                                      \
     template void unary_backward<float, math::F>(float*, const float*, const float*, int64_t,     \
                                                  float);                                          \

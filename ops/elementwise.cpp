@@ -19,6 +19,7 @@
 #include "ops/elementwise_math.h"
 #include "ops/on_device.h"
 #include "ops/reduce.h"
+#include "ops/rounded_copy.h"
 
 namespace qk {
 
@@ -132,14 +133,17 @@ Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f) {
     return out;
 }
 
-// y = f(x, s), elementwise; x contiguous (autograd::contiguous_input).
+// y = f(x, s), elementwise; x contiguous (autograd::contiguous_input). rounded_copy: y's rounding
+// written beside it on cuda (ops/rounded_copy.h).
 template <class F>
-Tensor map_unary(const char* op, const Tensor& x, double s, F f) {
+Tensor map_unary(const char* op, const Tensor& x, double s, F f,
+                 Precision rounded_copy = Precision::full) {
     QK_CHECK(is_compute_dtype(x.dtype()),
              "{}: needs a float32 or float64 tensor, got {} of shape {} (cast int32 ids with "
              ".to(kF32))",
              op, x.dtype(), x.shape());
     Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+    const Tensor y_half = rounded_copy_for(y, rounded_copy);
     on_device(
         op, x.device(), x.dtype(),
         [&](auto tag) {
@@ -148,8 +152,10 @@ Tensor map_unary(const char* op, const Tensor& x, double s, F f) {
         },
         [&](auto tag) {
             using T = decltype(tag);
-            cuda::unary_forward<T, F>(y.data<T>(), x.data<T>(), x.numel(), T(s));
+            cuda::unary_forward<T, F>(y.data<T>(), x.data<T>(), x.numel(), T(s), half_bits(y_half),
+                                      rounded_copy == Precision::bf16);
         });
+    keep_rounded_copy(y, y_half);
     return y;
 }
 
@@ -182,9 +188,10 @@ enum class Saves { input, output };
 // A unary op y = Forward(x, s), dx = Backward(dy, saved, s) with saved = x or y as `saves` says;
 // s is the op's scalar parameter (pow's exponent, softcap's c).
 template <class Forward, class Backward>
-Tensor pointwise(const char* op, const Tensor& x_in, double s, Saves saves) {
+Tensor pointwise(const char* op, const Tensor& x_in, double s, Saves saves,
+                 Precision rounded_copy = Precision::full) {
     const Tensor x = autograd::contiguous_input(x_in);
-    Tensor y = map_unary(op, x, s, Forward{});
+    Tensor y = map_unary(op, x, s, Forward{}, rounded_copy);
     return autograd::record(
         op, y, {x_in},
         [op, s, saved = autograd::saved(saves == Saves::output ? y : x)](const Tensor& dy) {
@@ -282,8 +289,8 @@ Tensor sigmoid(const Tensor& x) {
 Tensor relu(const Tensor& x) {
     return pointwise<math::Relu, math::ReluBackward>("relu", x, Saves::output);
 }
-Tensor gelu(const Tensor& x) {
-    return pointwise<math::Gelu, math::GeluBackward>("gelu", x, Saves::input);
+Tensor gelu(const Tensor& x, Precision rounded_copy) {
+    return pointwise<math::Gelu, math::GeluBackward>("gelu", x, 0.0, Saves::input, rounded_copy);
 }
 Tensor silu(const Tensor& x) {
     return pointwise<math::Silu, math::SiluBackward>("silu", x, Saves::input);

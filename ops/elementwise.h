@@ -25,7 +25,10 @@ Tensor abs(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
-Tensor gelu(const Tensor& x);               // tanh approximation (GPT-2)
+// tanh approximation (GPT-2). rounded_copy bf16/fp16: on cuda, float32, the output rounded in the
+// same pass and kept as its cast copy for the mixed-precision Linear that reads it next
+// (ops/rounded_copy.h); the values do not change.
+Tensor gelu(const Tensor& x, Precision rounded_copy = Precision::full);
 Tensor silu(const Tensor& x);               // x σ(x), SwiGLU's gate
 Tensor softcap(const Tensor& x, double c);  // c * tanh(x / c), fused
 
@@ -37,9 +40,11 @@ void add_(Tensor& dst, const Tensor& src);
 // Launchers of cuda/elementwise.cu (device pointers). F is a functor of ops/elementwise_math.h;
 // the .cu instantiates each one the ops above use.
 namespace cuda {
-// y, x: (n) contiguous.    y = f(x, s)
+// y, x: (n) contiguous; y_half: null or (n), y rounded (bf16 bits if half_is_bf16, else fp16).
+//     y = f(x, s)
 template <class T, class F>
-void unary_forward(T* y, const T* x, int64_t n, T s);
+void unary_forward(T* y, const T* x, int64_t n, T s, uint16_t* y_half = nullptr,
+                   bool half_is_bf16 = true);
 // dx, dy, saved: (n) contiguous.    dx = f(dy, saved, s)
 template <class T, class F>
 void unary_backward(T* dx, const T* dy, const T* saved, int64_t n, T s);

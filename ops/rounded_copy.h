@@ -1,9 +1,10 @@
 // A float32 cuda kernel's optional second output: its result rounded to the half type of the mixed
 // GEMM that reads it next (bf16 or fp16), written in the same pass and kept as the result's cast
 // copy (keep_cast, core/tensor.h), so that the GEMM finds its operand rounded with no launch of its
-// own. softmax (attention's p and dS) and glu (the gated MLP's product and its two gradients) take
-// it. The values of the result do not change; where no copy is written (the cpu, float64, full
-// precision) the GEMM rounds its operand itself, to the same bits.
+// own. softmax (attention's p and dS), glu (the gated MLP's product and its two gradients), gelu
+// (the plain MLP's activation) and the norms take it. The values of the result do not change; where
+// no copy is written (the cpu, float64, full precision) the GEMM rounds its operand itself, to the
+// same bits.
 #pragma once
 
 #include <cstdint>

@@ -208,3 +208,30 @@ TEST_CASE(
             CHECK(max_abs_diff(dup_half.to(kF32), dup.to(half).to(kF32)) == 0);
         }
 }
+
+TEST_CASE("gelu on cuda rounds its result in the same pass when asked, no value changed") {
+    if (!cuda_runnable()) return;
+    for (Precision precision : {Precision::bf16, Precision::fp16}) {
+        CAPTURE(precision_name(precision));
+        const DType half = precision == Precision::bf16 ? kBF16 : kF16;
+        const Tensor x = randn_seeded({3, 37, 21}, 41, kF32, 3.0).to(Device::cuda);
+        const Tensor plain = gelu(x);
+        const Tensor y = gelu(x, precision);
+        CHECK(max_abs_diff(y, plain) == 0);
+        qk::test::check_kept_rounding(y, half);
+        CHECK_FALSE(has_kept_cast(plain, half));
+        // The gradient is the plain op's (the copy is the forward's alone).
+        Tensor leaf = x.detach();
+        leaf.requires_grad_();
+        const Tensor probe = randn_seeded({3, 37, 21}, 42).to(Device::cuda);
+        sum(gelu(leaf, precision) * probe).backward();
+        const Tensor rounded_grad = leaf.grad().detach();
+        leaf.impl().grad.reset();
+        sum(gelu(leaf) * probe).backward();
+        CHECK(max_abs_diff(rounded_grad, leaf.grad()) == 0);
+    }
+    // float64 and the cpu write no copy: the Linear rounds for itself.
+    CHECK_FALSE(has_kept_cast(gelu(randn_seeded({5, 7}, 43), Precision::bf16), kBF16));
+    CHECK_FALSE(has_kept_cast(
+        gelu(randn_seeded({5, 7}, 44, kF64).to(Device::cuda), Precision::bf16), kBF16));
+}

@@ -246,10 +246,10 @@ TEST_CASE("a bf16 step takes at most 50 launches per layer: the default and a Qw
     // 48 each until a per-head norm before RoPE turned its own output (ops/norm.h's rotate: two
     // rope launches forward, two backward) and rows of at most 128 values summed their gains'
     // gradients in the dx pass (here the block norms too, at this width): 40 each. Then the
-    // biased Linear layers added their bias in cuBLASLt's epilogue (no bias rows written first):
-    // 38 for the default block. A launch more fails here, so that docs/cuda.md's count is changed
-    // with it.
-    CHECK(default_block <= 38);
+    // biased Linear layers added their bias in cuBLASLt's epilogue (no bias rows written first),
+    // and GELU wrote its output rounded for c_proj: 37 for the default block. A launch more fails
+    // here, so that docs/cuda.md's count is changed with it.
+    CHECK(default_block <= 37);
     CHECK(qwen3_block <= 40);
 }
 

@@ -199,7 +199,7 @@ TEST_CASE("float32 gelu, silu, tanh and softcap agree with float64, forward and 
     CHECK(tails.grad().to_vector<double>()[4] == 1);
     // NaN stays NaN both ways (gelu's exp clamps its exponent, so NaN must come through x), and
     // gelu(+inf) = +inf.
-    check_nan_and_inf(gelu);
+    check_nan_and_inf([](const Tensor& x) { return gelu(x); });
 }
 
 TEST_CASE("silu's far tails are finite, and NaN stays NaN") {

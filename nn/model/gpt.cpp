@@ -48,8 +48,8 @@ MLP::MLP(const GPTConfig& config, Generator& gen, DType dtype) : kind(config.mlp
 
 Tensor MLP::forward(const Tensor& x) const {
     switch (kind) {
-        case MLPKind::gelu:
-            return c_proj->forward(gelu(c_fc->forward(x)));
+        case MLPKind::gelu:  // rounded in the same pass for c_proj
+            return c_proj->forward(gelu(c_fc->forward(x), rounded_copy()));
         case MLPKind::swiglu:  // silu(gate) * up, fused, rounded in the same pass for c_proj
             return c_proj->forward(
                 glu(c_gate->forward(x), c_fc->forward(x), GluActivation::silu, rounded_copy()));
@@ -60,7 +60,8 @@ Tensor MLP::forward(const Tensor& x) const {
     throw Error("MLP: unknown kind");
 }
 
-Precision MLP::rounded_copy() const {  // the gated product feeds c_proj; its gradients c_fc's
+Precision MLP::rounded_copy()
+    const {  // the activation feeds c_proj (a gated one's gradients c_fc's)
     return rounded_copy_for_linear(c_proj->precision);
 }
 
