@@ -232,7 +232,9 @@ bool linear_bias_mixed(float* y, const Half* x, const Half* w, const float* bias
                                     alignment_of(bias)};
     using Key = std::tuple<bool, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, uint32_t>;
     static std::mutex mutex;
-    static std::map<Key, BiasGemmPlan> plans;  // kept for the process's life, as cuBLAS's handle
+    // Kept for the process's life, as cuBLAS's handle is: never destroyed, so the descriptors stay
+    // reachable (a static map would drop them at exit unreleased, a leak to LeakSanitizer).
+    static auto& plans = *new std::map<Key, BiasGemmPlan>;
     std::lock_guard lock(mutex);
     const Key key{is_bf16, R, N, K, alignments[0], alignments[1], alignments[2], alignments[3]};
     auto it = plans.find(key);
