@@ -32,6 +32,7 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -193,14 +194,15 @@ BiasGemmPlan make_plan(cudaDataType_t type, int64_t R, int64_t N, int64_t K, con
     QK_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(preference,
                                                        CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &max_workspace, sizeof max_workspace));
-    const cublasLtMatmulPreferenceAttributes_t alignment_attributes[3] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 3; ++i)  // A = W̃, B = x̃, D = y (C is D)
-        QK_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i],
-                                                           &alignments[i], sizeof(uint32_t)));
-    QK_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alignments[2], sizeof(uint32_t)));
+    // A = W̃, B = x̃, C = D = y.
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> min_alignments[4] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignments[0]},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignments[1]},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignments[2]},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignments[2]}};
+    for (const auto& [attribute, bytes] : min_alignments)
+        QK_CUDA_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof bytes));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(

@@ -64,7 +64,6 @@ Tensor zero_padded(const Tensor& m, int dim) {
 
 #ifdef QK_WITH_CUDA
 // y = b in every row, in one launch. y: (R, N) contiguous; b: (N).
-template <class Half>
 void fill_bias_rows(const Tensor& y, const Tensor& b) {
     cuda::fill_bias_rows(y.data<float>(), b.data<float>(), y.size(0), y.size(1));
 }
@@ -80,10 +79,7 @@ std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor& dy) {
     return {dy_half, db};
 }
 #else
-template <class Half>
-void fill_bias_rows(const Tensor&, const Tensor&) {
-    throw_built_without_cuda("linear");
-}
+void fill_bias_rows(const Tensor&, const Tensor&) { throw_built_without_cuda("linear"); }
 template <class Half>
 std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor&) {
     throw_built_without_cuda("linear");
@@ -147,7 +143,7 @@ void gemm_with_bias(const Tensor& y, const Tensor& x_half, const Tensor& w_half,
                                 b.data<float>(), R, N, K))
         return;
 #endif
-    fill_bias_rows<Half>(y, b);
+    fill_bias_rows(y, b);
     auto job = half_job<Half>(y, x_half, false, w_half, true);
     job.beta = 1.0f;
     half_gemm<Half>(job, Device::cuda);

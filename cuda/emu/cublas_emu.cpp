@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
-#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -26,15 +24,8 @@ struct cublasContext {
 namespace qk::emu {
 namespace {
 
-std::mutex handle_mutex;
-std::set<cublasHandle_t>& live_handles() {
-    static auto* handles = new std::set<cublasHandle_t>;
-    return *handles;
-}
-bool live(cublasHandle_t h) {
-    std::lock_guard lock(handle_mutex);
-    return h && live_handles().count(h);
-}
+using Handles = detail::LiveHandles<cublasContext>;
+bool live(cublasHandle_t h) { return Handles::get().live(h); }
 
 bool valid_op(cublasOperation_t op) {
     return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C;
@@ -239,18 +230,13 @@ const char* cublasGetStatusString(cublasStatus_t status) {
 
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
     if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
-    *handle = new cublasContext;
-    std::lock_guard lock(qk::emu::handle_mutex);
-    qk::emu::live_handles().insert(*handle);
+    *handle = qk::emu::Handles::get().create();
     return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasDestroy(cublasHandle_t handle) {
-    if (!qk::emu::live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
-    std::lock_guard lock(qk::emu::handle_mutex);
-    qk::emu::live_handles().erase(handle);
-    delete handle;
-    return CUBLAS_STATUS_SUCCESS;
+    return qk::emu::Handles::get().destroy(handle) ? CUBLAS_STATUS_SUCCESS
+                                                   : CUBLAS_STATUS_NOT_INITIALIZED;
 }
 
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {

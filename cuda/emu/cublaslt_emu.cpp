@@ -3,8 +3,6 @@
 #include "cuda/emu/cublaslt_emu.h"
 
 #include <cstring>
-#include <mutex>
-#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -30,15 +28,8 @@ struct cublasLtMatmulPreferenceOpaque_t {
 namespace qk::emu {
 namespace {
 
-std::mutex lt_mutex;
-std::set<cublasLtHandle_t>& live_lt_handles() {
-    static auto* handles = new std::set<cublasLtHandle_t>;
-    return *handles;
-}
-bool live(cublasLtHandle_t h) {
-    std::lock_guard lock(lt_mutex);
-    return h && live_lt_handles().count(h);
-}
+using LtHandles = detail::LiveHandles<cublasLtContext>;
+bool live(cublasLtHandle_t h) { return LtHandles::get().live(h); }
 
 // The cuBLAS handle the shim's GEMM runs on (the emulator has one stream).
 cublasHandle_t gemm_handle() {
@@ -104,18 +95,13 @@ using qk::emu::refuse;
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* lightHandle) {
     if (!lightHandle) return CUBLAS_STATUS_INVALID_VALUE;
-    *lightHandle = new cublasLtContext;
-    std::lock_guard lock(qk::emu::lt_mutex);
-    qk::emu::live_lt_handles().insert(*lightHandle);
+    *lightHandle = qk::emu::LtHandles::get().create();
     return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t lightHandle) {
-    if (!qk::emu::live(lightHandle)) return CUBLAS_STATUS_NOT_INITIALIZED;
-    std::lock_guard lock(qk::emu::lt_mutex);
-    qk::emu::live_lt_handles().erase(lightHandle);
-    delete lightHandle;
-    return CUBLAS_STATUS_SUCCESS;
+    return qk::emu::LtHandles::get().destroy(lightHandle) ? CUBLAS_STATUS_SUCCESS
+                                                          : CUBLAS_STATUS_NOT_INITIALIZED;
 }
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc,

@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "cuda/emu/cuda_emu.h"
@@ -39,6 +41,40 @@ std::string check_red_zones(const char* kernel_name);
 cudaError_t record_error(cudaError_t code, std::string message);
 // Keeps only the message (cuBLAS statuses do not touch the runtime's last error).
 void record_message(std::string message);
+
+// The live handles of a library shim (cuBLAS's, cuBLASLt's), so that a null or destroyed handle
+// is refused as the library refuses it. One registry per Context type, never destroyed (a handle
+// may be used during static teardown). Context must be complete where create/destroy are called.
+template <class Context>
+class LiveHandles {
+  public:
+    static LiveHandles& get() {
+        static auto* registry = new LiveHandles;
+        return *registry;
+    }
+    Context* create() {
+        auto* handle = new Context;
+        std::lock_guard lock(mutex_);
+        handles_.insert(handle);
+        return handle;
+    }
+    bool destroy(Context* handle) {  // false for a null or unknown handle
+        {
+            std::lock_guard lock(mutex_);
+            if (!handle || handles_.erase(handle) == 0) return false;
+        }
+        delete handle;
+        return true;
+    }
+    bool live(Context* handle) {
+        std::lock_guard lock(mutex_);
+        return handle && handles_.count(handle);
+    }
+
+  private:
+    std::mutex mutex_;
+    std::set<Context*> handles_;
+};
 
 // True for the null stream and streams from cudaStreamCreate not yet destroyed (else records
 // cudaErrorInvalidResourceHandle).

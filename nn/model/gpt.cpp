@@ -60,10 +60,8 @@ Tensor MLP::forward(const Tensor& x) const {
     throw Error("MLP: unknown kind");
 }
 
-Precision MLP::rounded_copy()
-    const {  // the activation feeds c_proj (a gated one's gradients c_fc's)
-    return rounded_copy_for_linear(c_proj->precision);
-}
+// The activation feeds c_proj rounded (a gated one's gradients feed c_fc's rounded too).
+Precision MLP::rounded_copy() const { return rounded_copy_for_linear(c_proj->precision); }
 
 Block::Block(const GPTConfig& config, Generator& gen, DType dtype, int64_t layer)
     : dropout(config.dropout) {
