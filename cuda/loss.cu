@@ -30,10 +30,10 @@ constexpr int kMeanThreads = 256;
 constexpr int kBackwardThreads = 256;
 
 // lse: (N) out, 0 on ignored rows; loss: (N) out, lse_i − x_{i,t_i}, 0 on ignored rows;
-// x: (N, V); t: (N).
+// x: (N, V), rows x_ld apart; t: (N).
 template <class T>
 __global__ void cross_entropy_forward_kernel(T* lse, double* loss, const T* x, const int32_t* t,
-                                             int64_t V, int32_t ignore_index) {
+                                             int64_t V, int32_t ignore_index, int64_t x_ld) {
     const int64_t i = blockIdx.x;
     const int32_t target = t[i];
     if (target == ignore_index) {  // the same for the whole block: no barrier is skipped by some
@@ -43,7 +43,7 @@ __global__ void cross_entropy_forward_kernel(T* lse, double* loss, const T* x, c
         }
         return;
     }
-    const T* xr = x + i * V;
+    const T* xr = x + i * x_ld;
     T m = -INFINITY;
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = xr[j] > m ? xr[j] : m;
     m = block_max(m);
@@ -66,12 +66,12 @@ __global__ void cross_entropy_mean_kernel(T* out, const double* loss, int64_t N,
     if (threadIdx.x == 0) out[0] = T(acc / n_valid);
 }
 
-// dx: (N, V) out; x: (N, V); t: (N); lse: (N); dloss: () the upstream gradient of the mean;
+// dx: (N, V) out; x: (N, V), rows x_ld apart; t: (N); lse: (N); dloss: () the upstream gradient;
 // dx_half: null or (N, V) out, dx rounded (bf16 or fp16 bits) for the head's backward GEMMs.
 template <class T>
 __global__ void cross_entropy_backward_kernel(T* dx, const T* x, const int32_t* t, const T* lse,
                                               const T* dloss, int64_t N, int64_t V,
-                                              int32_t ignore_index, T inv_n_valid,
+                                              int32_t ignore_index, T inv_n_valid, int64_t x_ld,
                                               uint16_t* dx_half, bool half_is_bf16) {
     const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (k >= N * V) return;
@@ -81,7 +81,7 @@ __global__ void cross_entropy_backward_kernel(T* dx, const T* x, const int32_t* 
     if (target != ignore_index) {
         const T scale = dloss[0] * inv_n_valid;  // dL / n_valid
         //       [term "p"]                 [term "onehot"]
-        value = (dev_exp(x[k] - lse[i]) - (j == target ? T(1) : T(0))) * scale;
+        value = (dev_exp(x[i * x_ld + j] - lse[i]) - (j == target ? T(1) : T(0))) * scale;
     }
     dx[k] = value;
     store_half(dx_half, k, value, half_is_bf16);
@@ -91,7 +91,7 @@ __global__ void cross_entropy_backward_kernel(T* dx, const T* x, const int32_t* 
 
 template <class T>
 void cross_entropy_forward(T* loss_out, T* lse, const T* x, const int32_t* t, int64_t N, int64_t V,
-                           int32_t ignore_index, int64_t n_valid) {
+                           int32_t ignore_index, int64_t n_valid, int64_t x_ld) {
     if (N == 0) return;
     // Per-row losses in double, as on the cpu: the mean of many rows keeps float32's rows exact.
     // Scratch from the caching allocator (a Storage on cuda): no cudaMalloc per step. Released
@@ -100,7 +100,7 @@ void cross_entropy_forward(T* loss_out, T* lse, const T* x, const int32_t* t, in
     double* row_loss = static_cast<double*>(scratch.data());
     ledger::declare_elements<T>(N * V, N, 4 * N * V);
     QK_LAUNCH((cross_entropy_forward_kernel<T>), unsigned(N), kRowThreads, 0, stream(), lse,
-              row_loss, x, t, V, ignore_index);
+              row_loss, x, t, V, ignore_index, x_ld);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_forward_kernel");
     ledger::declare(8.0 * double(N), double(N), 0, true);
     QK_LAUNCH((cross_entropy_mean_kernel<T>), 1, kMeanThreads, 0, stream(), loss_out, row_loss, N,
@@ -111,26 +111,26 @@ void cross_entropy_forward(T* loss_out, T* lse, const T* x, const int32_t* t, in
 template <class T>
 void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, const T* dloss,
                             int64_t N, int64_t V, int32_t ignore_index, int64_t n_valid,
-                            uint16_t* dx_half, bool half_is_bf16) {
+                            int64_t x_ld, uint16_t* dx_half, bool half_is_bf16) {
     if (N * V == 0) return;
     ledger::declare(
         double(sizeof(T)) * double(2 * N * V + 2 * N) + (dx_half ? 2.0 * double(N * V) : 0.0),
         4.0 * double(N * V), 0, sizeof(T) == 8);
     QK_LAUNCH((cross_entropy_backward_kernel<T>), blocks_for(N * V, kBackwardThreads),
               kBackwardThreads, 0, stream(), dx, x, t, lse, dloss, N, V, ignore_index,
-              T(1.0 / double(n_valid)), dx_half, half_is_bf16);
+              T(1.0 / double(n_valid)), x_ld, dx_half, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_backward_kernel");
 }
 
 template void cross_entropy_forward<float>(float*, float*, const float*, const int32_t*, int64_t,
-                                           int64_t, int32_t, int64_t);
+                                           int64_t, int32_t, int64_t, int64_t);
 template void cross_entropy_forward<double>(double*, double*, const double*, const int32_t*,
-                                            int64_t, int64_t, int32_t, int64_t);
+                                            int64_t, int64_t, int32_t, int64_t, int64_t);
 template void cross_entropy_backward<float>(float*, const float*, const int32_t*, const float*,
                                             const float*, int64_t, int64_t, int32_t, int64_t,
-                                            uint16_t*, bool);
+                                            int64_t, uint16_t*, bool);
 template void cross_entropy_backward<double>(double*, const double*, const int32_t*, const double*,
                                              const double*, int64_t, int64_t, int32_t, int64_t,
-                                             uint16_t*, bool);
+                                             int64_t, uint16_t*, bool);
 
 }  // namespace qk::cuda

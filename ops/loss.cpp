@@ -58,12 +58,12 @@ T row_logsumexp(const T* x, int64_t V) {
     return m + std::log(S);
 }
 
-// lse: (N) out, 0 on ignored rows; x: (N, V); t: (N).
+// lse: (N) out, 0 on ignored rows; x: (N, V), rows x_ld apart; t: (N).
 // Returns Σ_{valid i} (lse_i − x_{i,t_i}), summed in row order whatever the thread count, so that
 // a run's losses do not depend on it.
 template <class T>
 double cross_entropy_forward(T* lse, const T* x, const int32_t* t, int64_t N, int64_t V,
-                             int32_t ignore_index) {
+                             int32_t ignore_index, int64_t x_ld) {
     std::vector<double> loss(N, 0.0);  // loss_i, 0 on ignored rows
     auto rows = [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
@@ -71,8 +71,8 @@ double cross_entropy_forward(T* lse, const T* x, const int32_t* t, int64_t N, in
                 lse[i] = 0;
                 continue;
             }
-            lse[i] = row_logsumexp(x + i * V, V);
-            loss[i] = double(lse[i]) - double(x[i * V + t[i]]);
+            lse[i] = row_logsumexp(x + i * x_ld, V);
+            loss[i] = double(lse[i]) - double(x[i * x_ld + t[i]]);
         }
     };
     parallel_for(N, rows, N * V >= kParallelWork);
@@ -81,10 +81,10 @@ double cross_entropy_forward(T* lse, const T* x, const int32_t* t, int64_t N, in
     return total;
 }
 
-// dx: (N, V) out; x: (N, V); t: (N); lse: (N). scale = dL / n_valid.
+// dx: (N, V) out; x: (N, V), rows x_ld apart; t: (N); lse: (N). scale = dL / n_valid.
 template <class T>
 void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, int64_t N, int64_t V,
-                            int32_t ignore_index, T scale) {
+                            int32_t ignore_index, T scale, int64_t x_ld) {
     auto rows = [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             T* dxr = dx + i * V;
@@ -92,7 +92,7 @@ void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, i
                 std::fill(dxr, dxr + V, T(0));
                 continue;
             }
-            const T* xr = x + i * V;
+            const T* xr = x + i * x_ld;
             const T l = lse[i];
 #pragma omp simd
             for (int64_t j = 0; j < V; ++j) dxr[j] = math::exp_fast(xr[j] - l) * scale;  // p·scale
@@ -103,13 +103,13 @@ void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, i
 }
 
 template double cross_entropy_forward<float>(float*, const float*, const int32_t*, int64_t, int64_t,
-                                             int32_t);
+                                             int32_t, int64_t);
 template double cross_entropy_forward<double>(double*, const double*, const int32_t*, int64_t,
-                                              int64_t, int32_t);
+                                              int64_t, int32_t, int64_t);
 template void cross_entropy_backward<float>(float*, const float*, const int32_t*, const float*,
-                                            int64_t, int64_t, int32_t, float);
+                                            int64_t, int64_t, int32_t, float, int64_t);
 template void cross_entropy_backward<double>(double*, const double*, const int32_t*, const double*,
-                                             int64_t, int64_t, int32_t, double);
+                                             int64_t, int64_t, int32_t, double, int64_t);
 
 }  // namespace cpu
 
@@ -153,14 +153,22 @@ int64_t count_valid_targets(const int32_t* t, int64_t N, int64_t V, int32_t igno
     return n_valid;
 }
 
+// The logits as the kernels read them: rows of unit stride, any distance apart (a padded head's
+// narrowed (N, V) view of its (N, V′) output is read where it is, not copied out), else a
+// contiguous copy.
+Tensor rows_in_place(const Tensor& logits) {
+    const bool readable = logits.strides()[1] == 1 && logits.strides()[0] >= logits.size(1);
+    return readable ? autograd::saved(logits) : autograd::contiguous_input(logits);
+}
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t ignore_index,
                      Precision rounded_copy) {
     check_cross_entropy_args(logits_in, targets_in);
-    const Tensor x = autograd::contiguous_input(logits_in);
+    const Tensor x = rows_in_place(logits_in);
     const Tensor t = autograd::contiguous_input(targets_in);
-    const int64_t N = x.size(0), V = x.size(1);
+    const int64_t N = x.size(0), V = x.size(1), x_ld = x.strides()[0];
     Tensor lse = Tensor::empty({N}, x.dtype(), x.device());
     int64_t n_valid = 0;
     Tensor loss;
@@ -171,7 +179,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
             dispatch_float(x.dtype(), [&](auto tag) {
                 using T = decltype(tag);
                 total = cpu::cross_entropy_forward(lse.data<T>(), x.data<T>(), t.data<int32_t>(), N,
-                                                   V, ignore_index);
+                                                   V, ignore_index, x_ld);
             });
             loss = full({}, total / double(n_valid), x.dtype(), x.device());
             break;
@@ -186,7 +194,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
             dispatch_float(x.dtype(), [&](auto tag) {
                 using T = decltype(tag);
                 cuda::cross_entropy_forward(loss.data<T>(), lse.data<T>(), x.data<T>(),
-                                            t.data<int32_t>(), N, V, ignore_index, n_valid);
+                                            t.data<int32_t>(), N, V, ignore_index, n_valid, x_ld);
             });
 #else
             throw_built_without_cuda("cross_entropy");
@@ -195,7 +203,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
         }
     }
     auto backward = [x = autograd::saved(x), t = autograd::saved(t), lse = autograd::saved(lse),
-                     n_valid, ignore_index, rounded_copy](const Tensor& dloss) {
+                     n_valid, ignore_index, rounded_copy, x_ld](const Tensor& dloss) {
         Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
         const Tensor dx_half = rounded_copy_for(dx, rounded_copy);
         switch (x.device()) {
@@ -205,7 +213,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
                     const T scale = T(dloss.item() / double(n_valid));
                     cpu::cross_entropy_backward(dx.data<T>(), x.data<T>(), t.data<int32_t>(),
                                                 lse.data<T>(), x.size(0), x.size(1), ignore_index,
-                                                scale);
+                                                scale, x_ld);
                 });
                 break;
             case Device::cuda: {
@@ -220,7 +228,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
                     using T = decltype(tag);
                     cuda::cross_entropy_backward(dx.data<T>(), x.data<T>(), t.data<int32_t>(),
                                                  lse.data<T>(), dl.data<T>(), x.size(0), x.size(1),
-                                                 ignore_index, n_valid, half_bits(dx_half),
+                                                 ignore_index, n_valid, x_ld, half_bits(dx_half),
                                                  rounded_copy == Precision::bf16);
                 });
                 keep_rounded_copy(dx, dx_half);

@@ -40,25 +40,32 @@ void fill_zeros(const Tensor& t) {
 // where aligned shapes of the same work take ~2.6, whatever the row strides (padding only those
 // sped up one of the three). As llm.c pads GPT-2's vocabulary to 50,304, a cuda Linear whose
 // output width N is not a multiple of 8 runs its GEMMs N′ = N rounded up to 64 wide: the weight's
-// rounding gets N′ − N zero rows, y is computed N′ wide and its N columns copied out, and dỸ gets
-// N′ − N zero columns. The zeros add nothing to any sum: the same sums (cuBLAS may split them
-// differently for N′, so the last bits can differ). The padded weight is a copy made per call
-// (~6·N·K bytes), which pays when the time saved, 2·R·N·K FLOPs at three quarters of the
-// rate, exceeds it: above R ≈ 200 rows on an H200. kPadRows keeps decoding (R = batch), where the
-// product is a read of the weight, well clear of that. The cost in memory: y's N′-wide rows
-// (R·N′ floats) live next to y until the copy.
+// rounding gets N′ − N zero rows, y is computed N′ wide and is the view of its N columns (rows N′
+// apart: cross_entropy reads them in place), and dỸ gets N′ − N zero columns. The zeros add
+// nothing to any sum: the same sums (cuBLAS may split them differently for N′, so the last bits
+// can differ). The padded weight is a copy made per call (~6·N·K bytes), which pays when the time
+// saved, 2·R·N·K FLOPs at three quarters of the rate, exceeds it: above R ≈ 200 rows on an H200.
+// kPadRows keeps decoding (R = batch), where the product is a read of the weight, well clear of
+// that. The cost in memory: y's rows hold N′ − N floats more than its values (0.1 % at GPT-2's
+// vocabulary).
 constexpr int64_t kPadTo = 64, kPadRows = 1024;
 bool pads_width(Device device, int64_t R, int64_t N) {
     return device == Device::cuda && N % 8 != 0 && R >= kPadRows;
 }
 
 // m: a matrix -> the same values followed by zeros along dim, its size rounded up to kPadTo: the
-// weight's (N′, K) rows, dỸ's (R, N′) columns.
+// weight's (N′, K) rows, dỸ's (R, N′) columns. Only the padding is zeroed (a zero fill of the
+// whole would write dỸ's R·N′ values twice).
 Tensor zero_padded(const Tensor& m, int dim) {
+    const int64_t n = m.size(dim), n_padded = (n + kPadTo - 1) / kPadTo * kPadTo;
     Shape shape = m.shape();
-    shape[size_t(dim)] = (shape[size_t(dim)] + kPadTo - 1) / kPadTo * kPadTo;
-    const Tensor padded = zeros(shape, m.dtype(), m.device());
-    copy_into(padded.narrow(dim, 0, m.size(dim)), m);
+    shape[size_t(dim)] = n_padded;
+    const Tensor padded = Tensor::empty(shape, m.dtype(), m.device());
+    copy_into(padded.narrow(dim, 0, n), m);
+    if (n_padded > n) {
+        const Tensor padding = padded.narrow(dim, n, n_padded - n);
+        copy_into(padding, zeros({}, m.dtype(), m.device()).expand(padding.shape()));
+    }
     return padded;
 }
 
@@ -168,7 +175,6 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     const Device device = x.device();
     Shape out_shape = x.shape();
     out_shape.back() = N;
-    Tensor y = Tensor::empty(out_shape, kF32, device);
     // The weight's rounding is made once per version of its values and kept (cast_once): in
     // training the optimizer rewrites it in its update, so no call rounds a weight again.
     const Tensor b = autograd::contiguous_input(bias_in);
@@ -177,12 +183,17 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     const bool padded = pads_width(device, R, N) && K > 0 && !b.defined();
     const Tensor w_rounded =
         padded ? zero_padded(cast_once(weight, kHalf), 0) : cast_once(weight, kHalf);
+    // Padded, y is the first N columns of the N′-wide rows the GEMM writes: a view with rows N′
+    // apart, which cross_entropy (and any kernel that reads strides) reads in place.
+    const Tensor y_wide = padded ? Tensor::empty({R, w_rounded.size(0)}, kF32, device) : Tensor();
+    const Tensor y =
+        padded ? y_wide.narrow(1, 0, N).reshape(out_shape) : Tensor::empty(out_shape, kF32, device);
     // x is rounded once for every Linear that reads the same x (a gated MLP's gate and up:
     // cast_once keeps the rounding beside x's buffer), or arrives rounded already (kept beside it
     // by the norm that wrote it).
     const Tensor x_rounded = cast_once(rows_of(x), kHalf);
     if (R * N > 0) {
-        const Tensor y_rows = y.view({R, N});
+        const Tensor y_rows = y.reshape({R, N});
         if (K == 0) {  // an empty sum: y is the bias, or 0
             if (b.defined())
                 copy_into(y_rows, b.expand({R, N}));
@@ -190,10 +201,8 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
                 fill_zeros(y_rows);
         } else if (b.defined() && device == Device::cuda) {  // the bias in the GEMM's epilogue
             gemm_with_bias<Half>(y_rows, x_rounded, w_rounded, b);
-        } else if (padded) {  // y = x̃ · W̃ᵀ, N′ wide, then its N columns
-            const Tensor y_wide = Tensor::empty({R, w_rounded.size(0)}, kF32, device);
+        } else if (padded) {  // y = x̃ · W̃ᵀ, N′ wide (y views its N columns)
             half_gemm<Half>(half_job<Half>(y_wide, x_rounded, false, w_rounded, true), device);
-            copy_into(y_rows, y_wide.narrow(1, 0, N));
         } else {  // y = b + x̃ · W̃ᵀ (the cpu writes the bias inside the GEMM's slabs)
             half_gemm<Half>(half_job<Half>(y_rows, x_rounded, false, w_rounded, true, b), device);
         }

@@ -16,22 +16,29 @@ namespace cuda = qk::cuda;
 namespace {
 
 // Checks forward and backward on logits x (N, V) and targets t (N). dloss: the upstream scalar.
+// x_ld > V: the kernels read the rows x_ld apart from a wider buffer whose other columns are NaN
+// (a read of them would show).
 template <class T>
-void check_cross_entropy(const std::vector<T>& x, const std::vector<int32_t>& t, int64_t V,
-                         int32_t ignore_index, T dloss) {
+void check_cross_entropy(const std::vector<T>& x_rows, const std::vector<int32_t>& t, int64_t V,
+                         int32_t ignore_index, T dloss, int64_t x_ld = 0) {
     const int64_t N = int64_t(t.size());
+    if (x_ld == 0) x_ld = V;
+    std::vector<T> x(size_t(N * x_ld), std::numeric_limits<T>::quiet_NaN());
+    for (int64_t i = 0; i < N; ++i) std::copy_n(x_rows.begin() + i * V, V, x.begin() + i * x_ld);
     int64_t n_valid = 0;
     for (int32_t ti : t) n_valid += ti != ignore_index;
     REQUIRE(n_valid > 0);
     CAPTURE(N);
     CAPTURE(V);
+    CAPTURE(x_ld);
     std::vector<T> lse_ref(N), dx_ref(N * V);
     const double total =
-        cpu::cross_entropy_forward(lse_ref.data(), x.data(), t.data(), N, V, ignore_index);
+        cpu::cross_entropy_forward(lse_ref.data(), x.data(), t.data(), N, V, ignore_index, x_ld);
     const T loss_ref = T(total / double(n_valid));
     const T scale = T(double(dloss) / double(n_valid));
     cpu::cross_entropy_backward(dx_ref.data(), x.data(), t.data(), lse_ref.data(), N, V,
-                                ignore_index, scale);
+                                ignore_index, scale, x_ld);
+    REQUIRE(std::isfinite(total));
 
     DeviceBuffer<T> d_x(x), d_lse(static_cast<size_t>(N)), d_loss(static_cast<size_t>(1));
     DeviceBuffer<T> d_dx(static_cast<size_t>(N * V)), d_dloss(std::vector<T>{dloss});
@@ -42,9 +49,9 @@ void check_cross_entropy(const std::vector<T>& x, const std::vector<int32_t>& t,
         CAPTURE(order_name(order));
         RunOrderScope scope(order);
         cuda::cross_entropy_forward(d_loss.ptr, d_lse.ptr, d_x.ptr, d_t.ptr, N, V, ignore_index,
-                                    n_valid);
+                                    n_valid, x_ld);
         cuda::cross_entropy_backward(d_dx.ptr, d_x.ptr, d_t.ptr, d_lse_ref.ptr, d_dloss.ptr, N, V,
-                                     ignore_index, n_valid);
+                                     ignore_index, n_valid, x_ld);
         const auto loss = d_loss.download(), lse = d_lse.download(), dx = d_dx.download();
         CHECK(std::isfinite(loss[0]));
         CHECK(max_rel_error(loss, std::vector<T>{loss_ref}) <= tolerance<T>());
@@ -79,7 +86,8 @@ TEST_CASE_TEMPLATE("cuda cross_entropy matches the cpu on ragged vocabularies", 
         for (int64_t N : {5, 13}) {
             const auto x = random_values<T>(size_t(N * V), ++seed, 3.0);
             check_cross_entropy<T>(x, targets(N, V, seed), V, -1, T(1));
-            check_cross_entropy<T>(x, targets(N, V, seed), V, -1, T(0.37));  // dL != 1
+            check_cross_entropy<T>(x, targets(N, V, seed), V, -1, T(0.37));       // dL != 1
+            check_cross_entropy<T>(x, targets(N, V, seed), V, -1, T(1), V + 27);  // wider rows
         }
 }
 
@@ -120,6 +128,11 @@ TEST_CASE("cuda cross_entropy op matches the cpu through autograd") {
         check_cuda_parity("cross_entropy with ignored rows",
                           [](const Inputs& in) { return qk::cross_entropy(in[0], in[1], -1); },
                           {x, qk::from_ids(t_ignored)});
+        // Rows of a wider buffer (a padded head's logits), read in place.
+        check_cuda_parity(
+            "cross_entropy on a narrowed view",
+            [V](const Inputs& in) { return qk::cross_entropy(in[0].narrow(1, 0, V), in[1]); },
+            {randn_seeded({N, V + 13}, 36, dtype, 3.0), t});
         // Huge logits: the loss and its gradient stay finite.
         check_cuda_parity("cross_entropy on logits of 1e4",
                           [](const Inputs& in) { return qk::cross_entropy(in[0], in[1]); },
@@ -172,7 +185,7 @@ TEST_CASE("cuda cross_entropy rounds the logits' gradient in its backward pass w
         const qk::Tensor dloss = qk::full({}, 0.5, qk::kF32, qk::Device::cuda);
         qk::cuda::cross_entropy_backward(
             dx.data<float>(), logits.data<float>(), targets.data<int32_t>(), lse.data<float>(),
-            dloss.data<float>(), 7, 53, -1, 6, static_cast<uint16_t*>(dx_half.raw_data()),
+            dloss.data<float>(), 7, 53, -1, 6, 53, static_cast<uint16_t*>(dx_half.raw_data()),
             half == qk::kBF16);
         CHECK(max_abs_diff(dx_half.to(qk::kF32), dx.to(half).to(qk::kF32)) == 0);
         CHECK(max_abs_diff(dx.narrow(0, 3, 1), qk::zeros({1, 53})) == 0);

@@ -229,6 +229,38 @@ TEST_CASE("a bf16 linear with a bias is one cuBLASLt call after its input's roun
     }
 }
 
+TEST_CASE("a padded head's logits are a view of the GEMM's wider rows, read in place by the loss") {
+    if (!cuda_runnable()) return;
+    // 1,024 rows of width 37 (not a multiple of 8): the GEMM writes rows 64 wide and the linear's
+    // result views their first 37 values; cross_entropy reads those rows where they are.
+    const int64_t R = 1024, N = 37;
+    Tensor w = randn_seeded({N, 32}, 71, kF32).to(Device::cuda).requires_grad_();
+    const Tensor x = randn_seeded({2, R / 2, 32}, 72, kF32).to(Device::cuda);
+    std::vector<int32_t> ids(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) ids[size_t(r)] = int32_t((r * 7) % N);
+    const Tensor targets = from_ids(ids, {R}).to(Device::cuda);
+    const Tensor y = linear(x, w, {}, Precision::bf16);
+    CHECK(y.shape() == Shape{2, R / 2, N});
+    CHECK(y.strides()[1] == 64);
+    const Tensor rows = y.reshape({R, N});  // still a view: no copy of the logits
+    CHECK(rows.strides()[0] == 64);
+    cuda::ledger::open();
+    const Tensor loss = cross_entropy(rows, targets, -1, Precision::bf16);
+    std::vector<std::string> names;
+    for (const cuda::ledger::Entry& e : cuda::ledger::close()) names.push_back(e.name);
+    INFO(fmt::format("{}", fmt::join(names, ", ")));
+    for (const std::string& name : names) CHECK(name.find("copy") == std::string::npos);
+    // The same loss and gradients as from the logits copied out first.
+    Tensor w_copy = w.detach().clone().requires_grad_();
+    const Tensor loss_copy =
+        cross_entropy(linear(x, w_copy, {}, Precision::bf16).contiguous().reshape({R, N}), targets,
+                      -1, Precision::bf16);
+    CHECK(max_abs_diff(loss, loss_copy) == 0);
+    loss.backward();
+    loss_copy.backward();
+    CHECK(max_abs_diff(w.grad(), w_copy.grad()) == 0);
+}
+
 TEST_CASE("linear in fp16 on cuda (cublasGemmStridedBatchedEx, CUDA_R_16F) matches the cpu's") {
     // The device casts to float16 (the copy kernel, core/float16.h's rounding) and cuBLAS sums
     // exact products in float32, as the cpu's widened sgemm does; an overflow is Inf on both.

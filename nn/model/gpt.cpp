@@ -165,7 +165,8 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
     if (targets.defined()) {
         QK_CHECK(targets.shape() == ids.shape(), "GPT: targets {} must match ids {}",
                  targets.shape(), ids.shape());
-        Tensor flat = logits.view({B * T, config_.vocab_size});
+        // reshape, not view: a padded head's logits are rows of a wider buffer (matmul_bf16.cpp).
+        Tensor flat = logits.reshape({B * T, config_.vocab_size});
         // The head's GEMMs read the loss's gradient next (unless a cap or the z-loss intervene):
         // rounded for them in the loss's backward pass.
         const bool head_reads_gradient = config_.logit_softcap == 0 && config_.z_loss == 0;
