@@ -30,9 +30,11 @@
 // summed from the unrounded e), which moves o_i by at most 2^-8 Σ_j p_ij |v_j| in bf16 (2^-11 in
 // fp16): the bound tests/test_cuda_attention_mma.cpp derives and holds the kernel to.
 #include <cstdint>
+#include <type_traits>
 
 #include "core/error.h"
 #include "cuda/attention_mma.h"
+#include "cuda/bf16_convert.h"
 
 namespace qk::cuda {
 
@@ -146,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>(
     attention_forward_mma_kernel(float* out, double* lse, float* max_abs_s, float* entropy,
                                  float* saturated, const uint16_t* q, const uint16_t* k,
                                  const uint16_t* v, const float* scale, int64_t scale_stride,
-                                 float cap, AttentionShape sh) {
+                                 float cap, AttentionShape sh, uint16_t* out_h) {
     constexpr int kDTiles = D / 8;
     QK_DYNAMIC_SHARED(double, smem);                    // double: 16-byte chunks stay aligned
     uint16_t* q_s = reinterpret_cast<uint16_t*>(smem);  // (64, D) swizzled
@@ -203,12 +205,14 @@ __global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>(
         st[r].saturated = quad_sum(st[r].saturated);
         if (row[r] >= sh.Tq) continue;
         const int64_t at = bh * sh.Tq + row[r];  // the row's statistics
-        float* out_row = out + sh.out_row(bh, row[r]) * D;
+        const int64_t out_at = sh.out_row(bh, row[r]) * D;
         const float l = st[r].l;
         QK_UNROLL
         for (int e = 0; e < kDTiles * 2; ++e) {  // 8-column block d, column h of the lane's pair
             const int d = e / 2, h = e % 2;
-            out_row[8 * d + 2 * t + h] = l > 0.0f ? o[d][2 * r + h] / l : 0.0f;
+            const float value = l > 0.0f ? o[d][2 * r + h] / l : 0.0f;
+            out[out_at + 8 * d + 2 * t + h] = value;
+            store_half(out_h, out_at + 8 * d + 2 * t + h, value, std::is_same_v<H, bf16>);
         }
         if (t != 0) continue;
         const bool nan_row = l != l;
@@ -234,17 +238,17 @@ template <class H, int D>
 void launch_forward(const dim3& grid, size_t smem, float* out, double* lse, float* max_abs_s,
                     float* entropy, float* saturated, const uint16_t* q, const uint16_t* k,
                     const uint16_t* v, const float* scale, int64_t scale_stride, float cap,
-                    const AttentionShape& sh) {
+                    const AttentionShape& sh, uint16_t* out_h) {
     if (max_abs_s || saturated) {
         tc::allow_shared_memory(attention_forward_mma_kernel<H, D, true>, smem,
                                 "attention forward");
         QK_LAUNCH((attention_forward_mma_kernel<H, D, true>), grid, kThreads, smem, stream(), out,
-                  lse, max_abs_s, entropy, saturated, q, k, v, scale, scale_stride, cap, sh);
+                  lse, max_abs_s, entropy, saturated, q, k, v, scale, scale_stride, cap, sh, out_h);
     } else {
         tc::allow_shared_memory(attention_forward_mma_kernel<H, D, false>, smem,
                                 "attention forward");
         QK_LAUNCH((attention_forward_mma_kernel<H, D, false>), grid, kThreads, smem, stream(), out,
-                  lse, max_abs_s, entropy, saturated, q, k, v, scale, scale_stride, cap, sh);
+                  lse, max_abs_s, entropy, saturated, q, k, v, scale, scale_stride, cap, sh, out_h);
     }
 }
 
@@ -253,7 +257,8 @@ void launch_forward(const dim3& grid, size_t smem, float* out, double* lse, floa
 template <class H>
 void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* entropy,
                            float* saturated, const H* q, const H* k, const H* v, const float* scale,
-                           int64_t scale_stride, float cap, const AttentionShape& sh) {
+                           int64_t scale_stride, float cap, const AttentionShape& sh,
+                           uint16_t* out_h) {
     QK_CHECK(attention_mma_supports(sh.D),
              "attention on tensor cores: head dim D must be 64, 128 or 256, got {}", sh.D);
     if (sh.batch_heads == 0 || sh.Tq == 0) return;
@@ -261,10 +266,10 @@ void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* ent
                     static_cast<unsigned>(sh.batch_heads));
     const size_t smem = sizeof(uint16_t) * size_t(kBlockRows + 2 * kKeys) * size_t(sh.D);
     const double pairs = attention_pairs(sh), rows = double(sh.batch_heads * sh.Tq);
-    // q once in H, k and v per query tile, out in float; S and P·V on tensor cores, ~12 FLOPs of
-    // softmax per pair on CUDA cores.
+    // q once in H, k and v per query tile, out in float (and in H when asked); S and P·V on
+    // tensor cores, ~12 FLOPs of softmax per pair on CUDA cores.
     ledger::declare(2 * tiles_bytes(sh, sizeof(H), kBlockRows, sh.Tq) +
-                        rows * double(sh.D) * (sizeof(H) + sizeof(float)),
+                        rows * double(sh.D) * (sizeof(H) + sizeof(float) + (out_h ? 2 : 0)),
                     12 * pairs, 4 * double(sh.D) * pairs);
     const auto* q16 = reinterpret_cast<const uint16_t*>(q);
     const auto* k16 = reinterpret_cast<const uint16_t*>(k);
@@ -273,15 +278,15 @@ void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* ent
                         : sh.D == 128 ? launch_forward<H, 128>
                                       : launch_forward<H, 256>;
     launch(grid, smem, out, lse, max_abs_s, entropy, saturated, q16, k16, v16, scale, scale_stride,
-           cap, sh);
+           cap, sh, out_h);
     QK_CUDA_CHECK_LAUNCH("attention_forward_mma_kernel");
 }
 
 template void attention_forward_mma<bf16>(float*, double*, float*, float*, float*, const bf16*,
                                           const bf16*, const bf16*, const float*, int64_t, float,
-                                          const AttentionShape&);
+                                          const AttentionShape&, uint16_t*);
 template void attention_forward_mma<f16>(float*, double*, float*, float*, float*, const f16*,
                                          const f16*, const f16*, const float*, int64_t, float,
-                                         const AttentionShape&);
+                                         const AttentionShape&, uint16_t*);
 
 }  // namespace qk::cuda

@@ -127,12 +127,15 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
                         int64_t scale_stride, T cap, const AttentionShape& shape);
 // The forward on tensor cores (cuda/attention_mma.cu), for bf16 and fp16 precision: q, k, v in
 // H = bf16 or f16, everything else float32 (lse float64), the contract above otherwise; P is
-// rounded to H before P·V. Head dims 64, 128 and 256 (attention_mma_supports).
+// rounded to H before P·V. Head dims 64, 128 and 256 (attention_mma_supports). out_h: null, or
+// out's values rounded to H, written beside them in out's layout (c_proj's input, rounded in the
+// same pass: ops/rounded_copy.h).
 bool attention_mma_supports(int64_t D);
 template <class H>
 void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* entropy,
                            float* saturated, const H* q, const H* k, const H* v, const float* scale,
-                           int64_t scale_stride, float cap, const AttentionShape& shape);
+                           int64_t scale_stride, float cap, const AttentionShape& shape,
+                           uint16_t* out_h = nullptr);
 // Where row (b, h, t) of a (B, H, T, D) tensor starts, its D values contiguous: dO as the
 // backward receives it, usually a transposed view of the (B, T, H·D) gradient of c_proj's input.
 struct RowStrides {

@@ -354,6 +354,26 @@ TEST_CASE("the attention op at bf16 precision on cuda (tensor cores) against the
     check_op({2, 2, 2, 64, 128, 128, false}, 550);  // every tile fully visible, D = 128
 }
 
+TEST_CASE("tensor-core attention writes its output's rounding for c_proj in the same pass") {
+    if (!cuda_runnable()) return;
+    // The heads merged back into (B, T, H·D) are a view of the kernel's buffer, whose kept cast
+    // copy c_proj's GEMM reads: equal, bit for bit, to the output rounded afterwards.
+    for (Precision precision : {Precision::bf16, Precision::fp16}) {
+        CAPTURE(precision_name(precision));
+        const DType half = precision == Precision::bf16 ? kBF16 : kF16;
+        const Tensor q = randn_seeded({2, 3, 67, 64}, 601, kF32).to(Device::cuda),
+                     k = randn_seeded({2, 3, 67, 64}, 602, kF32).to(Device::cuda),
+                     v = randn_seeded({2, 3, 67, 64}, 603, kF32).to(Device::cuda);
+        const Tensor out = attention(q, k, v, {.causal = true, .precision = precision});
+        const Tensor merged = out.transpose(1, 2).reshape({2, 67, 3 * 64});
+        REQUIRE(has_kept_cast(merged, half));
+        const Tensor kept = cast_once(merged, half), fresh = merged.clone().to(half);
+        CHECK(max_abs_diff(kept.to(kF32), fresh.to(kF32)) == 0);
+        mark_written(merged);  // a write makes the copy stale
+        CHECK_FALSE(has_kept_cast(merged, half));
+    }
+}
+
 TEST_CASE("tensor-core attention backward: a scale number folds g into dQ, the same bits") {
     if (!cuda_device_or_skip()) return;
     // A scale number wants no gradient for g: the dq kernel multiplies by g itself, where a scale

@@ -247,10 +247,11 @@ TEST_CASE("a bf16 step takes at most 50 launches per layer: the default and a Qw
     // rope launches forward, two backward) and rows of at most 128 values summed their gains'
     // gradients in the dx pass (here the block norms too, at this width): 40 each. Then the
     // biased Linear layers added their bias in cuBLASLt's epilogue (no bias rows written first),
-    // and GELU wrote its output rounded for c_proj: 37 for the default block. A launch more fails
-    // here, so that docs/cuda.md's count is changed with it.
-    CHECK(default_block <= 37);
-    CHECK(qwen3_block <= 40);
+    // and GELU wrote its output rounded for c_proj: 37 for the default block. Then the attention
+    // wrote its output rounded for attn.c_proj: 36 and 39. A launch more fails here, so that
+    // docs/cuda.md's count is changed with it.
+    CHECK(default_block <= 36);
+    CHECK(qwen3_block <= 39);
 }
 
 TEST_CASE("the cost model: a one-block pass over 2.4 M floats costs far more than a full grid's") {
