@@ -2,7 +2,8 @@
 // GEMM that reads it next (bf16 or fp16), written in the same pass and kept as the result's cast
 // copy (keep_cast, core/tensor.h), so that the GEMM finds its operand rounded with no launch of its
 // own. softmax (attention's p and dS), glu (the gated MLP's product and its two gradients), gelu
-// (the plain MLP's activation) and the norms take it. The values of the result do not change; where
+// (the plain MLP's activation), the norms and cross_entropy's gradient take it; the tensor-core
+// attention writes its output's (ops/attention.cpp). The values of the result do not change; where
 // no copy is written (the cpu, float64, full precision) the GEMM rounds its operand itself, to the
 // same bits.
 #pragma once
