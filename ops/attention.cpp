@@ -68,6 +68,7 @@
 #include "ops/fp8.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
+#include "ops/rounded_copy.h"
 #include "ops/softmax.h"
 
 namespace qk {
@@ -335,16 +336,16 @@ Tensor attention_on_tensor_cores(const Tensor& q_in, const Tensor& k_in, const T
     // c_proj reads out rounded to the same half type: the kernel writes that rounding beside out,
     // kept as the buffer's cast copy (ops/rounded_copy.h), so no cast of its own follows.
     const Tensor out_buffer = out.transpose(1, 2);  // (B, Tq, H, D), the whole buffer
-    const Tensor out_h = Tensor::empty(out_buffer.shape(), half, out.device());
+    const Tensor out_h = rounded_copy_for(out_buffer, o.precision);
     auto launch = [&](auto tag) {
         using H = decltype(tag);
         cuda::attention_forward_mma<H>(out.data<float>(), lse.data<double>(), max_abs, entropy,
                                        saturated, q.data<H>(), k.data<H>(), v.data<H>(),
                                        scale.data<float>(), stride, float(o.softcap), sh,
-                                       static_cast<uint16_t*>(out_h.raw_data()));
+                                       half_bits(out_h));
     };
     half == kBF16 ? launch(bf16{}) : launch(f16{});
-    keep_cast(out_buffer, out_h);
+    keep_rounded_copy(out_buffer, out_h);
     return record_fused("attention", out, q_in, k_in, v_in, o,
                         FusedSaved{q, k, v, autograd::saved(scale), lse, autograd::saved(out), sh,
                                    stride, o.scale_tensor.defined(), o.softcap});
