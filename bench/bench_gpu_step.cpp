@@ -74,7 +74,7 @@ std::vector<cuda::ledger::Entry> read_ledger_csv(const std::string& path) {
                  line);
         cuda::ledger::Entry e;
         e.name = line.substr(q1 + 1, q2 - q1 - 1);
-        e.library = e.name.rfind("cublas:", 0) == 0;
+        e.library = e.name.rfind("cublas:", 0) == 0 || e.name.rfind("cuda:", 0) == 0;
         std::sscanf(line.c_str() + q3, "\"(%u,%u,%u)\"", &e.grid[0], &e.grid[1], &e.grid[2]);
         std::sscanf(line.c_str() + q5, "\"(%u,%u,%u)\"", &e.block[0], &e.block[1], &e.block[2]);
         int float64 = 0;

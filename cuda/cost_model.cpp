@@ -83,7 +83,7 @@ const GpuSpec& gpu(const std::string& name) {
 double estimate_us(const ledger::Entry& e, const GpuSpec& g) {
     if (!e.declared) return g.launch_us;
     const double hbm = g.hbm_gbs * 1e9 * kMemoryEfficiency;  // bytes/s
-    if (e.library) {  // a cuBLAS GEMM: it sizes its own grid; a fraction of peak
+    if (e.library) {  // a cuBLAS GEMM or a memset: it sizes its own grid; a fraction of peak
         const double tensor_rate = g.bf16_tflops * 1e12 * kGemmTensorEfficiency /
                                    (misaligned_gemm(e.name) ? kMisalignedGemmSlowdown : 1.0);
         const double t =

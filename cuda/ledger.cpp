@@ -112,10 +112,10 @@ Scope::Scope(const char* kernel, const unsigned (&grid)[3], const unsigned (&blo
     index_ = record(std::move(e));
 }
 
-Scope::Scope(const std::string& library_call) {
+Scope::Scope(const std::string& library_call, const char* library) {
     if (!state().open) return;
     Entry e;
-    e.name = "cublas:" + library_call;
+    e.name = std::string(library) + ":" + library_call;
     e.library = true;
     index_ = record(std::move(e));
 }

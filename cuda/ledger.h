@@ -1,9 +1,9 @@
-// The launch ledger: every kernel launch (the one QK_LAUNCH path) and every cuBLAS call of the
-// backend, recorded while a ledger is open, with its grid, block, shared memory and the cost its
-// call site declares (bytes read + written, CUDA-core FLOPs, tensor-core FLOPs). On a real GPU a
-// ledger can also time each launch with a pair of CUDA events; the emulator records the same
-// entries, so a step's launches are counted on every machine. cuda/cost_model.h turns entries
-// into estimated microseconds for a named GPU (docs/cuda.md#the-launch-ledger).
+// The launch ledger: every kernel launch (the one QK_LAUNCH path), every cuBLAS call and every
+// device memset of the backend, recorded while a ledger is open, with its grid, block, shared
+// memory and the cost its call site declares (bytes read + written, CUDA-core FLOPs, tensor-core
+// FLOPs). On a real GPU a ledger can also time each launch with a pair of CUDA events; the emulator
+// records the same entries, so a step's launches are counted on every machine. cuda/cost_model.h
+// turns entries into estimated microseconds for a named GPU (docs/cuda.md#the-launch-ledger).
 //
 // Included by cuda/emu/cuda_compat.h; host code only, no CUDA header needed.
 #pragma once
@@ -16,10 +16,10 @@ namespace qk::cuda::ledger {
 
 struct Entry {
     std::string name;  // the kernel as written at QK_LAUNCH (template arguments as in the source),
-                       // or "cublas:<call> <types>" for a library call
+                       // or "cublas:<call> <types>" for a library call, "cuda:memset" for a memset
     unsigned grid[3] = {1, 1, 1}, block[3] = {1, 1, 1};
     std::size_t smem_bytes = 0;
-    bool library = false;     // a cuBLAS call: its grid is cuBLAS's business
+    bool library = false;     // a cuBLAS call or a memset: its grid is the library's business
     bool declared = false;    // whether the call site declared its cost
     double bytes = 0;         // read + written, as declared
     double flops = 0;         // on CUDA cores (float32 or float64)
@@ -61,7 +61,8 @@ class Scope {
   public:
     Scope(const char* kernel, const unsigned (&grid)[3], const unsigned (&block)[3],
           std::size_t smem_bytes);
-    explicit Scope(const std::string& library_call);
+    // A library call, named "<library>:<call>": cuBLAS's GEMMs, the runtime's memsets ("cuda").
+    explicit Scope(const std::string& library_call, const char* library = "cublas");
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;

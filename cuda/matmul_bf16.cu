@@ -5,6 +5,8 @@
 //                                            epilogue, cuda/matmul.cu: the GEMM then adds x̃·W̃ᵀ
 //                                            to y, beta = 1)
 //   backward   dỸ = round(dY), and db = Σ_r dY in float32    (from one read of dY)
+//              with GELU before it (linear_gelu): dY = dH ⊙ gelu'(Y) made in the same pass,
+//              from dH and GELU's input Y, never stored in float32
 //
 // In the backward the rounding of dY and the column sums read the same values: the column-tile
 // layout of cuda/reduce.cu's v3 (block (bx, k) holds 32 columns of chunk k of the rows, 8 row
@@ -21,6 +23,7 @@
 #include "cuda/bf16_convert.h"
 #include "cuda/runtime.h"
 #include "cuda/warp_reduce.h"
+#include "ops/elementwise_math.h"
 #include "ops/matmul.h"
 
 namespace qk::cuda {
@@ -53,23 +56,28 @@ bool aligned(const void* p, std::size_t bytes) {
     return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
-// dy_half: (R, N) out; db: (N) out; partial: (chunks, N) scratch; counters: one per tile;
-// dy: (R, N) with row stride ldy. grid (ceil(N / 32), chunks), block (32, 8): lane (x, y) of
-// block (bx, k) rounds and sums rows y, y + 8, ... of chunk k in column 32·bx + x.
-template <class Half>
+// dy_half: (R, N) out; db: (N) out, or null for no bias; partial: (chunks, N) scratch; counters:
+// one per tile; dy: (R, N) with row stride ldy; gelu_in (kGelu): (R, N) contiguous, GELU's input,
+// and the values rounded and summed are dy ⊙ gelu'(gelu_in), by the functor GELU's own backward
+// kernel runs (the same bits). grid (ceil(N / 32), chunks), block (32, 8): lane (x, y) of block
+// (bx, k) rounds and sums rows y, y + 8, ... of chunk k in column 32·bx + x.
+template <class Half, bool kGelu>
 __global__ void round_and_sum_columns_kernel(Half* dy_half, float* db, float* partial,
                                              unsigned* counters, const float* dy, int64_t ldy,
-                                             int64_t R, int64_t N, int64_t per_chunk) {
+                                             const float* gelu_in, int64_t R, int64_t N,
+                                             int64_t per_chunk) {
     const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
     const int64_t r0 = int64_t(blockIdx.y) * per_chunk;
     const int64_t r1 = r0 + per_chunk < R ? r0 + per_chunk : R;
     float sum = 0;
     if (c < N)
         for (int64_t r = r0 + threadIdx.y; r < r1; r += kLaneRows) {
-            const float value = dy[r * ldy + c];
+            float value = dy[r * ldy + c];
+            if constexpr (kGelu) value = math::GeluBackward{}(value, gelu_in[r * N + c], 0.0f);
             dy_half[r * N + c] = convert_element<Half>(value);  // dỸ = round(dY)
             sum += value;                                       // db = Σ_r dY
         }
+    if (!db) return;  // uniform over the grid: no block waits on the counters
     const auto add = [](float a, float b) { return a + b; };
     sum = combine_lane_rows(sum, add);
     if (threadIdx.y == 0 && c < N) partial[int64_t(blockIdx.y) * N + c] = sum;
@@ -93,25 +101,35 @@ void fill_bias_rows(float* y, const float* bias, int64_t R, int64_t N) {
 
 template <class Half>
 void round_and_sum_columns(Half* dy_half, float* db, const float* dy, int64_t ldy, int64_t R,
-                           int64_t N) {
+                           int64_t N, const float* gelu_in) {
     if (N == 0) return;
-    if (R == 0) return fill_zero(db, sizeof(float) * size_t(N));
+    if (R == 0) return db ? fill_zero(db, sizeof(float) * size_t(N)) : void();
     const int64_t tiles = (N + kWarp - 1) / kWarp;
     const auto [per_chunk, chunks] = pieces_for(R, tiles, kMinRowsPerChunk);
     QK_CHECK(tiles <= 0x7fffffff && chunks <= 65535,
              "linear: a ({}, {}) gradient cannot be split on one grid", R, N);
     // Scratch from the caching allocator; freed at return, safe as the stream orders its reuse.
-    Storage scratch(sizeof(float) * size_t(chunks * N), Device::cuda);
-    const double partials = double(chunks * N);
-    ledger::declare(6.0 * double(R) * double(N) + 4.0 * (2 * partials + double(N)),
-                    double(R) * double(N) + partials);
-    QK_LAUNCH((round_and_sum_columns_kernel<Half>), dim3(unsigned(tiles), unsigned(chunks)),
-              dim3(kWarp, kLaneRows), 0, stream(), dy_half, db, static_cast<float*>(scratch.data()),
-              tile_counters(tiles), dy, ldy, R, N, per_chunk);
+    const double partials = db ? double(chunks * N) : 0.0;
+    Storage scratch(sizeof(float) * size_t(partials), Device::cuda);
+    const double values = double(R) * double(N);
+    // Bytes: dY (and GELU's input) read, dỸ written, the partials written and read, db written.
+    ledger::declare((gelu_in ? 10.0 : 6.0) * values + 4.0 * (2 * partials + (db ? N : 0)),
+                    (db ? values + partials : 0.0) + (gelu_in ? 2.0 * values : 0.0));
+    const dim3 grid{unsigned(tiles), unsigned(chunks)}, block{kWarp, kLaneRows};
+    float* partial = static_cast<float*>(scratch.data());
+    unsigned* counters = db ? tile_counters(tiles) : nullptr;
+    if (gelu_in)
+        QK_LAUNCH((round_and_sum_columns_kernel<Half, true>), grid, block, 0, stream(), dy_half, db,
+                  partial, counters, dy, ldy, gelu_in, R, N, per_chunk);
+    else
+        QK_LAUNCH((round_and_sum_columns_kernel<Half, false>), grid, block, 0, stream(), dy_half,
+                  db, partial, counters, dy, ldy, gelu_in, R, N, per_chunk);
     QK_CUDA_CHECK_LAUNCH("round_and_sum_columns_kernel");
 }
 
-template void round_and_sum_columns<bf16>(bf16*, float*, const float*, int64_t, int64_t, int64_t);
-template void round_and_sum_columns<f16>(f16*, float*, const float*, int64_t, int64_t, int64_t);
+template void round_and_sum_columns<bf16>(bf16*, float*, const float*, int64_t, int64_t, int64_t,
+                                          const float*);
+template void round_and_sum_columns<f16>(f16*, float*, const float*, int64_t, int64_t, int64_t,
+                                         const float*);
 
 }  // namespace qk::cuda

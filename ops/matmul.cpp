@@ -319,6 +319,14 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     return autograd::record("linear", y, {x_in, weight_in, bias_in}, std::move(backward));
 }
 
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, Precision precision,
+                   Precision rounded_copy) {
+    check_linear_args(x, weight, bias, precision);
+    if (precision == Precision::bf16) return linear_gelu_bf16(x, weight, bias, rounded_copy);
+    if (precision == Precision::fp16) return linear_gelu_fp16(x, weight, bias, rounded_copy);
+    return gelu(linear(x, weight, bias, precision), rounded_copy);
+}
+
 namespace {
 std::atomic<bool> tf32_on{false};
 }

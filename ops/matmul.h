@@ -33,6 +33,14 @@ Tensor matmul(const Tensor& a, const Tensor& b, Precision precision, double alph
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
               Precision precision = Precision::full);
 
+// gelu(linear(x, weight, bias, precision), rounded_copy): the plain MLP's first half as one op,
+// with the same values and gradients as the two. At bf16 or fp16 on cuda it is one node, whose
+// backward makes dY = dH ⊙ gelu'(Y), its rounding for the GEMMs and its column sums for db in one
+// pass: the two ops write dY in float32 and read it back (ops/matmul_bf16.cpp). Elsewhere (the
+// cpu, full precision) it is the two ops; fp8 is refused as linear refuses it.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, Precision precision,
+                   Precision rounded_copy = Precision::full);
+
 // TF32 for float32 GEMMs on CUDA (cuBLAS's CUBLAS_TF32_TENSOR_OP_MATH): tensor cores read the
 // inputs rounded to 10 mantissa bits (TF32) and sum in float32, several times faster than float32
 // FMA. Off by default (qknorm train --tf32). The cpu's GEMMs never change; bf16 GEMMs neither.
@@ -79,10 +87,13 @@ void matmul_tiled(T* y, const T* a, const T* b, int64_t batch, int64_t M, int64_
 // The mixed linear's passes around its GEMMs, one launch each (cuda/matmul_bf16.cu):
 // y: (R, N) out, bias: (N).    y = b in every row (before a GEMM that adds to y, beta = 1)
 void fill_bias_rows(float* y, const float* bias, int64_t R, int64_t N);
-// dy_half: (R, N) out, db: (N) out, dy: (R, N) row stride ldy.   dỸ = round(dY), db = Σ_r dY
+// dy_half: (R, N) out, db: (N) out or null, dy: (R, N) row stride ldy.
+//     dỸ = round(dY), db = Σ_r dY
+// gelu_in: null, or (R, N) contiguous, GELU's input Y when dy is dH, the gradient of gelu(Y): then
+// dY = dH ⊙ gelu'(Y) in the same pass (linear_gelu's backward).
 template <class Half>
 void round_and_sum_columns(Half* dy_half, float* db, const float* dy, int64_t ldy, int64_t R,
-                           int64_t N);
+                           int64_t N, const float* gelu_in = nullptr);
 }  // namespace cuda
 
 }  // namespace qk

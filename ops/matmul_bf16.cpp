@@ -7,6 +7,10 @@
 // cuda::gemm_mixed (cuBLAS) on the device, or with a bias cuda::linear_bias_mixed (cuBLASLt, b
 // added in the GEMM's epilogue). float16 overflows where bfloat16 does not: x, W or dY beyond
 // 65,504 becomes Inf here, which is what a loss scaler watches for (nn/optim/loss_scale.h).
+//
+// linear_gelu, h = gelu(y) of the same y, is one node on cuda: GELU's backward dY = dH ⊙ gelu'(Y)
+// is what the linear's backward rounds and sums next, so one pass makes dỸ and db from dH and Y,
+// and dY never lands in memory in float32.
 #include <algorithm>
 #include <climits>
 #include <tuple>
@@ -15,6 +19,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "core/factory.h"
+#include "ops/elementwise.h"
 #include "ops/gemm.h"
 #include "ops/matmul.h"
 #include "ops/matmul_internal.h"
@@ -75,20 +80,23 @@ void fill_bias_rows(const Tensor& y, const Tensor& b) {
     cuda::fill_bias_rows(y.data<float>(), b.data<float>(), y.size(0), y.size(1));
 }
 
-// dỸ = round(dY) as a new (R, N) Half tensor, and db = Σ_r dY (N), from one read of dy: (R, N).
+// dỸ = round(dY) as a new (R, N) Half tensor, and db = Σ_r dY (N) when want_db, from one read
+// of dy: (R, N). With gelu_in, GELU's input (R, N) contiguous, dy is dH and dY = dH ⊙ gelu'(Y).
 template <class Half>
-std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor& dy) {
+std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor& dy, bool want_db = true,
+                                                const Tensor& gelu_in = {}) {
     const int64_t R = dy.size(0), N = dy.size(1);
     Tensor dy_half = Tensor::empty({R, N}, dtype_of<Half>(), dy.device());
-    Tensor db = Tensor::empty({N}, kF32, dy.device());
-    cuda::round_and_sum_columns(dy_half.data<Half>(), db.data<float>(), dy.data<float>(),
-                                dy.strides()[0], R, N);
+    Tensor db = want_db ? Tensor::empty({N}, kF32, dy.device()) : Tensor();
+    cuda::round_and_sum_columns(dy_half.data<Half>(), want_db ? db.data<float>() : nullptr,
+                                dy.data<float>(), dy.strides()[0], R, N,
+                                gelu_in.defined() ? gelu_in.data<float>() : nullptr);
     return {dy_half, db};
 }
 #else
 void fill_bias_rows(const Tensor&, const Tensor&) { throw_built_without_cuda("linear"); }
 template <class Half>
-std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor&) {
+std::pair<Tensor, Tensor> round_and_sum_columns(const Tensor&, bool = true, const Tensor& = {}) {
     throw_built_without_cuda("linear");
 }
 #endif
@@ -156,8 +164,81 @@ void gemm_with_bias(const Tensor& y, const Tensor& x_half, const Tensor& w_half,
     half_gemm<Half>(job, Device::cuda);
 }
 
+// What a mixed linear's backward keeps from its forward, and its gradients:
+//     dx = dỸ · W̃        dW = dỸᵀ · x̃        db = Σ_r dY
+// from dY (operator(): rounded, and summed for db in the same pass on cuda) or from a dỸ and db
+// that the caller's own pass made (linear_gelu's, which applies GELU's derivative first).
 template <class Half>
-Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+struct MixedLinearBackward {
+    bool need_x = false, need_w = false, need_b = false;
+    int64_t R = 0, N = 0, K = 0;
+    Device device = Device::cpu;
+    bool padded = false;
+    Shape x_shape;
+    Tensor x_saved, w_saved;  // x̃ when dW is wanted, W̃ when dx is
+    uint64_t w_version = 0;
+    std::shared_ptr<Storage> w_storage;
+
+    // The weight's kept rounding is rewritten in place by the optimizer: a backward after a step
+    // would read the new weights where the forward read the old. A padded copy is the forward's
+    // own and would still be right, but a write to the weight between the two is refused there
+    // too, as on the unpadded path after an optimizer step.
+    void check_weight_unchanged() const {
+        QK_CHECK(!need_x || (!padded && w_storage->cast_copy().storage != w_saved.storage()) ||
+                     w_storage->version() == w_version,
+                 "linear: backward after the weight {} was written (an optimizer step or an "
+                 "in-place edit between this forward and its backward); run the forward again",
+                 Shape{N, K});
+    }
+
+    std::vector<Tensor> operator()(const Tensor& dy) const {
+        check_weight_unchanged();
+        const Tensor dy_rows = rows_of(dy);  // (R, N)
+        Tensor db, dy_rounded;
+        if (need_b && (need_x || need_w) && device == Device::cuda)  // one read of dY for both
+            std::tie(dy_rounded, db) = round_and_sum_columns<Half>(dy_rows);
+        else if (need_x || need_w)  // kept beside dY when its producer rounded it (glu)
+            dy_rounded = cast_once(dy_rows, dtype_of<Half>());
+        if (need_b && !db.defined()) db = sum_to(dy_rows, {N});  // Σ_r dY, in float32
+        return gradients(dy_rounded, db);
+    }
+
+    // dy_rounded: (R, N) Half, defined when dx or dW is wanted; db: (N), defined when wanted.
+    std::vector<Tensor> gradients(Tensor dy_rounded, const Tensor& db) const {
+        // Padded: dỸ gets the zero columns that meet the weight's zero rows in dx; dW reads its N
+        // columns (a dimension of N with aligned rows ran at full speed, measured).
+        if (padded && dy_rounded.defined()) dy_rounded = zero_padded(dy_rounded, 1);
+        const Tensor dy_n =
+            padded && dy_rounded.defined() ? dy_rounded.narrow(1, 0, N) : dy_rounded;
+        Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
+        Tensor dw = need_w ? Tensor::empty({N, K}, kF32, device) : Tensor();
+        if (R * N * K > 0) {
+            if (need_x && need_w && device == Device::cpu)
+                cpu::gemm_pair(half_job<Half>(dx, dy_rounded, false, w_saved, false),  // dỸ · W̃
+                               half_job<Half>(dw, dy_rounded, true, x_saved, false));  // dỸᵀ · x̃
+            else {
+                if (need_x)
+                    half_gemm<Half>(half_job<Half>(dx, dy_rounded, false, w_saved, false), device);
+                if (need_w) half_gemm<Half>(half_job<Half>(dw, dy_n, true, x_saved, false), device);
+            }
+        } else {  // an empty sum
+            if (need_x) dx = zeros({R, K}, kF32, device);
+            if (need_w) dw = zeros({N, K}, kF32, device);
+        }
+        return std::vector<Tensor>{need_x ? dx.reshape(x_shape) : dx, dw, need_b ? db : Tensor()};
+    }
+};
+
+template <class Half>
+struct MixedLinear {
+    Tensor y;  // (..., N) float32
+    MixedLinearBackward<Half> backward;
+};
+
+// y = x̃ · W̃ᵀ + b, and what its backward keeps; records nothing.
+template <class Half>
+MixedLinear<Half> mixed_linear_forward(const Tensor& x_in, const Tensor& weight_in,
+                                       const Tensor& bias_in) {
     const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
     constexpr DType kHalf = dtype_of<Half>();
     const char* precision = kHalf == kBF16 ? "bf16" : "fp16";
@@ -207,53 +288,50 @@ Tensor linear_mixed(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
             half_gemm<Half>(half_job<Half>(y_rows, x_rounded, false, w_rounded, true, b), device);
         }
     }
-    const bool need_x = x_in.requires_grad(), need_w = weight_in.requires_grad();
-    const bool need_b = bias_in.defined() && bias_in.requires_grad();
-    auto backward = [need_x, need_w, need_b, R, N, K, device, padded, x_shape = x.shape(),
-                     x_saved = need_w ? autograd::saved(x_rounded) : Tensor(),
-                     w_saved = need_x ? autograd::saved(w_rounded) : Tensor(),
-                     w_version = weight.storage()->version(),
-                     w_storage = weight.storage()](const Tensor& dy) {
-        // The weight's kept rounding is rewritten in place by the optimizer: a backward after a
-        // step would read the new weights where the forward read the old.
-        // A padded copy is the forward's own and would still be right, but a write to the weight
-        // between the two is refused there too, as on the unpadded path after an optimizer step.
-        QK_CHECK(!need_x || (!padded && w_storage->cast_copy().storage != w_saved.storage()) ||
-                     w_storage->version() == w_version,
-                 "linear: backward after the weight {} was written (an optimizer step or an "
-                 "in-place edit between this forward and its backward); run the forward again",
-                 Shape{N, K});
-        const Tensor dy_rows = rows_of(dy);  // (R, N)
-        Tensor db;
-        Tensor dy_rounded;
-        if (need_b && (need_x || need_w) && device == Device::cuda)  // one read of dY for both
-            std::tie(dy_rounded, db) = round_and_sum_columns<Half>(dy_rows);
-        else if (need_x || need_w)  // kept beside dY when its producer rounded it (glu)
-            dy_rounded = cast_once(dy_rows, kHalf);
-        // Padded: dỸ gets the zero columns that meet the weight's zero rows in dx; dW reads its N
-        // columns (a dimension of N with aligned rows ran at full speed, measured).
-        if (padded && dy_rounded.defined()) dy_rounded = zero_padded(dy_rounded, 1);
-        const Tensor dy_n =
-            padded && dy_rounded.defined() ? dy_rounded.narrow(1, 0, N) : dy_rounded;
-        Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
-        Tensor dw = need_w ? Tensor::empty({N, K}, kF32, device) : Tensor();
-        if (R * N * K > 0) {
-            if (need_x && need_w && device == Device::cpu)
-                cpu::gemm_pair(half_job<Half>(dx, dy_rounded, false, w_saved, false),  // dỸ · W̃
-                               half_job<Half>(dw, dy_rounded, true, x_saved, false));  // dỸᵀ · x̃
-            else {
-                if (need_x)
-                    half_gemm<Half>(half_job<Half>(dx, dy_rounded, false, w_saved, false), device);
-                if (need_w) half_gemm<Half>(half_job<Half>(dw, dy_n, true, x_saved, false), device);
-            }
-        } else {  // an empty sum
-            if (need_x) dx = zeros({R, K}, kF32, device);
-            if (need_w) dw = zeros({N, K}, kF32, device);
-        }
-        if (need_b && !db.defined()) db = sum_to(dy_rows, {N});  // Σ_r dY, in float32
-        return std::vector<Tensor>{need_x ? dx.reshape(x_shape) : dx, dw, db};
+    MixedLinearBackward<Half> backward;
+    backward.need_x = x_in.requires_grad();
+    backward.need_w = weight_in.requires_grad();
+    backward.need_b = bias_in.defined() && bias_in.requires_grad();
+    backward.R = R, backward.N = N, backward.K = K;
+    backward.device = device;
+    backward.padded = padded;
+    backward.x_shape = x.shape();
+    if (backward.need_w) backward.x_saved = autograd::saved(x_rounded);
+    if (backward.need_x) backward.w_saved = autograd::saved(w_rounded);
+    backward.w_version = weight.storage()->version();
+    backward.w_storage = weight.storage();
+    return {y, std::move(backward)};
+}
+
+template <class Half>
+Tensor linear_mixed(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+    MixedLinear<Half> linear = mixed_linear_forward<Half>(x, weight, bias);
+    return autograd::record("linear", linear.y, {x, weight, bias}, std::move(linear.backward));
+}
+
+// h = gelu(x̃ · W̃ᵀ + b) as one node. Forward: the linear, then GELU (writing h's rounding for the
+// next Linear when asked); it saves y for GELU's derivative. Backward on cuda: dY = dH ⊙ gelu'(Y)
+// rounded to dỸ and summed for db in one pass (cuda::round_and_sum_columns with gelu_in), where
+// the two ops' nodes write dY in float32 and read it again; then the linear's two GEMMs. The cpu
+// runs GELU's backward kernel and the linear's (the same values).
+template <class Half>
+Tensor linear_gelu_mixed(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                         Precision rounded_copy) {
+    MixedLinear<Half> linear = mixed_linear_forward<Half>(x, weight, bias);
+    if (linear.backward.padded || linear.y.device() == Device::cpu) {  // the two ops
+        Tensor y =
+            autograd::record("linear", linear.y, {x, weight, bias}, std::move(linear.backward));
+        return gelu(y, rounded_copy);
+    }
+    const Tensor h = gelu(linear.y, rounded_copy);  // y takes no gradient: no node of its own
+    auto backward = [lin = std::move(linear.backward),
+                     y = autograd::saved(linear.y)](const Tensor& dh) {
+        lin.check_weight_unchanged();
+        const auto [dy_rounded, db] = round_and_sum_columns<Half>(
+            rows_of(dh), lin.need_b, y.reshape({lin.R, lin.N}));  // dỸ, db from dH and Y
+        return lin.gradients(dy_rounded, db);
     };
-    return autograd::record("linear", y, {x_in, weight_in, bias_in}, std::move(backward));
+    return autograd::record("linear_gelu", h, {x, weight, bias}, std::move(backward));
 }
 
 // ---- matmul at bf16 / fp16 precision ------------------------------------------------------
@@ -363,6 +441,15 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 Tensor linear_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     return linear_mixed<f16>(x, weight, bias);
+}
+
+Tensor linear_gelu_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        Precision rounded_copy) {
+    return linear_gelu_mixed<bf16>(x, weight, bias, rounded_copy);
+}
+Tensor linear_gelu_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        Precision rounded_copy) {
+    return linear_gelu_mixed<f16>(x, weight, bias, rounded_copy);
 }
 
 }  // namespace qk::matmul_impl

@@ -96,5 +96,10 @@ Tensor matmul_fp16(const Tensor& a, const Tensor& b, float alpha);
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // linear(x, weight, bias, Precision::fp16): the same on float16 operands.
 Tensor linear_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// linear_gelu at bf16 and fp16 precision, its arguments already checked.
+Tensor linear_gelu_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        Precision rounded_copy);
+Tensor linear_gelu_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        Precision rounded_copy);
 
 }  // namespace qk::matmul_impl

@@ -212,7 +212,9 @@ Shape kept_strides(const Shape& kept) {
 // Sums x (any strides) into a fresh contiguous tensor of shape `target` (keepdim layout, same
 // rank).
 Tensor sum_into_shape(const Tensor& x, const Shape& target) {
-    Tensor out = zeros(target, x.dtype(), x.device());
+    // The cpu adds into zeros; the cuda kernels write every output (0 where a group is empty).
+    Tensor out = x.device() == Device::cpu ? zeros(target, x.dtype(), x.device())
+                                           : Tensor::empty(target, x.dtype(), x.device());
     const Shape out_strides = kept_strides(target);
     on_device(
         "sum", x.device(), x.dtype(),

@@ -261,6 +261,63 @@ TEST_CASE("a padded head's logits are a view of the GEMM's wider rows, read in p
     CHECK(max_abs_diff(w.grad(), w_copy.grad()) == 0);
 }
 
+TEST_CASE("linear_gelu on cuda: the two ops' bits, with GELU's backward in dY's rounding pass") {
+    if (!cuda_runnable()) return;
+    // 150 rows (the column sums in chunks) of a ragged width; with and without a bias.
+    const Tensor x0 = randn_seeded({3, 50, K}, 81, kF32).to(Device::cuda),
+                 w0 = randn_seeded({N, K}, 82, kF32).to(Device::cuda),
+                 b0 = randn_seeded({N}, 83, kF32).to(Device::cuda),
+                 probe = randn_seeded({3, 50, N}, 84, kF32).to(Device::cuda);
+    for (Precision p : {Precision::bf16, Precision::fp16})
+        for (bool with_bias : {true, false}) {
+            CAPTURE(precision_name(p));
+            CAPTURE(with_bias);
+            struct Run {
+                Tensor h, h_rounded, dx, dw, db;
+                std::vector<std::string> backward_launches;
+            };
+            const auto run = [&](bool fused) {
+                Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+                Tensor b = with_bias ? b0.clone().requires_grad_() : Tensor();
+                const Tensor h = fused ? linear_gelu(x, w, b, p, p) : gelu(linear(x, w, b, p), p);
+                const Tensor loss = sum(h * probe);  // dH = the probe
+                cuda::ledger::open();
+                loss.backward();
+                std::vector<std::string> names;
+                for (const cuda::ledger::Entry& e : cuda::ledger::close()) names.push_back(e.name);
+                const DType half = p == Precision::bf16 ? kBF16 : kF16;
+                return Run{h,        cast_once(h, half).to(kF32),     x.grad(),
+                           w.grad(), with_bias ? b.grad() : Tensor(), names};
+            };
+            const Run fused = run(true), two_ops = run(false);
+            CHECK(max_abs_diff(fused.h, two_ops.h) == 0);
+            CHECK(max_abs_diff(fused.h_rounded, two_ops.h_rounded) == 0);
+            CHECK(max_abs_diff(fused.dx, two_ops.dx) == 0);
+            CHECK(max_abs_diff(fused.dw, two_ops.dw) == 0);
+            if (with_bias) CHECK(max_abs_diff(fused.db, two_ops.db) == 0);
+            // The fused backward: no GELU backward of its own, one pass that applies it.
+            INFO(fmt::format("{}", fmt::join(fused.backward_launches, ", ")));
+            int gelu_passes = 0;
+            for (const std::string& name : fused.backward_launches) {
+                CHECK(name.find("unary_backward") == std::string::npos);
+                gelu_passes += name == "(round_and_sum_columns_kernel<Half, true>)";
+            }
+            CHECK(gelu_passes == 1);
+            CHECK(fused.backward_launches.size() + 1 == two_ops.backward_launches.size());
+        }
+    // Against the cpu, forward and gradients (the cpu runs the two ops).
+    qk::test::ParityOptions options;
+    options.atol_f32 = 2e-5, options.rtol_f32 = 2e-4;
+    check_cuda_parity(
+        "bf16 linear_gelu",
+        [](const Inputs& in) {
+            return linear_gelu(in[0], in[1], in[2], Precision::bf16, Precision::bf16);
+        },
+        {randn_seeded({2, 17, K}, 85, kF32), randn_seeded({N, K}, 86, kF32),
+         randn_seeded({N}, 87, kF32)},
+        options);
+}
+
 TEST_CASE("linear in fp16 on cuda (cublasGemmStridedBatchedEx, CUDA_R_16F) matches the cpu's") {
     // The device casts to float16 (the copy kernel, core/float16.h's rounding) and cuBLAS sums
     // exact products in float32, as the cpu's widened sgemm does; an overflow is Inf on both.

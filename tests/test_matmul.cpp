@@ -268,6 +268,27 @@ TEST_CASE("linear matches matmul(x, W.t()) + b, forward and gradients") {
     CHECK(x0.grad().shape() == Shape{3, 0});
 }
 
+TEST_CASE("linear_gelu is gelu(linear(...)): values, gradients, and the same refusals") {
+    Tensor w = leaf({5, 4}, 86), b = leaf({5}, 87), x = leaf({2, 3, 4}, 88);
+    CHECK(max_abs_diff(linear_gelu(x, w, b, Precision::full), gelu(linear(x, w, b))) == 0);
+    CHECK_GRADCHECK([&] { return linear_gelu(x, w, b, Precision::full); }, {x, w, b});
+    CHECK_GRADCHECK([&] { return linear_gelu(x, w, {}, Precision::full); }, {x, w});
+    // bf16 on the cpu: the two ops' own kernels, so the same bits.
+    Tensor x32 = randn_seeded({6, 4}, 89, kF32), w32 = randn_seeded({5, 4}, 90, kF32);
+    CHECK(max_abs_diff(linear_gelu(x32, w32, {}, Precision::bf16, Precision::bf16),
+                       gelu(linear(x32, w32, {}, Precision::bf16))) == 0);
+    CHECK(test::throws_with(
+        [&] {
+            linear_gelu(zeros({2, 3}), zeros({4, 5}), {}, Precision::bf16);
+        },
+        {"linear", "[2, 3]", "[4, 5]"}));
+    CHECK(test::throws_with(
+        [&] {
+            linear_gelu(zeros({2, 3}), zeros({4, 3}), {}, Precision::fp8);
+        },
+        {"linear", "fp8", "linear_fp8"}));
+}
+
 TEST_CASE("linear bad inputs name the op and the shapes") {
     CHECK(test::throws_with(
         [&] {

@@ -48,8 +48,8 @@ MLP::MLP(const GPTConfig& config, Generator& gen, DType dtype) : kind(config.mlp
 
 Tensor MLP::forward(const Tensor& x) const {
     switch (kind) {
-        case MLPKind::gelu:  // rounded in the same pass for c_proj
-            return c_proj->forward(gelu(c_fc->forward(x), rounded_copy()));
+        case MLPKind::gelu:  // c_fc and GELU one op, rounded in the same pass for c_proj
+            return c_proj->forward(c_fc->forward_gelu(x, rounded_copy()));
         case MLPKind::swiglu:  // silu(gate) * up, fused, rounded in the same pass for c_proj
             return c_proj->forward(
                 glu(c_gate->forward(x), c_fc->forward(x), GluActivation::silu, rounded_copy()));

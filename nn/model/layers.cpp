@@ -23,6 +23,11 @@ Tensor Linear::forward(const Tensor& x) const {
     return linear(x, weight, bias, precision);  // one GEMM, the bias folded in; Wᵀ a GEMM flag
 }
 
+Tensor Linear::forward_gelu(const Tensor& x, Precision rounded_copy) const {
+    if (fp8) return gelu(forward(x), rounded_copy);
+    return linear_gelu(x, weight, bias, precision, rounded_copy);
+}
+
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, double init_std, Generator& gen,
                      DType dtype) {
     weight = register_parameter("weight", normal({num_embeddings, dim}, 0, init_std, dtype, gen));

@@ -18,6 +18,9 @@ class Linear : public Module {
     Linear(int64_t in_features, int64_t out_features, bool bias, double init_std, Generator& gen,
            DType dtype = kF32, Precision precision = Precision::full);
     Tensor forward(const Tensor& x) const;  // x: (..., in) -> (..., out) = x Wᵀ + b
+    // gelu(forward(x)), one op at bf16 and fp16 (ops/matmul.h's linear_gelu), with GELU's output
+    // rounded at `rounded_copy` for the Linear that reads it.
+    Tensor forward_gelu(const Tensor& x, Precision rounded_copy) const;
 
     Tensor weight, bias;  // bias undefined when built without
     Precision precision;  // of the GEMMs (bf16: mixed precision, see ops/matmul.h)
