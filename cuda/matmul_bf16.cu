@@ -69,14 +69,22 @@ __global__ void round_and_sum_columns_kernel(Half* dy_half, float* db, float* pa
     const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
     const int64_t r0 = int64_t(blockIdx.y) * per_chunk;
     const int64_t r1 = r0 + per_chunk < R ? r0 + per_chunk : R;
+    struct Loaded {
+        float dy, gelu_in;
+    };
     float sum = 0;
     if (c < N)
-        for (int64_t r = r0 + threadIdx.y; r < r1; r += kLaneRows) {
-            float value = dy[r * ldy + c];
-            if constexpr (kGelu) value = math::GeluBackward{}(value, gelu_in[r * N + c], 0.0f);
-            dy_half[r * N + c] = convert_element<Half>(value);  // dỸ = round(dY)
-            sum += value;                                       // db = Σ_r dY
-        }
+        walk_rows(
+            r0 + threadIdx.y, r1, kLaneRows,
+            [&](int64_t r) {
+                return Loaded{dy[r * ldy + c], kGelu ? gelu_in[r * N + c] : 0.0f};
+            },
+            [&](int64_t r, Loaded v) {
+                float value = v.dy;
+                if constexpr (kGelu) value = math::GeluBackward{}(value, v.gelu_in, 0.0f);
+                dy_half[r * N + c] = convert_element<Half>(value);  // dỸ = round(dY)
+                sum += value;                                       // db = Σ_r dY
+            });
     if (!db) return;  // uniform over the grid: no block waits on the counters
     const auto add = [](float a, float b) { return a + b; };
     sum = combine_lane_rows(sum, add);

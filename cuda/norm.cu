@@ -144,13 +144,21 @@ __global__ void norm_param_grads_kernel(T* dweight, T* dbias, T* partial_dw, T* 
     const int64_t c = int64_t(blockIdx.x) * kWarp + threadIdx.x;
     const int64_t r0 = int64_t(blockIdx.y) * per_chunk;
     const int64_t r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
+    struct Loaded {
+        T dy, x, mean, rstd;
+    };
     T dw = 0, db = 0;
     if (c < C)
-        for (int64_t r = r0 + threadIdx.y; r < r1; r += kLaneRows) {
-            const T xhat = (x[xs.offset(r) + c] - (mean ? mean[r] : T(0))) * rstd[r];
-            dw += dy[r * C + c] * xhat;  // dweight = Σ_rows dy · xhat
-            db += dy[r * C + c];         // dbias = Σ_rows dy
-        }
+        walk_rows(
+            r0 + threadIdx.y, r1, kLaneRows,
+            [&](int64_t r) {
+                return Loaded{dy[r * C + c], x[xs.offset(r) + c], mean ? mean[r] : T(0), rstd[r]};
+            },
+            [&](int64_t, Loaded v) {
+                const T xhat = (v.x - v.mean) * v.rstd;
+                dw += v.dy * xhat;  // dweight = Σ_rows dy · xhat
+                db += v.dy;         // dbias = Σ_rows dy
+            });
     const auto add = [](T a, T b) { return a + b; };
     dw = combine_lane_rows(dw, add);
     db = combine_lane_rows(db, add);

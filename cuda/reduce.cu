@@ -294,10 +294,13 @@ __global__ void reduce_columns_kernel(T* out, T* partial, unsigned* counters, co
     if (r < g.n_out) {
         int64_t base[2], off[2];
         g.outer.offsets(r, base);
-        for (int64_t j = j0 + threadIdx.y; j < j1; j += kLaneRows) {
-            g.inner.offsets(j, off);
-            acc = op(acc, x[base[0] + off[0]]);
-        }
+        walk_rows(
+            j0 + threadIdx.y, j1, kLaneRows,
+            [&](int64_t j) {
+                g.inner.offsets(j, off);
+                return x[base[0] + off[0]];
+            },
+            [&](int64_t, T value) { acc = op(acc, value); });
     }
     acc = combine_lane_rows(acc, op);
     if (threadIdx.y == 0 && r < g.n_out) partial[int64_t(blockIdx.y) * g.n_out + r] = acc;
