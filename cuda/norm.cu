@@ -9,9 +9,11 @@
 //     128-thread block. Lane l reads the row's entries l, l + 32, ... (coalesced, any C: the loop
 //     strides), the row statistics are warp shuffles (cuda/warp_reduce.h), no shared memory and
 //     no __syncthreads. The row stays in L1/L2 between passes, so re-reading it is cheap. Rows of
-//     at most 128 values (the per-head QK-norms, and every norm of a model that narrow) go to
-//     cuda/norm_rows.h's kernels instead: four rows a warp, held in registers, the same sums in
-//     the same order; their backward also sums the parameter gradients on the way (below).
+//     at most 128 values (the per-head QK-norms) and float32 rows of at most 1,024 (the block
+//     norms of a GPT-2-sized model) go to cuda/norm_rows.h's kernels instead: held in registers
+//     (four short rows a warp, or one wide row), the same sums in the same order; their backward
+//     also sums the parameter gradients on the way (below). These loops remain for wider rows
+//     and float64.
 //   parameter gradients (dweight = Σ_rows dy · xhat, dbias = Σ_rows dy): a deterministic two-stage
 //     reduction over rows instead of float atomics (whose order, hence rounding, would change
 //     from run to run). Stage 1: blocks of 32 columns × 8 row lanes (a warp reads 128
@@ -22,10 +24,10 @@
 //     chunk count depends on the shape only, never on the GPU. (Before: 32-row chunks, one thread
 //     per column. A per-head QK-norm gain sees B·H·T rows of 64, 196,608 at the 124M shape:
 //     stage 2 was one block walking 6,144 partials per column, 0.65 ms a call on an H200, and
-//     stage 1's 64-thread blocks could not keep DRAM busy.) Rows of at most 128 values skip
-//     stage 1: the short-row dx kernel adds each lane's columns over the rows it visits (it holds
-//     dy and x already), writes one partial per block and the last block adds them, as llm.c's
-//     layernorm_backward does: one read of dy and x instead of two.
+//     stage 1's 64-thread blocks could not keep DRAM busy.) Rows held in registers skip both
+//     stages: their dx kernel adds each lane's columns over the rows it visits (it holds dy and
+//     x already), writes one partial per block and the last block adds them, as llm.c's
+//     layernorm_backward does: one read of dy and x instead of two, and one launch.
 //
 // rms_norm forward keeps a kernel ladder: v1 is one thread per row, the cpu loop verbatim; v2 is
 // one warp per row. v2 is faster for two reasons: v1 has only `rows` threads (a few thousand: too
@@ -61,8 +63,8 @@ int64_t rotation_flops(const RowRotation<T>& rotation, int64_t rows, int64_t C) 
     return rotation.cos ? 3 * rows * C : 0;
 }
 
-// Only the short-row kernels rotate, and only rows whose pairs sit in one lane (norm_rotates): the
-// op rotates other rows itself.
+// Only the kernels of rows in registers rotate, and only rows whose pairs sit in one lane
+// (norm_rotates): the op rotates other rows itself.
 template <class T>
 void check_rotation(const RowRotation<T>& rotation, int64_t C) {
     QK_CHECK(!rotation.cos || (norm_rotates(C) && rotation.sin && rotation.positions > 0),
@@ -198,15 +200,28 @@ void norm_param_grads(T* dweight, T* dbias, const T* dy, const T* x, const NormR
     QK_CUDA_CHECK_LAUNCH("norm_param_grads_kernel");
 }
 
-// The short-row backward (cuda/norm_rows.h): dx, and dweight (dbias) when given, in one launch.
-// mean: null for rms_norm; dweight: null for an rms_norm without weight (dx only).
+// Chunks of the wide rows' backward: kFillBlocks / 4 of them where the rows allow (rows per chunk
+// rounded down, so that the count does not fall below it).
+Pieces wide_row_chunks(int64_t rows) {
+    const int64_t size = std::max<int64_t>(kBackwardWarps, rows / (kFillBlocks / 4));
+    return {size, (rows + size - 1) / size};
+}
+
+// The backward of rows held in registers (cuda/norm_rows.h): dx, and dweight (dbias) when given, in
+// one launch. mean: null for rms_norm; dweight: null for an rms_norm without weight (dx only).
 template <class T, bool kLayerNorm>
-void norm_backward_short(T* dx, T* dweight, T* dbias, const T* dy, const T* x, const NormRows& xs,
-                         const T* mean, const T* rstd, const T* weight, int64_t rows, int64_t C,
-                         const RowRotation<T>& rotation) {
-    // Chunks for half of kFillBlocks (blocks of 256 threads, four per SM of an H100, each lane 16
-    // or 32 loads in flight), none under one group of rows per warp.
-    const auto [per_chunk, chunks] = pieces_for(rows, 2, kBackwardWarps * kShortRows);
+void norm_backward_regs(T* dx, T* dweight, T* dbias, const T* dy, const T* x, const NormRows& xs,
+                        const T* mean, const T* rstd, const T* weight, int64_t rows, int64_t C,
+                        const RowRotation<T>& rotation) {
+    // Short rows: chunks for half of kFillBlocks (blocks of 256 threads, four per SM of an H100,
+    // each lane 16 or 32 loads in flight), none under one group of rows per warp. Wide rows: two
+    // chunks per SM of an H100, at least (each lane 16-64 loads in flight; the last block then adds
+    // ~264 partials per column, ~800 loads a thread from L2, where 528 would double that tail),
+    // none under a row per warp.
+    const RowLayout layout = row_layout<T>(C);
+    const auto [per_chunk, chunks] =
+        layout.rows == 1 ? wide_row_chunks(rows)
+                         : pieces_for(rows, 2, int64_t(kBackwardWarps) * layout.rows);
     const int64_t outputs = dweight ? (dbias ? 2 : 1) : 0;
     Storage scratch(sizeof(T) * size_t(std::max<int64_t>(1, outputs * chunks * C)), Device::cuda);
     T* partial_dw = outputs ? static_cast<T*>(scratch.data()) : nullptr;
@@ -216,15 +231,19 @@ void norm_backward_short(T* dx, T* dweight, T* dbias, const T* dy, const T* x, c
                                 rows * C + outputs * (chunks * C + C),
                                 15 * rows * C + rotation_flops(rotation, rows, C));
     const dim3 grid(1, unsigned(chunks));
-    if (short_row_values(C) == 2)
-        QK_LAUNCH((norm_backward_short_kernel<T, 2, kLayerNorm>), grid, kBackwardThreads, 0,
-                  stream(), dx, dweight, dbias, partial_dw, partial_db, tile_counters(1), dy, x, xs,
-                  mean, rstd, weight, rows, C, per_chunk, rotation);
-    else
-        QK_LAUNCH((norm_backward_short_kernel<T, 4, kLayerNorm>), grid, kBackwardThreads, 0,
-                  stream(), dx, dweight, dbias, partial_dw, partial_db, tile_counters(1), dy, x, xs,
-                  mean, rstd, weight, rows, C, per_chunk, rotation);
-    QK_CUDA_CHECK_LAUNCH("norm_backward_short_kernel");
+    with_row_layout<T>(C, [&]<int kPerLane, int kRows>(RowsOf<kPerLane>, RowsOf<kRows>) {
+        if constexpr (kRows == kShortRows)
+            QK_LAUNCH((norm_backward_regs_kernel<T, kPerLane, kShortRows, kLayerNorm>), grid,
+                      kBackwardThreads, 0, stream(), dx, dweight, dbias, partial_dw, partial_db,
+                      tile_counters(1), dy, x, xs, mean, rstd, weight, rows, C, per_chunk,
+                      rotation);
+        else
+            QK_LAUNCH((norm_backward_regs_kernel<T, kPerLane, 1, kLayerNorm>), grid,
+                      kBackwardThreads, 0, stream(), dx, dweight, dbias, partial_dw, partial_db,
+                      tile_counters(1), dy, x, xs, mean, rstd, weight, rows, C, per_chunk,
+                      rotation);
+    });
+    QK_CUDA_CHECK_LAUNCH("norm_backward_regs_kernel");
 }
 
 // ---- rms_norm ------------------------------------------------------------------------------
@@ -385,22 +404,21 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_ro
         double(sizeof(T)) * double(2 * rows * C + 2 * C + 2 * rows + rotation_reads(rotation, C)) +
             (y_half ? 2.0 * double(rows * C) : 0.0),
         double(8 * rows * C + rotation_flops(rotation, rows, C)), 0, sizeof(T) == 8);
-    switch (short_row_values(C)) {
-        case 2:
-            QK_LAUNCH((layer_norm_forward_short_kernel<T, 2, kShortRows>), short_row_blocks(rows),
-                      kRowThreads, 0, stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C,
-                      eps, y_half, half_is_bf16, rotation);
-            break;
-        case 4:
-            QK_LAUNCH((layer_norm_forward_short_kernel<T, 4, kShortRows>), short_row_blocks(rows),
-                      kRowThreads, 0, stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C,
-                      eps, y_half, half_is_bf16, rotation);
-            break;
-        default:
-            QK_LAUNCH((layer_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
-                      0, stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C, eps, y_half,
-                      half_is_bf16);
-    }
+    const bool held =
+        with_row_layout<T>(C, [&]<int kPerLane, int kRows>(RowsOf<kPerLane>, RowsOf<kRows>) {
+            if constexpr (kRows == kShortRows)
+                QK_LAUNCH((layer_norm_forward_regs_kernel<T, kPerLane, kShortRows>),
+                          regs_row_blocks(rows, kRows), kRowThreads, 0, stream(), y, mean, rstd, x,
+                          x_rows, weight, bias, rows, C, eps, y_half, half_is_bf16, rotation);
+            else
+                QK_LAUNCH((layer_norm_forward_regs_kernel<T, kPerLane, 1>),
+                          regs_row_blocks(rows, kRows), kRowThreads, 0, stream(), y, mean, rstd, x,
+                          x_rows, weight, bias, rows, C, eps, y_half, half_is_bf16, rotation);
+        });
+    if (!held)
+        QK_LAUNCH((layer_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
+                  stream(), y, mean, rstd, x, x_rows, weight, bias, rows, C, eps, y_half,
+                  half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
 }
 
@@ -409,9 +427,9 @@ void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x,
                          const NormRows& x_rows, const T* mean, const T* rstd, const T* weight,
                          int64_t rows, int64_t C, const RowRotation<T>& rotation) {
     check_rotation(rotation, C);
-    if (rows > 0 && short_row_values(C)) {
-        norm_backward_short<T, true>(dx, dweight, dbias, dy, x, x_rows, mean, rstd, weight, rows, C,
-                                     rotation);
+    if (rows > 0 && row_layout<T>(C).per_lane) {
+        norm_backward_regs<T, true>(dx, dweight, dbias, dy, x, x_rows, mean, rstd, weight, rows, C,
+                                    rotation);
         return;
     }
     if (rows > 0) {
@@ -443,21 +461,20 @@ void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T
         double(sizeof(T)) * double(2 * rows * C + C + rows + rotation_reads(rotation, C)) +
             (y_half ? 2.0 * double(rows * C) : 0.0),
         double(4 * rows * C + rotation_flops(rotation, rows, C)), 0, sizeof(T) == 8);
-    switch (short_row_values(C)) {
-        case 2:
-            QK_LAUNCH((rms_norm_forward_short_kernel<T, 2, kShortRows>), short_row_blocks(rows),
-                      kRowThreads, 0, stream(), y, rstd, x, x_rows, weight, rows, C, eps, y_half,
-                      half_is_bf16, rotation);
-            break;
-        case 4:
-            QK_LAUNCH((rms_norm_forward_short_kernel<T, 4, kShortRows>), short_row_blocks(rows),
-                      kRowThreads, 0, stream(), y, rstd, x, x_rows, weight, rows, C, eps, y_half,
-                      half_is_bf16, rotation);
-            break;
-        default:
-            QK_LAUNCH((rms_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
-                      0, stream(), y, rstd, x, x_rows, weight, rows, C, eps, y_half, half_is_bf16);
-    }
+    const bool held =
+        with_row_layout<T>(C, [&]<int kPerLane, int kRows>(RowsOf<kPerLane>, RowsOf<kRows>) {
+            if constexpr (kRows == kShortRows)
+                QK_LAUNCH((rms_norm_forward_regs_kernel<T, kPerLane, kShortRows>),
+                          regs_row_blocks(rows, kRows), kRowThreads, 0, stream(), y, rstd, x,
+                          x_rows, weight, rows, C, eps, y_half, half_is_bf16, rotation);
+            else
+                QK_LAUNCH((rms_norm_forward_regs_kernel<T, kPerLane, 1>),
+                          regs_row_blocks(rows, kRows), kRowThreads, 0, stream(), y, rstd, x,
+                          x_rows, weight, rows, C, eps, y_half, half_is_bf16, rotation);
+        });
+    if (!held)
+        QK_LAUNCH((rms_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
+                  stream(), y, rstd, x, x_rows, weight, rows, C, eps, y_half, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("rms_norm_forward_kernel");
 }
 
@@ -466,10 +483,10 @@ void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const NormRow
                        const T* rstd, const T* weight, int64_t rows, int64_t C,
                        const RowRotation<T>& rotation) {
     check_rotation(rotation, C);
-    if (rows > 0 && short_row_values(C)) {
-        norm_backward_short<T, false>(dx, dweight, static_cast<T*>(nullptr), dy, x, x_rows,
-                                      static_cast<const T*>(nullptr), rstd, weight, rows, C,
-                                      rotation);
+    if (rows > 0 && row_layout<T>(C).per_lane) {
+        norm_backward_regs<T, false>(dx, dweight, static_cast<T*>(nullptr), dy, x, x_rows,
+                                     static_cast<const T*>(nullptr), rstd, weight, rows, C,
+                                     rotation);
         return;
     }
     if (rows > 0) {

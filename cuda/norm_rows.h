@@ -1,12 +1,15 @@
-// The row kernels' layout (cuda/norm.cu) and their short-row versions for the per-head norms:
-// included by cuda/norm.cu only.
+// The row kernels' layout (cuda/norm.cu) and their versions that hold rows in registers: included
+// by cuda/norm.cu only.
 //
 // Row kernels (forward, and dx in backward) give a warp one row, kWarpsPerBlock = 4 rows per
-// 128-thread block. Rows of at most 128 values (the QK-norms over a head of D = 64 or 128) take
-// the kernels below, kRows rows a warp; their backward computes the parameter gradients too.
+// 128-thread block, and loop over it. Rows of at most 128 values (the QK-norms over a head of D =
+// 64 or 128) take the kernels below with kRows = 4 rows a warp, and float32 rows of at most 1,024
+// (a block norm of GPT-2's 768) with one row a warp: every lane loads its values of the rows before
+// the first sum, and the backward computes the parameter gradients from the same registers.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/bf16_convert.h"
 #include "cuda/runtime.h"
@@ -24,7 +27,7 @@ __device__ __forceinline__ int64_t warp_row(int64_t rows) {
     return r < rows ? r : -1;
 }
 
-// ---- short rows: the per-head norms (C = D <= 128) --------------------------------------------
+// ---- rows in registers: the per-head norms (C = D <= 128), the block norms (C <= 1,024) --------
 //
 // A warp per row of 64 values gives each lane two loads and then two five-shuffle sums: on an
 // H200 the per-head QK-norms ran at a third of the memory's speed (114 µs a call where their bytes
@@ -40,8 +43,8 @@ constexpr int kShortRows = 4;  // rows a warp: 8 or 16 loads in flight a lane
 // The kRows rows from `first` (those below `rows`): lane l's values l, l + 32, ... of each, 0 past
 // C.
 template <class T, int kPerLane, int kRows, class RowStart>
-__device__ __forceinline__ void load_short_rows(T (&v)[kRows][kPerLane], const RowStart& row_start,
-                                                int64_t first, int64_t rows, int64_t C) {
+__device__ __forceinline__ void load_rows(T (&v)[kRows][kPerLane], const RowStart& row_start,
+                                          int64_t first, int64_t rows, int64_t C) {
     const int lane = threadIdx.x % kWarp;
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -57,8 +60,8 @@ __device__ __forceinline__ void load_short_rows(T (&v)[kRows][kPerLane], const R
 // write(row, r, i, c) for each of this lane's values (i: column c = lane + 32·i < C) of the group's
 // rows r that exist (row = first + r < rows): the kernels' output pass.
 template <int kRows, int kPerLane, class Write>
-__device__ __forceinline__ void each_short_value(int64_t first, int64_t rows, int64_t C,
-                                                 const Write& write) {
+__device__ __forceinline__ void each_row_value(int64_t first, int64_t rows, int64_t C,
+                                               const Write& write) {
     const int lane = threadIdx.x % kWarp;
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -95,10 +98,10 @@ __device__ __forceinline__ void rotate_pairs(T (&v)[kPerLane], const RowRotation
 // y = value(r, c, x), each row is turned by rot (if any), and the rows that exist are written to
 // y: (rows, C) and, when y_half is not null, rounded beside it.
 template <class T, int kPerLane, int kRows, class Value>
-__device__ __forceinline__ void store_short_rows(T* y, uint16_t* y_half, bool half_is_bf16,
-                                                 T (&v)[kRows][kPerLane], const RowRotation<T>& rot,
-                                                 int64_t first, int64_t rows, int64_t C,
-                                                 const Value& value) {
+__device__ __forceinline__ void store_rows(T* y, uint16_t* y_half, bool half_is_bf16,
+                                           T (&v)[kRows][kPerLane], const RowRotation<T>& rot,
+                                           int64_t first, int64_t rows, int64_t C,
+                                           const Value& value) {
     const int lane = threadIdx.x % kWarp;
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -109,7 +112,7 @@ __device__ __forceinline__ void store_short_rows(T* y, uint16_t* y_half, bool ha
         }
         if (rot.cos) rotate_pairs(v[r], rot, first + r, C, T(1));
     }
-    each_short_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
+    each_row_value<kRows, kPerLane>(first, rows, C, [&](int64_t row, int r, int i, int c) {
         y[row * C + c] = v[r][i];
         store_half(y_half, row * C + c, v[r][i], half_is_bf16);
     });
@@ -124,15 +127,15 @@ __device__ __forceinline__ int64_t warp_row_group(int64_t rows) {
 
 // cuda/norm.cu's layer_norm_forward_kernel, kRows rows a warp.
 template <class T, int kPerLane, int kRows>
-__global__ void layer_norm_forward_short_kernel(T* y, T* mean, T* rstd, const T* x, NormRows xs,
-                                                const T* weight, const T* bias, int64_t rows,
-                                                int64_t C, T eps, uint16_t* y_half,
-                                                bool half_is_bf16, RowRotation<T> rot) {
+__global__ void layer_norm_forward_regs_kernel(T* y, T* mean, T* rstd, const T* x, NormRows xs,
+                                               const T* weight, const T* bias, int64_t rows,
+                                               int64_t C, T eps, uint16_t* y_half,
+                                               bool half_is_bf16, RowRotation<T> rot) {
     const int lane = threadIdx.x % kWarp;
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
     T v[kRows][kPerLane], m[kRows], s[kRows];
-    load_short_rows(
+    load_rows(
         v, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -150,7 +153,7 @@ __global__ void layer_norm_forward_short_kernel(T* y, T* mean, T* rstd, const T*
             if (lane + kWarp * i < C) sq += (v[r][i] - m[r]) * (v[r][i] - m[r]);
         s[r] = T(1) / dev_sqrt(warp_sum(sq) / T(C) + eps);
     }
-    store_short_rows(y, y_half, half_is_bf16, v, rot, first, rows, C, [&](int r, int c, T x) {
+    store_rows(y, y_half, half_is_bf16, v, rot, first, rows, C, [&](int r, int c, T x) {
         return (x - m[r]) * s[r] * weight[c] + (bias ? bias[c] : T(0));
     });
     QK_UNROLL
@@ -163,15 +166,15 @@ __global__ void layer_norm_forward_short_kernel(T* y, T* mean, T* rstd, const T*
 
 // cuda/norm.cu's rms_norm_forward_kernel, kRows rows a warp.
 template <class T, int kPerLane, int kRows>
-__global__ void rms_norm_forward_short_kernel(T* y, T* rstd, const T* x, NormRows xs,
-                                              const T* weight, int64_t rows, int64_t C, T eps,
-                                              uint16_t* y_half, bool half_is_bf16,
-                                              RowRotation<T> rot) {
+__global__ void rms_norm_forward_regs_kernel(T* y, T* rstd, const T* x, NormRows xs,
+                                             const T* weight, int64_t rows, int64_t C, T eps,
+                                             uint16_t* y_half, bool half_is_bf16,
+                                             RowRotation<T> rot) {
     const int lane = threadIdx.x % kWarp;
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
     T v[kRows][kPerLane], s[kRows];
-    load_short_rows(
+    load_rows(
         v, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -181,21 +184,21 @@ __global__ void rms_norm_forward_short_kernel(T* y, T* rstd, const T* x, NormRow
             if (lane + kWarp * i < C) ss += v[r][i] * v[r][i];
         s[r] = T(1) / dev_sqrt(warp_sum(ss) / T(C) + eps);
     }
-    store_short_rows(y, y_half, half_is_bf16, v, rot, first, rows, C,
-                     [&](int r, int c, T x) { return x * s[r] * (weight ? weight[c] : T(1)); });
+    store_rows(y, y_half, half_is_bf16, v, rot, first, rows, C,
+               [&](int r, int c, T x) { return x * s[r] * (weight ? weight[c] : T(1)); });
     QK_UNROLL
     for (int r = 0; r < kRows; ++r)
         if (lane == 0 && first + r < rows) rstd[first + r] = s[r];
 }
 
-// ---- short rows, backward: dx and the parameter gradients from one read -----------------------
+// ---- rows in registers, backward: dx and the parameter gradients from one read -----------------
 //
 // dweight = Σ_rows dy · xhat and dbias = Σ_rows dy read the dy and x that dx reads; on its own
 // (cuda/norm.cu's norm_param_grads) that is a second pass over both, which for the per-head norms
 // took as long as dx itself. As llm.c's layernorm_backward does, the dx kernel sums them on the
 // way: a lane's columns (lane + 32·i) are the same in every row it visits, so its share of the sums
 // stays in registers. Block k of the grid (1, chunks) takes the rows of chunk k, its warp w the
-// groups of kShortRows rows w, w + 8, ... of the chunk; the block's 8 warps add their sums in warp
+// groups of kRows rows w, w + 8, ... of the chunk; the block's 8 warps add their sums in warp
 // order into the chunk's partials, and the block that arrives last adds the chunks' partials in
 // chunk order (arrived_last): a fixed order, the same bits under every run order. The chunk count
 // depends on the shape only (pieces_for), never on the GPU.
@@ -222,8 +225,41 @@ __device__ void store_chunk_sums(T* partial_row, const T (&sums)[kPerLane], int6
 // In the block that arrived last: out: (C) = Σ_k partial[k][c] over the chunks in order. Each
 // column's chunks are split into `runs` interleaved runs (thread t: column t % C, run t / C) so
 // that the block's threads share the reads; the runs are then added in run order.
+// Rows wider than half the block (the block norms) give each thread columns t, t + 256, ... (at
+// most kMaxWideColumns) and every chunk in order, four chunks' loads in flight (walk_rows).
+constexpr int kMaxWideColumns = 4;  // C <= 1,024
+
+template <class T>
+__device__ void sum_wide_chunk_partials(T* out, const T* partial, int64_t chunks, int64_t C) {
+    struct Loaded {
+        T v[kMaxWideColumns];
+    };
+    T acc[kMaxWideColumns] = {};
+    walk_rows(
+        0, chunks, 1,
+        [&](int64_t k) {
+            Loaded loaded;
+            QK_UNROLL
+            for (int j = 0; j < kMaxWideColumns; ++j) {
+                const int64_t c = threadIdx.x + int64_t(j) * kBackwardThreads;
+                loaded.v[j] = c < C ? __ldcg(partial + k * C + c) : T(0);
+            }
+            return loaded;
+        },
+        [&](int64_t, const Loaded& loaded) {
+            QK_UNROLL
+            for (int j = 0; j < kMaxWideColumns; ++j) acc[j] += loaded.v[j];
+        });
+    QK_UNROLL
+    for (int j = 0; j < kMaxWideColumns; ++j) {
+        const int64_t c = threadIdx.x + int64_t(j) * kBackwardThreads;
+        if (c < C) out[c] = acc[j];
+    }
+}
+
 template <class T>
 __device__ void sum_chunk_partials(T* out, const T* partial, int64_t chunks, int64_t C) {
+    if (C > kBackwardThreads / 2) return sum_wide_chunk_partials(out, partial, chunks, C);
     __shared__ T by_run[kBackwardThreads];
     const int runs = int(kBackwardThreads / C);  // C <= 128: at least 2
     const int c = int(threadIdx.x % C), run = int(threadIdx.x / C);
@@ -243,13 +279,12 @@ __device__ void sum_chunk_partials(T* out, const T* partial, int64_t chunks, int
 // partial_dw, partial_db: (chunks, C) scratch or null; counters: one (arrived_last); dy: (rows, C);
 // x: rows of C where xs says; mean: (rows) (layer_norm) or null; rstd: (rows); weight: (C) or null
 // (rms_norm). dx's terms and order are cuda/norm.cu's one-row kernels'.
-template <class T, int kPerLane, bool kLayerNorm>
+template <class T, int kPerLane, int kRows, bool kLayerNorm>
 __global__ void __launch_bounds__(kBackwardThreads)
-    norm_backward_short_kernel(T* dx, T* dweight, T* dbias, T* partial_dw, T* partial_db,
-                               unsigned* counters, const T* dy, const T* x, NormRows xs,
-                               const T* mean, const T* rstd, const T* weight, int64_t rows,
-                               int64_t C, int64_t per_chunk, RowRotation<T> rot) {
-    constexpr int kRows = kShortRows;
+    norm_backward_regs_kernel(T* dx, T* dweight, T* dbias, T* partial_dw, T* partial_db,
+                              unsigned* counters, const T* dy, const T* x, NormRows xs,
+                              const T* mean, const T* rstd, const T* weight, int64_t rows,
+                              int64_t C, int64_t per_chunk, RowRotation<T> rot) {
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const int64_t chunk = blockIdx.y, r0 = chunk * per_chunk;
     const int64_t r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
@@ -258,9 +293,9 @@ __global__ void __launch_bounds__(kBackwardThreads)
     for (int64_t first = r0 + int64_t(warp) * kRows; first < r1; first += kBackwardWarps * kRows) {
         T xv[kRows][kPerLane], dyv[kRows][kPerLane], m[kRows], s[kRows], mean_dxhat[kRows],
             mean_dxhat_xhat[kRows];
-        load_short_rows(
+        load_rows(
             xv, [&](int64_t r) { return x + xs.offset(r); }, first, r1, C);
-        load_short_rows(
+        load_rows(
             dyv, [&](int64_t r) { return dy + r * C; }, first, r1, C);
         QK_UNROLL
         for (int r = 0; r < kRows; ++r) {
@@ -285,7 +320,7 @@ __global__ void __launch_bounds__(kBackwardThreads)
             mean_dxhat[r] = kLayerNorm ? warp_sum(sum_dxhat) / T(C) : T(0);
             mean_dxhat_xhat[r] = warp_sum(sum_dxhat_xhat) / T(C);
         }
-        each_short_value<kRows, kPerLane>(first, r1, C, [&](int64_t row, int r, int i, int c) {
+        each_row_value<kRows, kPerLane>(first, r1, C, [&](int64_t row, int r, int i, int c) {
             if constexpr (kLayerNorm) {
                 const T xhat = (xv[r][i] - m[r]) * s[r], dxhat = dyv[r][i] * weight[c];
                 //                  direct   mean term        rstd term
@@ -307,11 +342,61 @@ __global__ void __launch_bounds__(kBackwardThreads)
     if (bias_wanted) sum_chunk_partials(dbias, partial_db, gridDim.y, C);
 }
 
-// kPerLane of the short-row kernels for rows of C values: 2 (C <= 64), 4 (C <= 128), or 0 (the
-// one-row kernels); and their grid.
-inline int short_row_values(int64_t C) { return C <= 2 * kWarp ? 2 : C <= 4 * kWarp ? 4 : 0; }
-inline unsigned short_row_blocks(int64_t rows) {
-    return blocks_for((rows + kShortRows - 1) / kShortRows, kWarpsPerBlock);
+// How rows of C values are held in registers: kPerLane values a lane and kRows rows a warp, or
+// per_lane = 0 for the one-row kernels (wider rows, or float64 rows above 128: the backward's
+// shared-memory sums of 8 warps × 1,024 doubles would not fit in 48 KB).
+struct RowLayout {
+    int per_lane, rows;
+};
+template <class T>
+RowLayout row_layout(int64_t C) {
+    if (C <= 2 * kWarp) return {2, kShortRows};
+    if (C <= 4 * kWarp) return {4, kShortRows};
+    if (sizeof(T) != 4 || C > 32 * kWarp) return {0, 0};
+    return {C <= 8 * kWarp ? 8 : C <= 16 * kWarp ? 16 : C <= 24 * kWarp ? 24 : 32, 1};
+}
+
+// Calls launch(RowsOf<kPerLane>{}, RowsOf<kRows>{}) for C's layout, the two numbers as types for
+// the kernel's template; false where the one-row kernels run instead.
+template <int n>
+using RowsOf = std::integral_constant<int, n>;
+
+template <class T, class Launch>
+bool with_row_layout(int64_t C, const Launch& launch) {
+    switch (row_layout<T>(C).per_lane) {
+        case 2:
+            launch(RowsOf<2>{}, RowsOf<kShortRows>{});
+            return true;
+        case 4:
+            launch(RowsOf<4>{}, RowsOf<kShortRows>{});
+            return true;
+        default:
+            break;
+    }
+    if constexpr (sizeof(T) == 4) {
+        switch (row_layout<T>(C).per_lane) {
+            case 8:
+                launch(RowsOf<8>{}, RowsOf<1>{});
+                return true;
+            case 16:
+                launch(RowsOf<16>{}, RowsOf<1>{});
+                return true;
+            case 24:
+                launch(RowsOf<24>{}, RowsOf<1>{});
+                return true;
+            case 32:
+                launch(RowsOf<32>{}, RowsOf<1>{});
+                return true;
+            default:
+                break;
+        }
+    }
+    return false;
+}
+
+// The forward grid: 4 warps a block, kRows rows a warp.
+inline unsigned regs_row_blocks(int64_t rows, int kRows) {
+    return blocks_for((rows + kRows - 1) / kRows, kWarpsPerBlock);
 }
 
 }  // namespace qk::cuda::norm_rows

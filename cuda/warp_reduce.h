@@ -91,7 +91,7 @@ __device__ __forceinline__ void walk_rows(int64_t first, int64_t end, int64_t st
                                           Visit visit) {
     using Loaded = decltype(load(first));
     for (int64_t r = first; r < end; r += step * kRowsInFlight) {
-        Loaded loaded[kRowsInFlight];
+        Loaded loaded[kRowsInFlight]{};  // (zeroed: compilers cannot see the two guards agree)
         QK_UNROLL
         for (int i = 0; i < kRowsInFlight; ++i)
             if (r + i * step < end) loaded[i] = load(r + i * step);

@@ -4,7 +4,8 @@
 // float64, under every run order of the emulator. dweight/dbias come from a two-stage sum over
 // rows (no atomics), so every output must be bit-identical across orders. Sizes are ragged
 // (C = 37, 100, 259) and span several blocks (4 rows per block; parameter gradients in chunks of
-// at least 32 rows, and one case with hundreds of chunks).
+// at least 32 rows, and one case with hundreds of chunks); float32 rows of up to 1,024 values are
+// held in registers (cuda/norm_rows.h), float64 ones above 128 are not: both ladders run.
 #include "cuda_kernel_check.h"
 #include "cuda_parity.h"
 #include "helpers.h"
@@ -156,6 +157,13 @@ TEST_CASE("cuda norms' parameter gradients over many row chunks") {
     // 31), added up by the last block to arrive.
     check_layer_norm<float>({3001, 64}, true, 901, 0.0);
     check_rms_norm<float>({3001, 64}, true, 902);
+    // float32 rows of 129 to 1,024 values, held one a warp (8, 24 and 32 values a lane): 2,200
+    // rows of GPT-2's 768 in 275 chunks of 8 rows, whose last block adds 3 columns a thread; 600
+    // rows of 1,000 (4 columns a thread) and 300 of 200 in chunks of 8.
+    check_layer_norm<float>({2200, 768}, true, 903, 0.0);
+    check_rms_norm<float>({600, 1000}, true, 904);
+    check_rms_norm<float>({300, 200}, false, 905);
+    check_layer_norm<float>({300, 200}, false, 906, 50.0);
 }
 
 TEST_CASE_TEMPLATE("cuda rms_norm v1 and v2 match the cpu, forward and backward", T, float,
