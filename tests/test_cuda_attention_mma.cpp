@@ -374,6 +374,38 @@ TEST_CASE("tensor-core attention writes its output's rounding for c_proj in the 
     }
 }
 
+TEST_CASE("tensor-core attention reads a QK-norm's kept rounding of q and k, the same bits") {
+    if (!cuda_runnable()) return;
+    // q and k from per-head LayerNorms that write their bf16 rounding beside their output: the
+    // attention rounds only v (one copy, a third of the bytes), and its output and gradients are
+    // those of q and k rounded by the attention itself, bit for bit.
+    const Tensor x = randn_seeded({2, 3, 67, 64}, 611, kF32).to(Device::cuda),
+                 w = randn_seeded({64}, 612, kF32).to(Device::cuda),
+                 v = randn_seeded({2, 3, 67, 64}, 613, kF32).to(Device::cuda),
+                 probe = randn_seeded({2, 3, 67, 64}, 614, kF32).to(Device::cuda);
+    const AttentionOptions o{.causal = true, .precision = Precision::bf16};
+    auto run = [&](bool kept) {
+        Tensor xq = x.clone().requires_grad_(), xk = (x * 0.5).detach().requires_grad_();
+        const Precision rounded = kept ? Precision::bf16 : Precision::full;
+        const Tensor q = layer_norm(xq, w, {}, 1e-5, rounded),
+                     k = layer_norm(xk, w, {}, 1e-5, rounded);
+        CHECK(has_kept_cast(q, kBF16) == kept);
+        Tensor out;
+        const auto forward = qk::test::launches_of([&] { out = attention(q, k, v, o); });
+        double copied = 0;
+        for (const auto& e : forward)
+            if (e.name.find("copy") != std::string::npos) copied += e.bytes;
+        out.backward(probe);
+        return std::tuple{host_values(out), host_values(xq.grad()), host_values(xk.grad()), copied};
+    };
+    const auto [out_kept, dq_kept, dk_kept, copied_kept] = run(true);
+    const auto [out_fresh, dq_fresh, dk_fresh, copied_fresh] = run(false);
+    CHECK(out_kept == out_fresh);
+    CHECK(dq_kept == dq_fresh);
+    CHECK(dk_kept == dk_fresh);
+    CHECK(copied_kept * 3 == doctest::Approx(copied_fresh));  // v alone: 6 of 18 bytes a value
+}
+
 TEST_CASE("tensor-core attention backward: a scale number folds g into dQ, the same bits") {
     if (!cuda_device_or_skip()) return;
     // A scale number wants no gradient for g: the dq kernel multiplies by g itself, where a scale

@@ -141,6 +141,12 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, Generator& gen
         fp8_q = std::make_shared<DelayedScaling>(MiniFormat::e4m3);
         fp8_k = std::make_shared<DelayedScaling>(MiniFormat::e4m3);
     }
+    // A per-head norm's output is what the attention reads (RoPE turns inside the norm, or came
+    // first), (B, H, T, D) as the attention's GEMMs want it: the norm writes its rounding too, and
+    // the attention finds q, k (and v) rounded where it would round them itself.
+    if (config.qk_norm_scope == NormScope::head && !config.fp8_attention)
+        for (const auto& norm : {q_norm, k_norm, v_norm})
+            if (norm) norm->rounded_copy = config.outside_linears();
 }
 
 // Applies this layer's q/k/v normalisation to t: (B, H, T, D) for scope head, (B, T, C) for full.
