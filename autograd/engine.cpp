@@ -8,6 +8,11 @@
 //      slab's gradient; the entry keeps such slabs apart and puts them in place when the
 //      producing node runs (gather), so a split's pieces fill one buffer without zero-filling it.
 //
+// One shortcut: a node that can add its input's gradient into a buffer itself (a norm after a
+// residual add, Node::adds_into_input_gradient) is handed the gradient its input already has when
+// the engine holds that buffer alone, and adds into it in its own pass: the same sum, one pass
+// over the residual stream fewer.
+//
 // The accumulation rule (micrograd's users tripped on it): gradients are always ADDED, both
 // between the uses of a tensor inside one graph (x used twice gets both contributions) and across
 // backward calls into a leaf's .grad. Nothing resets .grad but zero_grad() or the optimizer.
@@ -193,6 +198,15 @@ class GradientTable {
         else
             pending.sum = std::move(incoming.sum);
     }
+    // `producer`'s pending output gradient when it is one whole buffer that nothing else holds, of
+    // the shape and dtype given (a node may then add into it), or null.
+    Tensor* sum_to_add_into(Node* producer, const Shape& shape, DType dtype) {
+        auto found = table_.find(producer);
+        if (found == table_.end()) return nullptr;
+        Tensor& sum = found->second.sum;
+        const bool usable = sum.defined() && sum.shape() == shape && exclusively_owned(sum, dtype);
+        return usable ? &sum : nullptr;
+    }
     // Removes and returns `node`'s output gradient (empty if none flowed in): the walk reaches a
     // node after all its consumers, so the gradient is complete, and it is freed once consumed.
     std::optional<Pending> take(Node* node) {
@@ -207,12 +221,21 @@ class GradientTable {
     std::unordered_map<Node*, Pending> table_;
 };
 
-Grads call_backward(Node& node, Pending output_gradient) {
+Grads call_backward(Node& node, Pending output_gradient, GradientTable& grads) {
     QK_CHECK(!node.released,
              "backward: the graph through '{}' was already freed by an earlier backward(); "
              "call backward(/*retain_graph=*/true) the first time to go through it twice",
              node.name());
-    Grads dinputs = node.backward(gather(output_gradient));
+    Tensor* into = nullptr;  // input 0's gradient so far, for a node that adds into it
+    if (node.adds_into_input_gradient() && !node.inputs.empty() && node.inputs[0].fn) {
+        const Edge& edge = node.inputs[0];
+        into = grads.sum_to_add_into(edge.fn.get(), edge.shape, edge.dtype);
+    }
+    Grads dinputs = into ? node.backward_adding(gather(output_gradient), *into)
+                         : node.backward(gather(output_gradient));
+    QK_CHECK(!into || dinputs.empty() || !dinputs[0].defined(),
+             "backward of {}: added into its input's gradient and returned one as well",
+             node.name());
     // The gathered dy is a temporary, gone here: an input gradient that is a view of it (a
     // transpose's, a reshape's) then holds its memory alone and is added into without a copy.
     QK_CHECK(dinputs.size() == node.inputs.size(),
@@ -243,6 +266,11 @@ void free_saved(Node& node) {
     node.released = true;
 }
 }  // namespace
+
+Grads Node::backward_adding(const Tensor&, const Tensor&) {
+    throw Error(
+        fmt::format("backward of {}: this node does not add into its input's gradient", name()));
+}
 
 bool grad_enabled() { return grad_mode_enabled; }
 void set_grad_enabled(bool on) { grad_mode_enabled = on; }
@@ -298,7 +326,7 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
     for (Node* node : order) {
         std::optional<Pending> dy = grads.take(node);
         if (!dy) continue;  // no gradient flowed into this node
-        Grads dinputs = call_backward(*node, std::move(*dy));
+        Grads dinputs = call_backward(*node, std::move(*dy), grads);
         for (size_t i = 0; i < dinputs.size(); ++i) {
             send(*node, i, std::move(dinputs[i]), grads);
             hooks.edge_passed(node->inputs[i]);

@@ -48,6 +48,13 @@ struct Node {
     // (narrow): the engine puts the slab in place. The pieces of a split then go back into one
     // buffer, each copied once, instead of one zero-filled input-sized tensor per piece, all added.
     virtual std::optional<Slab> gradient_slab() const { return std::nullopt; }
+    // Set for a node that can add its gradient for input 0 into that input's gradient so far, in
+    // the pass that computes it: a norm reading a residual stream, whose gradient the residual
+    // path has already started (llm.c's layernorm backward adds into dresidual the same way).
+    // When the engine holds such a buffer it calls backward_adding instead of backward and skips
+    // its own addition; the node returns an undefined gradient for input 0.
+    virtual bool adds_into_input_gradient() const { return false; }
+    virtual Grads backward_adding(const Tensor& grad_output, const Tensor& input_gradient);
 
     std::vector<Edge> inputs;
     bool released = false;
@@ -63,6 +70,22 @@ struct LambdaNode final : Node {
 
     std::string op_name;
     std::optional<BackwardFn> fn;  // owns the saved tensors it captured
+};
+
+// A backward lambda `std::vector<Tensor>(const Tensor& dy, const Tensor& into)` as a Node that adds
+// input 0's gradient into `into` when the engine hands it one (undefined otherwise: a plain
+// backward).
+template <typename BackwardFn>
+struct AddingLambdaNode final : Node {
+    AddingLambdaNode(std::string op, BackwardFn fn) : op_name(std::move(op)), fn(std::move(fn)) {}
+    std::string name() const override { return op_name; }
+    Grads backward(const Tensor& dy) override { return (*fn)(dy, Tensor()); }
+    bool adds_into_input_gradient() const override { return true; }
+    Grads backward_adding(const Tensor& dy, const Tensor& into) override { return (*fn)(dy, into); }
+    void release() override { fn.reset(); }
+
+    std::string op_name;
+    std::optional<BackwardFn> fn;
 };
 
 // True when an op on these inputs must record a node.
@@ -97,6 +120,16 @@ template <typename BackwardFn>
 Tensor record(std::string op, Tensor output, const std::vector<Tensor>& inputs, BackwardFn&& fn) {
     if (!needs_recording(inputs)) return output;
     auto node = std::make_shared<LambdaNode<std::decay_t<BackwardFn>>>(
+        std::move(op), std::forward<BackwardFn>(fn));
+    return attach(std::move(output), std::move(node), inputs);
+}
+
+// record() for a backward that can add input 0's gradient into a buffer (AddingLambdaNode).
+template <typename BackwardFn>
+Tensor record_adding(std::string op, Tensor output, const std::vector<Tensor>& inputs,
+                     BackwardFn&& fn) {
+    if (!needs_recording(inputs)) return output;
+    auto node = std::make_shared<AddingLambdaNode<std::decay_t<BackwardFn>>>(
         std::move(op), std::forward<BackwardFn>(fn));
     return attach(std::move(output), std::move(node), inputs);
 }

@@ -105,10 +105,11 @@ __global__ void layer_norm_forward_kernel(T* y, T* mean, T* rstd, const T* x, No
 }
 
 // dx: (rows, C) out; dy: (rows, C); x: rows of C where xs says; mean, rstd: (rows); weight: (C).
+// add_into_dx: dx += the gradient (ops/norm.h).
 template <class T>
 __global__ void layer_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, NormRows xs,
                                               const T* mean, const T* rstd, const T* weight,
-                                              int64_t rows, int64_t C) {
+                                              int64_t rows, int64_t C, bool add_into_dx) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r = warp_row(rows);
     if (r < 0) return;
@@ -125,8 +126,9 @@ __global__ void layer_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, No
     T* dxr = dx + r * C;
     for (int64_t c = lane; c < C; c += kWarp) {
         const T xhat = (xr[c] - m) * s, dxhat = dyr[c] * weight[c];
-        //              direct   mean term     rstd term
-        dxr[c] = s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+        //                     direct   mean term     rstd term
+        const T value = s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+        dxr[c] = add_into_dx ? dev_add_unfused(dxr[c], value) : value;
     }
 }
 
@@ -212,7 +214,7 @@ Pieces wide_row_chunks(int64_t rows) {
 template <class T, bool kLayerNorm>
 void norm_backward_regs(T* dx, T* dweight, T* dbias, const T* dy, const T* x, const NormRows& xs,
                         const T* mean, const T* rstd, const T* weight, int64_t rows, int64_t C,
-                        const RowRotation<T>& rotation) {
+                        const RowRotation<T>& rotation, bool add_into_dx) {
     // Short rows: chunks for half of kFillBlocks (blocks of 256 threads, four per SM of an H100,
     // each lane 16 or 32 loads in flight), none under one group of rows per warp. Wide rows: two
     // chunks per SM of an H100, at least (each lane 16-64 loads in flight; the last block then adds
@@ -226,7 +228,7 @@ void norm_backward_regs(T* dx, T* dweight, T* dbias, const T* dy, const T* x, co
     Storage scratch(sizeof(T) * size_t(std::max<int64_t>(1, outputs * chunks * C)), Device::cuda);
     T* partial_dw = outputs ? static_cast<T*>(scratch.data()) : nullptr;
     T* partial_db = outputs == 2 ? partial_dw + chunks * C : nullptr;
-    ledger::declare_elements<T>(2 * rows * C + C + (kLayerNorm ? 2 : 1) * rows +
+    ledger::declare_elements<T>((add_into_dx ? 3 : 2) * rows * C + C + (kLayerNorm ? 2 : 1) * rows +
                                     outputs * chunks * C + rotation_reads(rotation, C),
                                 rows * C + outputs * (chunks * C + C),
                                 15 * rows * C + rotation_flops(rotation, rows, C));
@@ -235,13 +237,13 @@ void norm_backward_regs(T* dx, T* dweight, T* dbias, const T* dy, const T* x, co
         if constexpr (kRows == kShortRows)
             QK_LAUNCH((norm_backward_regs_kernel<T, kPerLane, kShortRows, kLayerNorm>), grid,
                       kBackwardThreads, 0, stream(), dx, dweight, dbias, partial_dw, partial_db,
-                      tile_counters(1), dy, x, xs, mean, rstd, weight, rows, C, per_chunk,
-                      rotation);
+                      tile_counters(1), dy, x, xs, mean, rstd, weight, rows, C, per_chunk, rotation,
+                      add_into_dx);
         else
             QK_LAUNCH((norm_backward_regs_kernel<T, kPerLane, 1, kLayerNorm>), grid,
                       kBackwardThreads, 0, stream(), dx, dweight, dbias, partial_dw, partial_db,
-                      tile_counters(1), dy, x, xs, mean, rstd, weight, rows, C, per_chunk,
-                      rotation);
+                      tile_counters(1), dy, x, xs, mean, rstd, weight, rows, C, per_chunk, rotation,
+                      add_into_dx);
     });
     QK_CUDA_CHECK_LAUNCH("norm_backward_regs_kernel");
 }
@@ -286,8 +288,8 @@ __global__ void rms_norm_forward_kernel(T* y, T* rstd, const T* x, NormRows xs, 
 // dx: (rows, C) out; dy: (rows, C); x: rows of C where xs says; rstd: (rows); weight: (C) or null.
 template <class T>
 __global__ void rms_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, NormRows xs,
-                                            const T* rstd, const T* weight, int64_t rows,
-                                            int64_t C) {
+                                            const T* rstd, const T* weight, int64_t rows, int64_t C,
+                                            bool add_into_dx) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r = warp_row(rows);
     if (r < 0) return;
@@ -300,7 +302,8 @@ __global__ void rms_norm_backward_dx_kernel(T* dx, const T* dy, const T* x, Norm
     T* dxr = dx + r * C;
     for (int64_t c = lane; c < C; c += kWarp) {
         const T xhat = xr[c] * s, dxhat = dyr[c] * (weight ? weight[c] : T(1));
-        dxr[c] = s * (dxhat - xhat * mean_dxhat_xhat);  // direct − rstd term
+        const T value = s * (dxhat - xhat * mean_dxhat_xhat);  // direct − rstd term
+        dxr[c] = add_into_dx ? dev_add_unfused(dxr[c], value) : value;
     }
 }
 
@@ -425,17 +428,19 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_ro
 template <class T>
 void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x,
                          const NormRows& x_rows, const T* mean, const T* rstd, const T* weight,
-                         int64_t rows, int64_t C, const RowRotation<T>& rotation) {
+                         int64_t rows, int64_t C, const RowRotation<T>& rotation,
+                         bool add_into_dx) {
     check_rotation(rotation, C);
     if (rows > 0 && row_layout<T>(C).per_lane) {
         norm_backward_regs<T, true>(dx, dweight, dbias, dy, x, x_rows, mean, rstd, weight, rows, C,
-                                    rotation);
+                                    rotation, add_into_dx);
         return;
     }
     if (rows > 0) {
-        ledger::declare_elements<T>(2 * rows * C + C + 2 * rows, rows * C, 12 * rows * C);
+        ledger::declare_elements<T>((add_into_dx ? 3 : 2) * rows * C + C + 2 * rows, rows * C,
+                                    12 * rows * C);
         QK_LAUNCH((layer_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
-                  0, stream(), dx, dy, x, x_rows, mean, rstd, weight, rows, C);
+                  0, stream(), dx, dy, x, x_rows, mean, rstd, weight, rows, C, add_into_dx);
         QK_CUDA_CHECK_LAUNCH("layer_norm_backward_dx_kernel");
     }
     norm_param_grads(dweight, dbias, dy, x, x_rows, mean, rstd, rows, C);
@@ -481,18 +486,19 @@ void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T
 template <class T>
 void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const NormRows& x_rows,
                        const T* rstd, const T* weight, int64_t rows, int64_t C,
-                       const RowRotation<T>& rotation) {
+                       const RowRotation<T>& rotation, bool add_into_dx) {
     check_rotation(rotation, C);
     if (rows > 0 && row_layout<T>(C).per_lane) {
         norm_backward_regs<T, false>(dx, dweight, static_cast<T*>(nullptr), dy, x, x_rows,
                                      static_cast<const T*>(nullptr), rstd, weight, rows, C,
-                                     rotation);
+                                     rotation, add_into_dx);
         return;
     }
     if (rows > 0) {
-        ledger::declare_elements<T>(2 * rows * C + C + rows, rows * C, 8 * rows * C);
+        ledger::declare_elements<T>((add_into_dx ? 3 : 2) * rows * C + C + rows, rows * C,
+                                    8 * rows * C);
         QK_LAUNCH((rms_norm_backward_dx_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads,
-                  0, stream(), dx, dy, x, x_rows, rstd, weight, rows, C);
+                  0, stream(), dx, dy, x, x_rows, rstd, weight, rows, C, add_into_dx);
         QK_CUDA_CHECK_LAUNCH("rms_norm_backward_dx_kernel");
     }
     if (dweight)

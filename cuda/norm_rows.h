@@ -278,13 +278,14 @@ __device__ void sum_chunk_partials(T* out, const T* partial, int64_t chunks, int
 // dweight is given the parameter gradients. dx: (rows, C) out; dweight, dbias: (C) out or null;
 // partial_dw, partial_db: (chunks, C) scratch or null; counters: one (arrived_last); dy: (rows, C);
 // x: rows of C where xs says; mean: (rows) (layer_norm) or null; rstd: (rows); weight: (C) or null
-// (rms_norm). dx's terms and order are cuda/norm.cu's one-row kernels'.
+// (rms_norm); add_into_dx: dx += the gradient. dx's terms and order are cuda/norm.cu's one-row
+// kernels'.
 template <class T, int kPerLane, int kRows, bool kLayerNorm>
 __global__ void __launch_bounds__(kBackwardThreads)
     norm_backward_regs_kernel(T* dx, T* dweight, T* dbias, T* partial_dw, T* partial_db,
                               unsigned* counters, const T* dy, const T* x, NormRows xs,
                               const T* mean, const T* rstd, const T* weight, int64_t rows,
-                              int64_t C, int64_t per_chunk, RowRotation<T> rot) {
+                              int64_t C, int64_t per_chunk, RowRotation<T> rot, bool add_into_dx) {
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const int64_t chunk = blockIdx.y, r0 = chunk * per_chunk;
     const int64_t r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
@@ -323,13 +324,15 @@ __global__ void __launch_bounds__(kBackwardThreads)
         each_row_value<kRows, kPerLane>(first, r1, C, [&](int64_t row, int r, int i, int c) {
             if constexpr (kLayerNorm) {
                 const T xhat = (xv[r][i] - m[r]) * s[r], dxhat = dyv[r][i] * weight[c];
-                //                  direct   mean term        rstd term
-                dx[row * C + c] = s[r] * (dxhat - mean_dxhat[r] - xhat * mean_dxhat_xhat[r]);
+                //                     direct   mean term        rstd term
+                const T value = s[r] * (dxhat - mean_dxhat[r] - xhat * mean_dxhat_xhat[r]);
+                dx[row * C + c] = add_into_dx ? dev_add_unfused(dx[row * C + c], value) : value;
                 if (sums_wanted) dw_sum[i] += dyv[r][i] * xhat;  // dweight = Σ_rows dy · xhat
                 if (bias_wanted) db_sum[i] += dyv[r][i];         // dbias = Σ_rows dy
             } else {
                 const T xhat = xv[r][i] * s[r], dxhat = dyv[r][i] * (weight ? weight[c] : T(1));
-                dx[row * C + c] = s[r] * (dxhat - xhat * mean_dxhat_xhat[r]);  // direct − rstd term
+                const T value = s[r] * (dxhat - xhat * mean_dxhat_xhat[r]);  // direct − rstd term
+                dx[row * C + c] = add_into_dx ? dev_add_unfused(dx[row * C + c], value) : value;
                 if (sums_wanted) dw_sum[i] += dyv[r][i] * xhat;
             }
         });

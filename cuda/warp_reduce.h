@@ -133,6 +133,12 @@ __device__ __forceinline__ T combine_chunks(const T* partial, int64_t chunks, in
     return combine_lane_rows(acc, op);
 }
 
+// a + b with b rounded on its own first: never fused with the multiply that made b (nvcc's
+// --fmad, like g++'s default contraction, would make a + s·t one FMA), so that adding into a
+// buffer gives the bits of storing b and adding it afterwards (the norms' add_into_dx).
+__device__ __forceinline__ float dev_add_unfused(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double dev_add_unfused(double a, double b) { return __dadd_rn(a, b); }
+
 // Math overloads that pick expf or exp by type: the C names exist in device code under nvcc and
 // on the host under the emulation alike.
 __device__ __forceinline__ float dev_exp(float x) { return expf(x); }

@@ -39,6 +39,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/elementwise.h"
 #include "ops/lane_sum.h"
 #include "ops/norm_common.h"
 #include "ops/on_device.h"
@@ -367,6 +368,20 @@ Tensor rotated_outside_kernel(const Tensor& t, const OutputRotation& rotation, i
                                            : t;
 }
 
+// The backward's gradient for x. Where the autograd engine handed the node x's gradient so far
+// (`into`, Node::adds_into_input_gradient: a residual stream's), dx goes into it and none is
+// returned: added by the cuda kernel in its own pass (written_in_kernel), or here on the cpu.
+Tensor added_into(const Tensor& into, const Tensor& dx, bool written_in_kernel) {
+    if (!into.defined()) return dx;
+    if (written_in_kernel) {
+        mark_written(into);
+    } else {
+        Tensor target = into;
+        add_(target, dx);
+    }
+    return Tensor();
+}
+
 // The half copy a norm writes beside y: none where y is rotated after the kernel.
 Tensor rounded_copy_unless_rotated_after(const Tensor& y, Precision rounded_copy,
                                          const OutputRotation& rotation) {
@@ -406,13 +421,14 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
         });
     y = rotated_outside_kernel(y, rotation, +1);
     keep_rounded_copy(y, y_half);
-    return autograd::record(
+    return autograd::record_adding(
         "layer_norm", y, {x_in, weight_in, bias_in},
         [x = x, x_rows = x_rows, weight = autograd::saved(weight), mean = autograd::saved(mean),
          rstd = autograd::saved(rstd), has_bias = bias.defined(), rows, C,
-         rotation](const Tensor& dy_in) {
+         rotation](const Tensor& dy_in, const Tensor& into) {
             Tensor dy = rotated_outside_kernel(dy_in.contiguous(), rotation, -1);
-            Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+            const bool add_in_kernel = into.defined() && x.device() == Device::cuda;
+            Tensor dx = add_in_kernel ? into : Tensor::empty(x.shape(), x.dtype(), x.device());
             Tensor dweight = empty_like(weight);
             Tensor dbias = has_bias ? empty_like(weight) : Tensor();
             on_device(
@@ -425,12 +441,12 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
                 },
                 [&](auto tag) {
                     using T = decltype(tag);
-                    cuda::layer_norm_backward(dx.data<T>(), dweight.data<T>(),
-                                              data_or_null<T>(dbias), dy.data<T>(), x.data<T>(),
-                                              x_rows, mean.data<T>(), rstd.data<T>(),
-                                              weight.data<T>(), rows, C, rotation.for_kernel<T>());
+                    cuda::layer_norm_backward(
+                        dx.data<T>(), dweight.data<T>(), data_or_null<T>(dbias), dy.data<T>(),
+                        x.data<T>(), x_rows, mean.data<T>(), rstd.data<T>(), weight.data<T>(), rows,
+                        C, rotation.for_kernel<T>(), add_in_kernel);
                 });
-            return Grads{dx, dweight, dbias};
+            return Grads{added_into(into, dx, add_in_kernel), dweight, dbias};
         });
 }
 
@@ -460,12 +476,13 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, Precisi
         });
     y = rotated_outside_kernel(y, rotation, +1);
     keep_rounded_copy(y, y_half);
-    return autograd::record(
+    return autograd::record_adding(
         "rms_norm", y, {x_in, weight_in},
         [x = x, x_rows = x_rows, weight = autograd::saved(weight), rstd = autograd::saved(rstd),
-         rows, C, rotation](const Tensor& dy_in) {
+         rows, C, rotation](const Tensor& dy_in, const Tensor& into) {
             Tensor dy = rotated_outside_kernel(dy_in.contiguous(), rotation, -1);
-            Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+            const bool add_in_kernel = into.defined() && x.device() == Device::cuda;
+            Tensor dx = add_in_kernel ? into : Tensor::empty(x.shape(), x.dtype(), x.device());
             Tensor dweight = weight.defined() ? empty_like(weight) : Tensor();
             on_device(
                 "rms_norm backward", x.device(), x.dtype(),
@@ -477,11 +494,12 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, Precisi
                 },
                 [&](auto tag) {
                     using T = decltype(tag);
-                    cuda::rms_norm_backward(
-                        dx.data<T>(), data_or_null<T>(dweight), dy.data<T>(), x.data<T>(), x_rows,
-                        rstd.data<T>(), data_or_null<T>(weight), rows, C, rotation.for_kernel<T>());
+                    cuda::rms_norm_backward(dx.data<T>(), data_or_null<T>(dweight), dy.data<T>(),
+                                            x.data<T>(), x_rows, rstd.data<T>(),
+                                            data_or_null<T>(weight), rows, C,
+                                            rotation.for_kernel<T>(), add_in_kernel);
                 });
-            return Grads{dx, dweight};
+            return Grads{added_into(into, dx, add_in_kernel), dweight};
         });
 }
 

@@ -118,10 +118,13 @@ template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
                         const T* bias, int64_t rows, int64_t C, T eps, uint16_t* y_half = nullptr,
                         bool half_is_bf16 = true, const RowRotation<T>& rotation = {});
+// The backwards: add_into_dx adds dx to what dx holds (a residual stream's gradient so far, which
+// the autograd engine hands a norm: Node::adds_into_input_gradient) where it would overwrite it.
 template <class T>
 void layer_norm_backward(T* dx, T* dweight, T* dbias, const T* dy, const T* x,
                          const NormRows& x_rows, const T* mean, const T* rstd, const T* weight,
-                         int64_t rows, int64_t C, const RowRotation<T>& rotation = {});
+                         int64_t rows, int64_t C, const RowRotation<T>& rotation = {},
+                         bool add_into_dx = false);
 template <class T>
 void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t rows, int64_t C,
                          T eps);
@@ -132,7 +135,7 @@ void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T
 template <class T>
 void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const NormRows& x_rows,
                        const T* rstd, const T* weight, int64_t rows, int64_t C,
-                       const RowRotation<T>& rotation = {});
+                       const RowRotation<T>& rotation = {}, bool add_into_dx = false);
 template <class T>
 void lp_normalize_forward(T* y, T* norm, const T* x, int64_t rows, int64_t C, T p, T eps);
 template <class T>

@@ -180,3 +180,34 @@ TEST_CASE("grad-ready hooks run once per backward, when the leaf's gradient is c
     CHECK(test::error_message([&] { (w * 1.0).on_grad_ready([] {}); }).find("on_grad_ready") !=
           std::string::npos);
 }
+
+TEST_CASE("a norm after a residual add adds its gradient into the residual's: the same values") {
+    // s feeds a residual path and a norm, as a block's stream feeds ln_2 and the next add. When the
+    // norm's backward runs, the engine holds s's gradient from the residual path alone (the Linear
+    // between made a fresh one), and hands it to the norm (Node::adds_into_input_gradient), which
+    // adds dx into it. A clone between s and the norm takes the plain path: the engine's addition.
+    const Tensor a = qk::test::leaf({4, 6}, 701), g = qk::test::leaf({6}, 702),
+                 b = qk::test::leaf({6}, 703), w = qk::test::leaf({6, 6}, 704),
+                 r = qk::test::leaf({4, 6}, 705).detach();
+    for (bool rms : {false, true}) {
+        CAPTURE(rms);
+        auto gradients = [&](bool junction) {
+            Tensor a2 = a.detach().requires_grad_(), g2 = g.detach().requires_grad_();
+            const Tensor s = a2 * 2.0;
+            const Tensor normed_in = junction ? s : s.clone();
+            const Tensor n = rms ? rms_norm(normed_in, g2) : layer_norm(normed_in, g2, b);
+            sum((s + linear(n, w)) * r).backward();
+            return std::pair{a2.grad(), g2.grad()};
+        };
+        const auto [da, dg] = gradients(true);
+        const auto [da_plain, dg_plain] = gradients(false);
+        CHECK(max_abs_diff(da, da_plain) == 0);
+        CHECK(max_abs_diff(dg, dg_plain) == 0);
+        CHECK_GRADCHECK(
+            [&] {
+                const Tensor s = a * 2.0;
+                return s + linear(rms ? rms_norm(s, g) : layer_norm(s, g, b), w);
+            },
+            {a, g, w});
+    }
+}

@@ -315,3 +315,41 @@ TEST_CASE("cuda norms round their output in the same pass when asked, no value c
         CHECK_FALSE(qk::has_kept_cast(cpu_ln, half));
     }
 }
+
+TEST_CASE("cuda norms after a residual add add their dx into the residual's gradient in the pass") {
+    if (!cuda_runnable()) return;
+    // s feeds a residual path and a norm, as a block's stream does: the norm's backward kernel
+    // adds dx into the gradient the engine holds for s (no separate addition launched), and the
+    // gradients equal, bit for bit, those of the plain path (a clone between s and the norm).
+    // Rows of 64 (four a warp), 200 (one a warp, float32) and 300 in float64 (the loops).
+    for (auto [C, dtype] : {std::pair{int64_t(64), qk::kF32}, std::pair{int64_t(200), qk::kF32},
+                            std::pair{int64_t(300), qk::kF64}})
+        for (bool rms : {false, true}) {
+            CAPTURE(C);
+            CAPTURE(rms);
+            const qk::Tensor a = randn_seeded({3, 37, C}, 71, dtype).to(qk::Device::cuda),
+                             g = randn_seeded({C}, 72, dtype).to(qk::Device::cuda),
+                             b = randn_seeded({C}, 73, dtype).to(qk::Device::cuda),
+                             w = randn_seeded({C, C}, 74, dtype, 0.1).to(qk::Device::cuda),
+                             r = randn_seeded({3, 37, C}, 75, dtype).to(qk::Device::cuda);
+            auto gradients = [&](bool junction, int64_t& additions) {
+                qk::Tensor a2 = a.clone().requires_grad_(), g2 = g.clone().requires_grad_();
+                const qk::Tensor s = a2 * 2.0;
+                const qk::Tensor in = junction ? s : s.clone();
+                const qk::Tensor n = rms ? qk::rms_norm(in, g2) : qk::layer_norm(in, g2, b);
+                const qk::Tensor loss = qk::sum((s + qk::linear(n, w)) * r);
+                additions = 0;
+                for (const auto& e : launches_of([&] { loss.backward(); }))
+                    additions += e.name.find("accumulate_kernel") != std::string::npos;
+                return std::pair{a2.grad().to(qk::Device::cpu).to(qk::kF64).to_vector<double>(),
+                                 g2.grad().to(qk::Device::cpu).to(qk::kF64).to_vector<double>()};
+            };
+            int64_t added_apart = 0, added_plain = 0;
+            const auto [da, dg] = gradients(true, added_apart);
+            const auto [da_plain, dg_plain] = gradients(false, added_plain);
+            CHECK(da == da_plain);
+            CHECK(dg == dg_plain);
+            CHECK(added_apart == 0);
+            CHECK(added_plain == 1);
+        }
+}

@@ -94,7 +94,16 @@ inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __fdividef(float x, float y) { return x / y; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
-inline float __fadd_rn(float x, float y) { return x + y; }
+// The _rn additions are never fused with the multiply that made an operand (nvcc's contract for
+// them); a volatile read keeps g++'s contraction from doing it here.
+inline float __fadd_rn(float x, float y) {
+    const volatile float rounded = y;
+    return x + rounded;
+}
+inline double __dadd_rn(double x, double y) {
+    const volatile double rounded = y;
+    return x + rounded;
+}
 inline float __fmul_rn(float x, float y) { return x * y; }
 inline float __fmaf_rn(float x, float y, float z) { return std::fma(x, y, z); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
