@@ -233,6 +233,8 @@ void norm_backward_regs(T* dx, T* dweight, T* dbias, const T* dy, const T* x, co
                                 rows * C + outputs * (chunks * C + C),
                                 15 * rows * C + rotation_flops(rotation, rows, C));
     const dim3 grid(1, unsigned(chunks));
+    // Two launch sites for one kernel so that the ledger names short rows (the QK-norms) and wide
+    // ones (the block norms) apart: it groups launches by the kernel as written here.
     with_row_layout<T>(C, [&]<int kPerLane, int kRows>(RowsOf<kPerLane>, RowsOf<kRows>) {
         if constexpr (kRows == kShortRows)
             QK_LAUNCH((norm_backward_regs_kernel<T, kPerLane, kShortRows, kLayerNorm>), grid,

@@ -222,11 +222,9 @@ __device__ void store_chunk_sums(T* partial_row, const T (&sums)[kPerLane], int6
     }
 }
 
-// In the block that arrived last: out: (C) = Σ_k partial[k][c] over the chunks in order. Each
-// column's chunks are split into `runs` interleaved runs (thread t: column t % C, run t / C) so
-// that the block's threads share the reads; the runs are then added in run order.
-// Rows wider than half the block (the block norms) give each thread columns t, t + 256, ... (at
-// most kMaxWideColumns) and every chunk in order, four chunks' loads in flight (walk_rows).
+// sum_chunk_partials for rows wider than half the block (the block norms): each thread takes
+// columns t, t + 256, ... (at most kMaxWideColumns) and every chunk in order, four chunks' loads
+// in flight (walk_rows).
 constexpr int kMaxWideColumns = 4;  // C <= 1,024
 
 template <class T>
@@ -257,6 +255,9 @@ __device__ void sum_wide_chunk_partials(T* out, const T* partial, int64_t chunks
     }
 }
 
+// In the block that arrived last: out: (C) = Σ_k partial[k][c] over the chunks in order. Each
+// column's chunks are split into `runs` interleaved runs (thread t: column t % C, run t / C) so
+// that the block's threads share the reads; the runs are then added in run order.
 template <class T>
 __device__ void sum_chunk_partials(T* out, const T* partial, int64_t chunks, int64_t C) {
     if (C > kBackwardThreads / 2) return sum_wide_chunk_partials(out, partial, chunks, C);
