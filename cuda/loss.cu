@@ -12,7 +12,14 @@
 //             order, not float atomics, so that the loss does not depend on block order.
 //   backward  elementwise, one thread per logit (a flat grid over N·V): dx_ij needs only x_ij,
 //             lse_i, t_i and the upstream scalar, read on the device (no host round trip).
+//   linear_cross_entropy's (ops/loss.h):
+//   forward with the gradient  the forward's block per row, then a third pass over the row (from
+//             cache) writes dx for the announced upstream gradient, rounded, padded with zeros.
+//   fixup     264 blocks striding over rows; each thread reads the upstream scalar and, when it
+//             is the announced one (the rule), returns at once.
 // Targets are checked (range, ignore_index, n_valid > 0) on the host by the op, before launch.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "core/storage.h"
@@ -28,6 +35,31 @@ namespace {
 constexpr int kRowThreads = 256;
 constexpr int kMeanThreads = 256;
 constexpr int kBackwardThreads = 256;
+// The fixup's grid: two blocks an SM of an H100. Rare work (a backward whose upstream gradient
+// was not the one announced), and otherwise a launch whose every thread exits at once.
+constexpr int64_t kFixupBlocks = 264;
+
+// m + log Σ exp(x − m), m = max x, over one row of V logits, the block's threads striding over
+// it; every thread gets it. The two passes read the row twice (the second from cache).
+template <class T>
+__device__ T block_row_lse(const T* xr, int64_t V) {
+    T m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = xr[j] > m ? xr[j] : m;
+    m = block_max(m);
+    T s = 0;  // Σ exp(x − m): every term <= 1
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += dev_exp(xr[j] - m);
+    s = block_sum(s);
+    return m + dev_log(s);
+}
+
+// dx_ij = (softmax_ij − [j == target]) · scale, scale = dL / n_valid: the backward's one formula,
+// which linear_cross_entropy's forward and its fixup also compute, so that all three give the
+// same bits.
+template <class T>
+__device__ __forceinline__ T logit_gradient(T x, T row_lse, bool is_target, T scale) {
+    //      [term "p"]                   [term "onehot"]
+    return (dev_exp(x - row_lse) - (is_target ? T(1) : T(0))) * scale;
+}
 
 // lse: (N) out, 0 on ignored rows; loss: (N) out, lse_i − x_{i,t_i}, 0 on ignored rows;
 // x: (N, V), rows x_ld apart; t: (N).
@@ -44,16 +76,59 @@ __global__ void cross_entropy_forward_kernel(T* lse, double* loss, const T* x, c
         return;
     }
     const T* xr = x + i * x_ld;
-    T m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = xr[j] > m ? xr[j] : m;
-    m = block_max(m);
-    T s = 0;  // Σ exp(x − m): every term <= 1; the row is in cache from the max pass
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += dev_exp(xr[j] - m);
-    s = block_sum(s);
+    const T row_lse = block_row_lse(xr, V);
     if (threadIdx.x == 0) {
-        const T row_lse = m + dev_log(s);
         lse[i] = row_lse;
         loss[i] = double(row_lse) - double(xr[target]);
+    }
+}
+
+// The forward above, and then, from the same row, its gradient for an upstream gradient known in
+// advance (linear_cross_entropy): g: (N, g_ld) out, the gradient rounded (bf16 or fp16 bits), zero
+// in columns V..g_ld (a padded head's) and on ignored rows; scale = dL / n_valid.
+template <class T>
+__global__ void cross_entropy_forward_gradient_kernel(T* lse, double* loss, uint16_t* g, const T* x,
+                                                      const int32_t* t, int64_t V,
+                                                      int32_t ignore_index, int64_t x_ld,
+                                                      int64_t g_ld, T scale, bool half_is_bf16) {
+    const int64_t i = blockIdx.x;
+    const int32_t target = t[i];
+    uint16_t* gr = g + i * g_ld;
+    if (target == ignore_index) {
+        for (int64_t j = threadIdx.x; j < g_ld; j += blockDim.x) gr[j] = 0;
+        if (threadIdx.x == 0) lse[i] = 0, loss[i] = 0;
+        return;
+    }
+    const T* xr = x + i * x_ld;
+    const T row_lse = block_row_lse(xr, V);
+    if (threadIdx.x == 0) {
+        lse[i] = row_lse;
+        loss[i] = double(row_lse) - double(xr[target]);
+    }
+    for (int64_t j = threadIdx.x; j < g_ld; j += blockDim.x) {
+        const T value = j < V ? logit_gradient(xr[j], row_lse, j == target, scale) : T(0);
+        store_half(gr, j, value, half_is_bf16);
+    }
+}
+
+// The upstream gradient the backward got, dloss, against the one the forward assumed: equal (to
+// the bit) and this kernel does nothing; else it rewrites g from the logits, as the forward
+// gradient kernel would have with dloss. Blocks stride over rows. Arguments as there.
+template <class T>
+__global__ void cross_entropy_gradient_fixup_kernel(uint16_t* g, const T* x, const int32_t* t,
+                                                    const T* lse, const T* dloss, T assumed,
+                                                    int64_t N, int64_t V, int32_t ignore_index,
+                                                    T inv_n_valid, int64_t x_ld, int64_t g_ld,
+                                                    bool half_is_bf16) {
+    const T upstream = dloss[0];
+    if (upstream == assumed && std::signbit(upstream) == std::signbit(assumed)) return;
+    const T scale = upstream * inv_n_valid;
+    for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+        if (t[i] == ignore_index) continue;  // zero whatever the scale
+        const T* xr = x + i * x_ld;
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+            store_half(g + i * g_ld, j, logit_gradient(xr[j], lse[i], j == t[i], scale),
+                       half_is_bf16);
     }
 }
 
@@ -80,8 +155,7 @@ __global__ void cross_entropy_backward_kernel(T* dx, const T* x, const int32_t* 
     T value = 0;
     if (target != ignore_index) {
         const T scale = dloss[0] * inv_n_valid;  // dL / n_valid
-        //       [term "p"]                 [term "onehot"]
-        value = (dev_exp(x[i * x_ld + j] - lse[i]) - (j == target ? T(1) : T(0))) * scale;
+        value = logit_gradient(x[i * x_ld + j], lse[i], j == target, scale);
     }
     dx[k] = value;
     store_half(dx_half, k, value, half_is_bf16);
@@ -122,6 +196,49 @@ void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, c
     QK_CUDA_CHECK_LAUNCH("cross_entropy_backward_kernel");
 }
 
+template <class T>
+void cross_entropy_forward_gradient(T* loss_out, T* lse, uint16_t* g, const T* x, const int32_t* t,
+                                    int64_t N, int64_t V, int32_t ignore_index, int64_t n_valid,
+                                    int64_t x_ld, int64_t g_ld, double assumed, bool half_is_bf16) {
+    if (N == 0) return;
+    Storage scratch(sizeof(double) * size_t(N), Device::cuda);  // as cross_entropy_forward's
+    double* row_loss = static_cast<double*>(scratch.data());
+    const T scale = T(assumed) * T(1.0 / double(n_valid));  // the backward kernel's dL / n_valid
+    ledger::declare(
+        double(sizeof(T)) * double(N * V + N) + 8.0 * double(N) + 2.0 * double(N * g_ld),
+        8.0 * double(N * V));
+    QK_LAUNCH((cross_entropy_forward_gradient_kernel<T>), unsigned(N), kRowThreads, 0, stream(),
+              lse, row_loss, g, x, t, V, ignore_index, x_ld, g_ld, scale, half_is_bf16);
+    QK_CUDA_CHECK_LAUNCH("cross_entropy_forward_gradient_kernel");
+    ledger::declare(8.0 * double(N), double(N), 0, true);
+    QK_LAUNCH((cross_entropy_mean_kernel<T>), 1, kMeanThreads, 0, stream(), loss_out, row_loss, N,
+              double(n_valid));
+    QK_CUDA_CHECK_LAUNCH("cross_entropy_mean_kernel");
+}
+
+template <class T>
+void cross_entropy_gradient_fixup(uint16_t* g, const T* x, const int32_t* t, const T* lse,
+                                  const T* dloss, double assumed, int64_t N, int64_t V,
+                                  int32_t ignore_index, int64_t n_valid, int64_t x_ld, int64_t g_ld,
+                                  bool half_is_bf16) {
+    if (N == 0) return;
+    // Declared as what it costs when the forward assumed right: one scalar read. A wrong
+    // assumption costs a pass over the logits that the ledger does not show.
+    ledger::declare(double(sizeof(T)));
+    const unsigned blocks = unsigned(std::min<int64_t>(N, kFixupBlocks));
+    QK_LAUNCH((cross_entropy_gradient_fixup_kernel<T>), blocks, kRowThreads, 0, stream(), g, x, t,
+              lse, dloss, T(assumed), N, V, ignore_index, T(1.0 / double(n_valid)), x_ld, g_ld,
+              half_is_bf16);
+    QK_CUDA_CHECK_LAUNCH("cross_entropy_gradient_fixup_kernel");
+}
+
+template void cross_entropy_forward_gradient<float>(float*, float*, uint16_t*, const float*,
+                                                    const int32_t*, int64_t, int64_t, int32_t,
+                                                    int64_t, int64_t, int64_t, double, bool);
+template void cross_entropy_gradient_fixup<float>(uint16_t*, const float*, const int32_t*,
+                                                  const float*, const float*, double, int64_t,
+                                                  int64_t, int32_t, int64_t, int64_t, int64_t,
+                                                  bool);
 template void cross_entropy_forward<float>(float*, float*, const float*, const int32_t*, int64_t,
                                            int64_t, int32_t, int64_t, int64_t);
 template void cross_entropy_forward<double>(double*, double*, const double*, const int32_t*,

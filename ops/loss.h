@@ -13,6 +13,24 @@ namespace qk {
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1,
                      Precision rounded_copy = Precision::full);
 
+// The LM head and its loss as one op: loss = cross_entropy(linear(x, weight, {}, precision),
+// targets, ignore_index), with the same values and gradients. x: (N, K); weight: (V, K);
+// targets: (N) int32. At bf16 or fp16 on cuda the loss's kernel reads each row of logits once for
+// the loss and its gradient together, as llm.c's fused classifier does: the gradient for an
+// upstream gradient of loss_gradient (what the caller's backward will give the loss: 1, or a loss
+// scale over the micro-batches) is written in the forward, rounded and padded as the head's two
+// backward GEMMs read it, so the backward reads no logits and writes no float32 gradient. A
+// backward with another upstream gradient is still exact: a device-side check finds it and writes
+// the gradient again from the logits (one more pass). Elsewhere it is the two ops.
+struct LinearCrossEntropy {
+    Tensor loss;    // () the mean cross-entropy; its gradient reaches x and weight
+    Tensor logits;  // (N, V) the head's output, detached: for reading (a loss that needs the
+                    // logits' own gradient, a z-loss or a cap, takes linear and cross_entropy)
+};
+LinearCrossEntropy linear_cross_entropy(const Tensor& x, const Tensor& weight,
+                                        const Tensor& targets, Precision precision,
+                                        int32_t ignore_index = -1, double loss_gradient = 1.0);
+
 // The kernels behind cross_entropy, declared for the kernel-level parity tests. Raw pointers:
 // x: (N, V) logits, row i at x + i·x_ld (x_ld >= V: the rows of a wider buffer, e.g. a padded
 // head's); dx: (N, V) their gradient, contiguous; t: (N) int32 targets; lse: (N), log Σ exp per row
@@ -40,6 +58,20 @@ template <class T>
 void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, const T* dloss,
                             int64_t N, int64_t V, int32_t ignore_index, int64_t n_valid,
                             int64_t x_ld, uint16_t* dx_half = nullptr, bool half_is_bf16 = true);
+// linear_cross_entropy's (float only): the forward above and the gradient for an upstream
+// gradient `assumed`, written as g: (N, g_ld) out, rounded to bf16 (half_is_bf16) or fp16 bits,
+// zero in columns V..g_ld and on ignored rows. The fixup, launched by the backward, compares the
+// upstream gradient dloss with `assumed` on the device: equal, it does nothing; else it rewrites
+// g for dloss, to the bits cross_entropy_backward's dx_half would have.
+template <class T>
+void cross_entropy_forward_gradient(T* loss, T* lse, uint16_t* g, const T* x, const int32_t* t,
+                                    int64_t N, int64_t V, int32_t ignore_index, int64_t n_valid,
+                                    int64_t x_ld, int64_t g_ld, double assumed, bool half_is_bf16);
+template <class T>
+void cross_entropy_gradient_fixup(uint16_t* g, const T* x, const int32_t* t, const T* lse,
+                                  const T* dloss, double assumed, int64_t N, int64_t V,
+                                  int32_t ignore_index, int64_t n_valid, int64_t x_ld, int64_t g_ld,
+                                  bool half_is_bf16);
 }  // namespace cuda
 
 }  // namespace qk

@@ -224,10 +224,12 @@ std::pair<Tensor, Tensor> cpu_linear_grads(const Tensor& dy_rows, const Tensor& 
     return {dx, dw};
 }
 
+}  // namespace
+
 // A bfloat16 weight (stored so for inference) is read by the bf16 GEMMs only, with float32 x and
 // bias.
-void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                       Precision precision) {
+void matmul_impl::check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    Precision precision) {
     QK_CHECK(x.defined() && weight.defined(), "linear: got an undefined x or weight");
     QK_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
              "linear: x is {}, weight is {} (expected weight (out_features, {}))", x.shape(),
@@ -247,8 +249,6 @@ void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias
              "linear: bias is {} {}, expected {} [{}] for weight {}", bias.dtype(), bias.shape(),
              x.dtype(), weight.size(0), weight.shape());
 }
-
-}  // namespace
 
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
               Precision precision) {

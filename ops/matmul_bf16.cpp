@@ -24,6 +24,7 @@
 #include "ops/matmul.h"
 #include "ops/matmul_internal.h"
 #include "ops/reduce.h"
+#include "ops/rounded_copy.h"
 
 namespace qk::matmul_impl {
 
@@ -205,9 +206,11 @@ struct MixedLinearBackward {
 
     // dy_rounded: (R, N) Half, defined when dx or dW is wanted; db: (N), defined when wanted.
     std::vector<Tensor> gradients(Tensor dy_rounded, const Tensor& db) const {
-        // Padded: dỸ gets the zero columns that meet the weight's zero rows in dx; dW reads its N
-        // columns (a dimension of N with aligned rows ran at full speed, measured).
-        if (padded && dy_rounded.defined()) dy_rounded = zero_padded(dy_rounded, 1);
+        // Padded: dỸ gets the zero columns that meet the weight's zero rows in dx (unless it came
+        // padded: linear_cross_entropy's); dW reads its N columns (a dimension of N with aligned
+        // rows ran at full speed, measured).
+        if (padded && dy_rounded.defined() && dy_rounded.size(1) == N)
+            dy_rounded = zero_padded(dy_rounded, 1);
         const Tensor dy_n =
             padded && dy_rounded.defined() ? dy_rounded.narrow(1, 0, N) : dy_rounded;
         Tensor dx = need_x ? Tensor::empty({R, K}, kF32, device) : Tensor();
@@ -334,6 +337,50 @@ Tensor linear_gelu_mixed(const Tensor& x, const Tensor& weight, const Tensor& bi
     return autograd::record("linear_gelu", h, {x, weight, bias}, std::move(backward));
 }
 
+// The head and its loss as one node (ops/loss.h). Forward: the linear (N′ wide when padded),
+// then one kernel per row of logits writes lse, the row's loss and G = dL/dlogits for the upstream
+// gradient the caller announced, rounded to Half and N′ wide (zero columns past V): dỸ as
+// gradients() reads it. Backward: the fixup (nothing, unless the upstream gradient differs from
+// the announced one), then the two GEMMs. It saves G, and the logits and lse for the fixup.
+template <class Half>
+LinearCrossEntropy linear_cross_entropy_mixed(const Tensor& x, const Tensor& weight,
+                                              const Tensor& t, int32_t ignore_index,
+                                              int64_t n_valid, double loss_gradient) {
+#ifdef QK_WITH_CUDA
+    MixedLinear<Half> linear = mixed_linear_forward<Half>(x, weight, {});
+    const Tensor& logits = linear.y;  // (N, V), rows x_ld apart
+    const int64_t N = logits.size(0), V = logits.size(1);
+    const int64_t x_ld = N > 0 ? logits.strides()[0] : V, g_ld = linear.backward.padded ? x_ld : V;
+    constexpr bool kBF16Bits = dtype_of<Half>() == kBF16;
+    const Tensor g = Tensor::empty({N, g_ld}, dtype_of<Half>(), Device::cuda);  // G̃
+    const Tensor lse = Tensor::empty({N}, kF32, Device::cuda);
+    const Tensor loss = Tensor::empty({}, kF32, Device::cuda);
+    cuda::cross_entropy_forward_gradient(
+        loss.data<float>(), lse.data<float>(), half_bits(g), logits.data<float>(),
+        t.data<int32_t>(), N, V, ignore_index, n_valid, x_ld, g_ld, loss_gradient, kBF16Bits);
+    auto backward = [lin = std::move(linear.backward), g, logits = autograd::saved(logits),
+                     t = autograd::saved(t), lse, N, V, x_ld, g_ld, ignore_index, n_valid,
+                     loss_gradient](const Tensor& dloss) {
+        lin.check_weight_unchanged();
+        QK_CHECK(dloss.device() == Device::cuda && dloss.numel() == 1 && dloss.dtype() == kF32,
+                 "linear_cross_entropy backward: the upstream gradient must be one float32 "
+                 "element on cuda, got {} of shape {} on {}",
+                 dloss.dtype(), dloss.shape(), dloss.device());
+        const Tensor dl = dloss.contiguous();
+        cuda::cross_entropy_gradient_fixup(half_bits(g), logits.data<float>(), t.data<int32_t>(),
+                                           lse.data<float>(), dl.data<float>(), loss_gradient, N, V,
+                                           ignore_index, n_valid, x_ld, g_ld, kBF16Bits);
+        return lin.gradients(g, {});
+    };
+    Tensor recorded =
+        autograd::record("linear_cross_entropy", loss, {x, weight, Tensor()}, std::move(backward));
+    return {recorded, logits.detach()};
+#else
+    (void)x, (void)weight, (void)t, (void)ignore_index, (void)n_valid, (void)loss_gradient;
+    throw_built_without_cuda("linear_cross_entropy");
+#endif
+}
+
 // ---- matmul at bf16 / fp16 precision ------------------------------------------------------
 
 // An operand rounded to Half, stored as GEMM reads it best: a transposed view (kᵀ in attention)
@@ -450,6 +497,17 @@ Tensor linear_gelu_bf16(const Tensor& x, const Tensor& weight, const Tensor& bia
 Tensor linear_gelu_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias,
                         Precision rounded_copy) {
     return linear_gelu_mixed<f16>(x, weight, bias, rounded_copy);
+}
+
+LinearCrossEntropy linear_cross_entropy_bf16(const Tensor& x, const Tensor& weight, const Tensor& t,
+                                             int32_t ignore_index, int64_t n_valid,
+                                             double loss_gradient) {
+    return linear_cross_entropy_mixed<bf16>(x, weight, t, ignore_index, n_valid, loss_gradient);
+}
+LinearCrossEntropy linear_cross_entropy_fp16(const Tensor& x, const Tensor& weight, const Tensor& t,
+                                             int32_t ignore_index, int64_t n_valid,
+                                             double loss_gradient) {
+    return linear_cross_entropy_mixed<f16>(x, weight, t, ignore_index, n_valid, loss_gradient);
 }
 
 }  // namespace qk::matmul_impl

@@ -10,6 +10,7 @@
 #include "core/strided.h"
 #include "core/tensor.h"
 #include "ops/gemm.h"
+#include "ops/loss.h"
 
 namespace qk::matmul_impl {
 
@@ -87,6 +88,12 @@ void for_each_batch_run(const Shape& batch, int64_t y_matrix, const Shape& a_bat
     });
 }
 
+// ---- ops/matmul.cpp ---------------------------------------------------------------------------
+
+// linear's argument checks (shapes, dtypes, devices), for the ops that run a linear inside.
+void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       Precision precision);
+
 // ---- ops/matmul_bf16.cpp ----------------------------------------------------------------------
 
 // matmul(a, b, Precision::bf16, alpha) and the fp16 twin, their arguments checked by matmul.
@@ -101,5 +108,14 @@ Tensor linear_gelu_bf16(const Tensor& x, const Tensor& weight, const Tensor& bia
                         Precision rounded_copy);
 Tensor linear_gelu_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias,
                         Precision rounded_copy);
+
+// linear_cross_entropy at bf16 and fp16 precision on cuda: x (N, K) and weight (V, K) float32,
+// checked; t (N) int32 contiguous, checked by cross_entropy's rules, n_valid of them not ignored.
+LinearCrossEntropy linear_cross_entropy_bf16(const Tensor& x, const Tensor& weight, const Tensor& t,
+                                             int32_t ignore_index, int64_t n_valid,
+                                             double loss_gradient);
+LinearCrossEntropy linear_cross_entropy_fp16(const Tensor& x, const Tensor& weight, const Tensor& t,
+                                             int32_t ignore_index, int64_t n_valid,
+                                             double loss_gradient);
 
 }  // namespace qk::matmul_impl

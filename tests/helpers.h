@@ -35,7 +35,12 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
     REQUIRE(a.shape() == b.shape());
     auto va = a.to_vector<double>(), vb = b.to_vector<double>();
     double worst = 0;
-    for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::abs(va[i] - vb[i]));
+    for (size_t i = 0; i < va.size(); ++i) {
+        // NaN where the other has a number is the worst difference (std::max would drop it);
+        // NaN in both counts as equal.
+        if (std::isnan(va[i]) != std::isnan(vb[i])) return INFINITY;
+        if (!std::isnan(va[i])) worst = std::max(worst, std::abs(va[i] - vb[i]));
+    }
     return worst;
 }
 

@@ -3,6 +3,7 @@
 // Structural checks of a training step that fail on waste: the optimizer's passes take a fixed
 // number of launches whatever the number of parameters, every launch declares its cost, and the
 // cost model ranks a one-block pass over a large input far behind a full grid's.
+#include <algorithm>
 #include <set>
 
 #include "cuda/cost_model.h"
@@ -207,6 +208,13 @@ TEST_CASE("a GPT-2-wide bf16 step (dry run): big launches fill the GPU, float64 
             if (e.bytes >= 4e6) CHECK(e.blocks() >= 264);  // >= ~1 M values: 2 blocks per SM
             CHECK_FALSE(e.float64);
         }
+        // The loss reads the logits once: their gradient comes out of its forward pass.
+        const auto launched = [&](const std::string& name) {
+            return std::count_if(entries.begin(), entries.end(),
+                                 [&](const ledger::Entry& e) { return e.name == name; });
+        };
+        CHECK(launched("(cross_entropy_forward_gradient_kernel<T>)") == 1);
+        CHECK(launched("(cross_entropy_backward_kernel<T>)") == 0);
         const std::string kind = fused ? "fused" : "naive";
         MESSAGE(kind, " attention: ", entries.size(), " launches for 2 layers");
     }

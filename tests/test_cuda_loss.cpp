@@ -191,3 +191,129 @@ TEST_CASE("cuda cross_entropy rounds the logits' gradient in its backward pass w
         CHECK(max_abs_diff(dx.narrow(0, 3, 1), qk::zeros({1, 53})) == 0);
     }
 }
+
+namespace {
+
+struct HeadRun {
+    qk::Tensor loss, logits, dx, dw;
+    std::vector<std::string> forward_launches, backward_launches;
+};
+
+// The head and its loss on x (R, K), w (N, K), t (R), the backward given `upstream` (the loss
+// times it): fused, linear_cross_entropy announcing `announced`; else the two ops. poison: the
+// logits are overwritten with NaN between forward and backward (the fused backward must not read
+// them when the announcement was right).
+HeadRun run_head(bool fused, const qk::Tensor& x0, const qk::Tensor& w0, const qk::Tensor& t,
+                 qk::Precision p, double announced, double upstream, bool poison = false) {
+    qk::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    HeadRun run;
+    qk::cuda::ledger::open();
+    if (fused) {
+        const qk::LinearCrossEntropy out = qk::linear_cross_entropy(x, w, t, p, -1, announced);
+        run.loss = out.loss, run.logits = out.logits.clone();
+        if (poison)
+            qk::copy_into(out.logits,
+                          qk::full({}, NAN, qk::kF32, x0.device()).expand(out.logits.shape()));
+    } else {
+        const qk::Tensor logits = qk::linear(x, w, {}, p);
+        run.loss = qk::cross_entropy(logits, t, -1, p), run.logits = logits.detach().clone();
+    }
+    for (const auto& e : qk::cuda::ledger::close()) run.forward_launches.push_back(e.name);
+    qk::cuda::ledger::open();
+    (upstream == 1.0 ? run.loss : run.loss * upstream).backward();
+    for (const auto& e : qk::cuda::ledger::close()) run.backward_launches.push_back(e.name);
+    run.dx = x.grad(), run.dw = w.grad();
+    return run;
+}
+
+bool contains(const std::vector<std::string>& names, const std::string& part) {
+    for (const std::string& name : names)
+        if (name.find(part) != std::string::npos) return true;
+    return false;
+}
+
+}  // namespace
+
+TEST_CASE("linear_cross_entropy on cuda: the two ops' bits, the gradient written in the forward") {
+    if (!cuda_runnable()) return;
+    const qk::Device dev = qk::Device::cuda;
+    // 1,024 rows of 37 classes: a padded head (G̃ 64 wide); 150 rows of 53 and of 48: not padded.
+    struct Shape3 {
+        int64_t R, N, K;
+    };
+    for (const Shape3 s : {Shape3{1024, 37, 32}, Shape3{150, 53, 40}, Shape3{150, 48, 40}}) {
+        CAPTURE(s.R);
+        CAPTURE(s.N);
+        const qk::Tensor x = randn_seeded({s.R, s.K}, 91, qk::kF32).to(dev),
+                         w = randn_seeded({s.N, s.K}, 92, qk::kF32, 0.3).to(dev);
+        auto ids = targets(s.R, s.N, 93);
+        ids[1] = ids[s.R - 2] = -1;  // ignored rows: a zero gradient row
+        const qk::Tensor t = qk::from_ids(ids, {s.R}).to(dev);
+        // The padded shape (260k emulated threads a launch) with fewer combinations.
+        const bool padded = s.R == 1024;
+        std::vector<qk::Precision> precisions = {qk::Precision::bf16};
+        if (!padded) precisions.push_back(qk::Precision::fp16);
+        std::vector<std::pair<double, double>> upstreams = {{1, 1}, {1, 3}};
+        if (!padded) upstreams.insert(upstreams.end(), {{0.25, 0.25}, {1.0 / 3, 1.0 / 3}});
+        for (qk::Precision p : precisions)
+            for (const auto& [announced, upstream] : upstreams) {
+                CAPTURE(qk::precision_name(p));
+                CAPTURE(announced);
+                CAPTURE(upstream);
+                const HeadRun fused = run_head(true, x, w, t, p, announced, upstream),
+                              two_ops = run_head(false, x, w, t, p, announced, upstream);
+                CHECK(max_abs_diff(fused.loss, two_ops.loss) == 0);
+                CHECK(max_abs_diff(fused.logits, two_ops.logits) == 0);
+                CHECK(max_abs_diff(fused.dx, two_ops.dx) == 0);
+                CHECK(max_abs_diff(fused.dw, two_ops.dw) == 0);
+                INFO(fmt::format("forward: {}", fmt::join(fused.forward_launches, ", ")));
+                INFO(fmt::format("backward: {}", fmt::join(fused.backward_launches, ", ")));
+                // The loss's kernel writes the gradient; the backward reads no logits: the fixup
+                // and the two GEMMs, no copy (padded or not).
+                CHECK(contains(fused.forward_launches, "cross_entropy_forward_gradient_kernel"));
+                CHECK_FALSE(contains(fused.backward_launches, "cross_entropy_backward_kernel"));
+                CHECK_FALSE(contains(fused.backward_launches, "copy"));
+                const auto& after = fused.backward_launches;  // from the fixup on
+                const auto fixup = std::find_if(after.begin(), after.end(), [](const auto& name) {
+                    return name.find("gradient_fixup") != std::string::npos;
+                });
+                CHECK(after.end() - fixup == 3);
+                if (announced == upstream) {  // no read of the logits in the backward
+                    const HeadRun poisoned = run_head(true, x, w, t, p, announced, upstream, true);
+                    CHECK(max_abs_diff(poisoned.dx, two_ops.dx) == 0);
+                    CHECK(max_abs_diff(poisoned.dw, two_ops.dw) == 0);
+                }
+            }
+    }
+}
+
+TEST_CASE("linear_cross_entropy: the cpu, float64 and full precision run the two ops") {
+    // Against the cpu through autograd (the cpu runs linear and cross_entropy).
+    qk::test::ParityOptions options;
+    options.atol_f32 = 2e-5, options.rtol_f32 = 2e-4;
+    check_cuda_parity(
+        "bf16 linear_cross_entropy",
+        [](const Inputs& in) {
+            return qk::linear_cross_entropy(in[0], in[1], in[2], qk::Precision::bf16).loss;
+        },
+        {randn_seeded({40, 24}, 94, qk::kF32), randn_seeded({29, 24}, 95, qk::kF32, 0.3),
+         qk::from_ids(targets(40, 29, 96))},
+        options);
+    // float64 gradcheck of the composition it stands for (the loss is a scalar: the probe is a
+    // scale).
+    qk::Tensor x = randn_seeded({6, 5}, 97, qk::kF64).requires_grad_(),
+               w = randn_seeded({7, 5}, 98, qk::kF64).requires_grad_();
+    const qk::Tensor t = qk::from_ids(targets(6, 7, 99));
+    CHECK(qk::gradcheck(
+        [&] { return qk::linear_cross_entropy(x, w, t, qk::Precision::full).loss * 1.7; }, {x, w}));
+    // Bad input names the op and what it got.
+    CHECK(throws_with(
+        [&] {
+            qk::linear_cross_entropy(x.reshape({2, 3, 5}), w, t, qk::Precision::full);
+        },
+        {"linear_cross_entropy", "(N, K)", "[2, 3, 5]"}));
+    CHECK(throws_with([&] { qk::linear_cross_entropy(x, w, t, qk::Precision::full, -1, NAN); },
+                      {"linear_cross_entropy", "loss_gradient must be finite"}));
+    CHECK(throws_with([&] { qk::linear_cross_entropy(x, w.t(), t, qk::Precision::full); },
+                      {"linear", "expected weight (out_features, 5)"}));
+}

@@ -147,7 +147,15 @@ Tensor GPT::head(const Tensor& x_in) const {
     return config_.logit_softcap > 0 ? softcap(logits, config_.logit_softcap) : logits;
 }
 
-GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats) {
+bool GPT::fuses_head_and_loss(const Tensor& ids) const {
+    const Precision p = config_.outside_linears();
+    return ids.device() == Device::cuda && (p == Precision::bf16 || p == Precision::fp16) &&
+           autograd::grad_enabled() && config_.logit_softcap == 0 && config_.z_loss == 0 &&
+           !tied_head_bf16_.defined() && !(lm_head && lm_head->fp8);
+}
+
+GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats,
+                       double loss_gradient) {
     QK_CHECK(ids.dim() == 2 && ids.dtype() == kI32, "GPT: ids must be (B, T) int32, got {} {}",
              ids.dtype(), ids.shape());
     const int64_t B = ids.size(0), T = ids.size(1);
@@ -160,11 +168,22 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
     if (config_.dropout > 0 && training()) x = dropout(x, config_.dropout, true, dropout_gen_);
     for (size_t i = 0; i < h.size(); ++i)
         x = h[i]->forward(x, with_stats ? &out.stats[i] : nullptr, &dropout_gen_);
+    if (targets.defined())
+        QK_CHECK(targets.shape() == ids.shape(), "GPT: targets {} must match ids {}",
+                 targets.shape(), ids.shape());
+    if (targets.defined() && fuses_head_and_loss(ids)) {
+        // The logits' gradient comes out of the loss's forward pass, rounded for the head's GEMMs.
+        const int64_t C = config_.n_embd, V = config_.vocab_size;
+        const LinearCrossEntropy head_loss = linear_cross_entropy(
+            ln_f->forward(x).reshape({B * T, C}), lm_head ? lm_head->weight : wte->weight,
+            targets.reshape({B * T}), config_.outside_linears(), -1, loss_gradient);
+        out.logits = head_loss.logits.reshape({B, T, V});
+        out.cross_entropy = out.loss = head_loss.loss;
+        return out;
+    }
     const Tensor logits = head(x);
     out.logits = logits;
     if (targets.defined()) {
-        QK_CHECK(targets.shape() == ids.shape(), "GPT: targets {} must match ids {}",
-                 targets.shape(), ids.shape());
         // reshape, not view: a padded head's logits are rows of a wider buffer (matmul_bf16.cpp).
         Tensor flat = logits.reshape({B * T, config_.vocab_size});
         // The head's GEMMs read the loss's gradient next (unless a cap or the z-loss intervene):

@@ -54,8 +54,13 @@ class GPT : public Module {
   public:
     GPT(const GPTConfig& config, uint64_t seed, DType dtype = kF32);
 
-    // ids, targets: (B, T) int32 with T <= block_size; targets may be undefined.
-    GPTOutput forward(const Tensor& ids, const Tensor& targets = {}, bool with_stats = false);
+    // ids, targets: (B, T) int32 with T <= block_size; targets may be undefined. loss_gradient:
+    // the gradient the caller's backward will give out.loss (1 for loss.backward(); a loss scale
+    // over the micro-batches in training), for which a mixed-precision head on cuda computes the
+    // logits' gradient in the loss's forward pass (ops/loss.h's linear_cross_entropy: any other
+    // value is still exact, at one more pass). There out.logits is detached.
+    GPTOutput forward(const Tensor& ids, const Tensor& targets = {}, bool with_stats = false,
+                      double loss_gradient = 1.0);
 
     // The next T positions of some sequences of `cache`: row i of ids (rows, T) int32 continues
     // sequence sequences[i] (empty: every sequence, in order), their k and v added to the cache.
@@ -97,7 +102,9 @@ class GPT : public Module {
     std::shared_ptr<Linear> lm_head;  // null when tie_embeddings
 
   private:
-    Tensor head(const Tensor& x) const;              // ln_f, the LM head and the logit soft-cap
+    Tensor head(const Tensor& x) const;  // ln_f, the LM head and the logit soft-cap
+    // Whether forward runs the head and the loss as one op (linear_cross_entropy) for targets.
+    bool fuses_head_and_loss(const Tensor& ids) const;
     bool is_embedding_table(const Tensor& p) const;  // wte's or wpe's weight
 
     GPTConfig config_;

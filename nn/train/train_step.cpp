@@ -66,7 +66,10 @@ StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const Tr
         const Tensor micro_targets = host_targets.to(model.device());
         // The signals come from the last micro-batch; QK-Clip's per-head max from every one.
         const bool measure = stats && (last || cfg.qk_clip > 0);
-        GPTOutput out = model.forward(micro_ids, micro_targets, measure);
+        const double factor = loss_scale / static_cast<double>(K);  // 1 unless fp16 or K > 1
+        // The factor is the loss's gradient in the backward below: announced to the forward, so
+        // that a fused head computes the logits' gradient for it in the loss's pass.
+        GPTOutput out = model.forward(micro_ids, micro_targets, measure, factor);
         loss_sum += out.cross_entropy.item();
         finite = finite && std::isfinite(out.loss.item());
         if (measure && last && modality)
@@ -76,7 +79,6 @@ StepGradients accumulate_gradients(GPT& model, const TextDataset& data, const Tr
         // other ranks it runs anyway, so that every rank makes the same collectives.
         if (!finite && !many) continue;
         optimizer.set_sync(last);
-        const double factor = loss_scale / static_cast<double>(K);  // 1 unless fp16 or K > 1
         (factor == 1 ? out.loss : out.loss * factor).backward();
     }
     if (finite || many) optimizer.finish_gradients();
