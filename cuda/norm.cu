@@ -399,14 +399,29 @@ __global__ void lp_normalize_backward_kernel(T* dx, const T* dy, const T* x, con
 
 // ---- launchers (declared in ops/norm.h) ----------------------------------------------------
 
+bool norm_adds_rows(int64_t C) { return row_layout<float>(C).per_lane != 0; }
+
+namespace {
+// A RowAdd goes only where the rows are held in registers (the loops have no add).
+template <class T>
+void check_row_add(const RowAdd<T>& add, int64_t C, size_t element_size) {
+    QK_CHECK(!add.delta || (element_size == 4 && norm_adds_rows(C)),
+             "norm forward: the residual add runs only on float32 rows of at most 1,024 values "
+             "held in registers, got rows of {} {}-byte values",
+             C, element_size);
+}
+}  // namespace
+
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
                         const T* bias, int64_t rows, int64_t C, T eps, uint16_t* y_half,
-                        bool half_is_bf16, const RowRotation<T>& rotation) {
+                        bool half_is_bf16, const RowRotation<T>& rotation, const RowAdd<T>& add) {
     check_rotation(rotation, C);
+    check_row_add(add, C, sizeof(T));
     if (rows == 0) return;
     ledger::declare(
-        double(sizeof(T)) * double(2 * rows * C + 2 * C + 2 * rows + rotation_reads(rotation, C)) +
+        double(sizeof(T)) * double(2 * rows * C + 2 * C + 2 * rows + rotation_reads(rotation, C) +
+                                   (add.delta ? 2 * rows * C : 0)) +
             (y_half ? 2.0 * double(rows * C) : 0.0),
         double(8 * rows * C + rotation_flops(rotation, rows, C)), 0, sizeof(T) == 8);
     const bool held =
@@ -414,11 +429,11 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_ro
             if constexpr (kRows == kShortRows)
                 QK_LAUNCH((layer_norm_forward_regs_kernel<T, kPerLane, kShortRows>),
                           regs_row_blocks(rows, kRows), kRowThreads, 0, stream(), y, mean, rstd, x,
-                          x_rows, weight, bias, rows, C, eps, y_half, half_is_bf16, rotation);
+                          x_rows, weight, bias, rows, C, eps, y_half, half_is_bf16, rotation, add);
             else
                 QK_LAUNCH((layer_norm_forward_regs_kernel<T, kPerLane, 1>),
                           regs_row_blocks(rows, kRows), kRowThreads, 0, stream(), y, mean, rstd, x,
-                          x_rows, weight, bias, rows, C, eps, y_half, half_is_bf16, rotation);
+                          x_rows, weight, bias, rows, C, eps, y_half, half_is_bf16, rotation, add);
         });
     if (!held)
         QK_LAUNCH((layer_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,
@@ -461,11 +476,13 @@ void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t row
 template <class T>
 void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
                       int64_t rows, int64_t C, T eps, uint16_t* y_half, bool half_is_bf16,
-                      const RowRotation<T>& rotation) {
+                      const RowRotation<T>& rotation, const RowAdd<T>& add) {
     check_rotation(rotation, C);
+    check_row_add(add, C, sizeof(T));
     if (rows == 0) return;
     ledger::declare(
-        double(sizeof(T)) * double(2 * rows * C + C + rows + rotation_reads(rotation, C)) +
+        double(sizeof(T)) * double(2 * rows * C + C + rows + rotation_reads(rotation, C) +
+                                   (add.delta ? 2 * rows * C : 0)) +
             (y_half ? 2.0 * double(rows * C) : 0.0),
         double(4 * rows * C + rotation_flops(rotation, rows, C)), 0, sizeof(T) == 8);
     const bool held =
@@ -473,11 +490,11 @@ void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T
             if constexpr (kRows == kShortRows)
                 QK_LAUNCH((rms_norm_forward_regs_kernel<T, kPerLane, kShortRows>),
                           regs_row_blocks(rows, kRows), kRowThreads, 0, stream(), y, rstd, x,
-                          x_rows, weight, rows, C, eps, y_half, half_is_bf16, rotation);
+                          x_rows, weight, rows, C, eps, y_half, half_is_bf16, rotation, add);
             else
                 QK_LAUNCH((rms_norm_forward_regs_kernel<T, kPerLane, 1>),
                           regs_row_blocks(rows, kRows), kRowThreads, 0, stream(), y, rstd, x,
-                          x_rows, weight, rows, C, eps, y_half, half_is_bf16, rotation);
+                          x_rows, weight, rows, C, eps, y_half, half_is_bf16, rotation, add);
         });
     if (!held)
         QK_LAUNCH((rms_norm_forward_kernel<T>), blocks_for(rows, kWarpsPerBlock), kRowThreads, 0,

@@ -57,6 +57,25 @@ __device__ __forceinline__ void load_rows(T (&v)[kRows][kPerLane], const RowStar
     }
 }
 
+// The residual add (RowAdd): v += this lane's values of delta's rows, and the sums written to
+// add.sum. One float addition, as the add op's kernel makes it: the same bits.
+template <class T, int kRows, int kPerLane>
+__device__ __forceinline__ void add_rows(T (&v)[kRows][kPerLane], const RowAdd<T>& add,
+                                         int64_t first, int64_t rows, int64_t C) {
+    if (!add.delta) return;
+    T d[kRows][kPerLane];
+    load_rows(
+        d, [&](int64_t r) { return add.delta + r * C; }, first, rows, C);
+    const int lane = threadIdx.x % kWarp;
+    QK_UNROLL
+    for (int r = 0; r < kRows; ++r) QK_UNROLL
+    for (int i = 0; i < kPerLane; ++i) {
+        const int c = lane + kWarp * i;
+        v[r][i] = v[r][i] + d[r][i];
+        if (first + r < rows && c < C) add.sum[(first + r) * C + c] = v[r][i];
+    }
+}
+
 // write(row, r, i, c) for each of this lane's values (i: column c = lane + 32·i < C) of the group's
 // rows r that exist (row = first + r < rows): the kernels' output pass.
 template <int kRows, int kPerLane, class Write>
@@ -130,13 +149,15 @@ template <class T, int kPerLane, int kRows>
 __global__ void layer_norm_forward_regs_kernel(T* y, T* mean, T* rstd, const T* x, NormRows xs,
                                                const T* weight, const T* bias, int64_t rows,
                                                int64_t C, T eps, uint16_t* y_half,
-                                               bool half_is_bf16, RowRotation<T> rot) {
+                                               bool half_is_bf16, RowRotation<T> rot,
+                                               RowAdd<T> add) {
     const int lane = threadIdx.x % kWarp;
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
     T v[kRows][kPerLane], m[kRows], s[kRows];
     load_rows(
         v, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
+    add_rows(v, add, first, rows, C);
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
         T sum = 0;
@@ -169,13 +190,14 @@ template <class T, int kPerLane, int kRows>
 __global__ void rms_norm_forward_regs_kernel(T* y, T* rstd, const T* x, NormRows xs,
                                              const T* weight, int64_t rows, int64_t C, T eps,
                                              uint16_t* y_half, bool half_is_bf16,
-                                             RowRotation<T> rot) {
+                                             RowRotation<T> rot, RowAdd<T> add) {
     const int lane = threadIdx.x % kWarp;
     const int64_t first = warp_row_group<kRows>(rows);
     if (first < 0) return;
     T v[kRows][kPerLane], s[kRows];
     load_rows(
         v, [&](int64_t r) { return x + xs.offset(r); }, first, rows, C);
+    add_rows(v, add, first, rows, C);
     QK_UNROLL
     for (int r = 0; r < kRows; ++r) {
         T ss = 0;

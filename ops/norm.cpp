@@ -382,6 +382,38 @@ Tensor added_into(const Tensor& into, const Tensor& dx, bool written_in_kernel) 
     return Tensor();
 }
 
+// add_layer_norm / add_rms_norm: the residual add done by the norm's kernel. The kernel reads x
+// and delta and writes their sum, the norm's input, recorded as the add op records its result
+// (before the kernel writes it: recording reads no values), so the autograd graph is the two ops'.
+struct ResidualAdd {
+    Tensor x_in, delta_in;  // the caller's
+    Tensor x, delta;        // contiguous, as the kernel reads them
+    Tensor sum;             // the kernel's output
+    template <class T>
+    cuda::RowAdd<T> for_kernel() const {
+        return {delta.data<T>(), sum.data<T>()};
+    }
+};
+
+ResidualAdd residual_add(const Tensor& x, const Tensor& delta) {
+    return {x, delta, autograd::contiguous_input(x), autograd::contiguous_input(delta),
+            Tensor::empty(x.shape(), x.dtype(), x.device())};
+}
+
+// Whether the norm's kernel can add x + delta (else add_*_norm runs the two ops).
+bool kernel_adds(const Tensor& x, const Tensor& delta) {
+    return x.defined() && delta.defined() && x.device() == Device::cuda &&
+           delta.device() == Device::cuda && x.dtype() == kF32 && delta.dtype() == kF32 &&
+           x.shape() == delta.shape() && x.dim() >= 1 && cuda::norm_adds_rows(x.size(-1));
+}
+
+// The sum, recorded as add(x, delta) records it: the norm's input.
+Tensor recorded_sum(const ResidualAdd& add) {
+    return autograd::record("add", add.sum, {add.x_in, add.delta_in}, [](const Tensor& ds) {
+        return Grads{ds, ds};  // the shapes are equal: add's sum_to is the identity
+    });
+}
+
 // The half copy a norm writes beside y: none where y is rotated after the kernel.
 Tensor rounded_copy_unless_rotated_after(const Tensor& y, Precision rounded_copy,
                                          const OutputRotation& rotation) {
@@ -390,8 +422,13 @@ Tensor rounded_copy_unless_rotated_after(const Tensor& y, Precision rounded_copy
 
 }  // namespace
 
-Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps,
-                  Precision rounded_copy, const RopeTables& rotate) {
+namespace {
+
+// layer_norm, or with `add` its fused residual add (x_in is then the recorded add->sum, which the
+// kernel writes from add->x and add->delta).
+Tensor layer_norm_body(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
+                       double eps, Precision rounded_copy, const RopeTables& rotate,
+                       const ResidualAdd* add) {
     check_norm_input("layer_norm", x_in, eps);
     const OutputRotation rotation = output_rotation("layer_norm", rotate, x_in);
     QK_CHECK(weight_in.defined(), "layer_norm: weight is required (shape [{}]), got none",
@@ -414,10 +451,11 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
         },
         [&](auto tag) {
             using T = decltype(tag);
-            cuda::layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(),
-                                     x_rows, weight.data<T>(), data_or_null<T>(bias), rows, C,
-                                     T(eps), half_bits(y_half), rounded_copy == Precision::bf16,
-                                     rotation.for_kernel<T>());
+            cuda::layer_norm_forward(y.data<T>(), mean.data<T>(), rstd.data<T>(),
+                                     add ? add->x.data<T>() : x.data<T>(), x_rows, weight.data<T>(),
+                                     data_or_null<T>(bias), rows, C, T(eps), half_bits(y_half),
+                                     rounded_copy == Precision::bf16, rotation.for_kernel<T>(),
+                                     add ? add->for_kernel<T>() : cuda::RowAdd<T>{});
         });
     y = rotated_outside_kernel(y, rotation, +1);
     keep_rounded_copy(y, y_half);
@@ -450,8 +488,9 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
         });
 }
 
-Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, Precision rounded_copy,
-                const RopeTables& rotate) {
+// rms_norm, or with `add` its fused residual add, as layer_norm_body.
+Tensor rms_norm_body(const Tensor& x_in, const Tensor& weight_in, double eps,
+                     Precision rounded_copy, const RopeTables& rotate, const ResidualAdd* add) {
     check_norm_input("rms_norm", x_in, eps);
     const OutputRotation rotation = output_rotation("rms_norm", rotate, x_in);
     check_param("rms_norm", "weight", weight_in, x_in);
@@ -470,9 +509,11 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, Precisi
         },
         [&](auto tag) {
             using T = decltype(tag);
-            cuda::rms_norm_forward(y.data<T>(), rstd.data<T>(), x.data<T>(), x_rows,
+            cuda::rms_norm_forward(y.data<T>(), rstd.data<T>(),
+                                   add ? add->x.data<T>() : x.data<T>(), x_rows,
                                    data_or_null<T>(weight), rows, C, T(eps), half_bits(y_half),
-                                   rounded_copy == Precision::bf16, rotation.for_kernel<T>());
+                                   rounded_copy == Precision::bf16, rotation.for_kernel<T>(),
+                                   add ? add->for_kernel<T>() : cuda::RowAdd<T>{});
         });
     y = rotated_outside_kernel(y, rotation, +1);
     keep_rounded_copy(y, y_half);
@@ -501,6 +542,40 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, Precisi
                 });
             return Grads{added_into(into, dx, add_in_kernel), dweight};
         });
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                  Precision rounded_copy, const RopeTables& rotate) {
+    return layer_norm_body(x, weight, bias, eps, rounded_copy, rotate, nullptr);
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, Precision rounded_copy,
+                const RopeTables& rotate) {
+    return rms_norm_body(x, weight, eps, rounded_copy, rotate, nullptr);
+}
+
+SumAndNorm add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                          const Tensor& bias, double eps, Precision rounded_copy) {
+    if (!kernel_adds(x, delta)) {
+        const Tensor sum = x + delta;
+        return {sum, layer_norm(sum, weight, bias, eps, rounded_copy)};
+    }
+    const ResidualAdd add = residual_add(x, delta);
+    const Tensor sum = recorded_sum(add);
+    return {sum, layer_norm_body(sum, weight, bias, eps, rounded_copy, {}, &add)};
+}
+
+SumAndNorm add_rms_norm(const Tensor& x, const Tensor& delta, const Tensor& weight, double eps,
+                        Precision rounded_copy) {
+    if (!kernel_adds(x, delta)) {
+        const Tensor sum = x + delta;
+        return {sum, rms_norm(sum, weight, eps, rounded_copy)};
+    }
+    const ResidualAdd add = residual_add(x, delta);
+    const Tensor sum = recorded_sum(add);
+    return {sum, rms_norm_body(sum, weight, eps, rounded_copy, {}, &add)};
 }
 
 }  // namespace qk

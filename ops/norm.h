@@ -27,6 +27,20 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6,
                 Precision rounded_copy = Precision::full, const RopeTables& rotate = {});
 
+// The residual add before a block's norm and the norm: sum = x + delta, normed = layer_norm(sum, …)
+// or rms_norm(sum, …), the same values and gradients as the two ops (a residual stream goes on
+// with sum, the block reads normed). On cuda, float32 rows of at most 1,024 values of one shape,
+// one kernel pass reads x and delta and writes both, as llm.c's fused residual forward: the add's
+// launch and a read of the sum saved. Elsewhere the two ops.
+struct SumAndNorm {
+    Tensor sum, normed;
+};
+SumAndNorm add_layer_norm(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                          const Tensor& bias, double eps = 1e-5,
+                          Precision rounded_copy = Precision::full);
+SumAndNorm add_rms_norm(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                        double eps = 1e-6, Precision rounded_copy = Precision::full);
+
 // y = x / max(‖x‖_p, eps) along `dim`, for any finite p >= 1 (p = 2 is L2 normalisation).
 // At p = 1 the gradient uses the subgradient sign(x) of |x|, with sign(0) = 0.
 // For dim != -1 the result is a (non-contiguous) view of the same shape as x.
@@ -108,6 +122,17 @@ struct RowRotation {
     const T* sin = nullptr;
     int64_t positions = 1;
 };
+// The residual add before a block's norm, in the norm's forward pass (add_layer_norm,
+// add_rms_norm): the kernel normalises x + delta and writes that sum to `sum`. delta, sum: (rows,
+// C) contiguous; null delta: no add. Only where the rows are held in registers (norm_adds_rows).
+template <class T>
+struct RowAdd {
+    const T* delta = nullptr;
+    T* sum = nullptr;
+};
+// Whether the forward kernels take a RowAdd for float32 rows of C values (C <= 1,024).
+bool norm_adds_rows(int64_t C);
+
 // Whether the kernels below rotate rows of C values in the same pass: C = 64 or 128, where each
 // lane's values include both halves of its pairs (others: ops/norm.cpp rotates in a second pass).
 inline bool norm_rotates(int64_t C) { return C == 64 || C == 128; }
@@ -117,7 +142,8 @@ inline bool norm_rotates(int64_t C) { return C == 64 || C == 128; }
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
                         const T* bias, int64_t rows, int64_t C, T eps, uint16_t* y_half = nullptr,
-                        bool half_is_bf16 = true, const RowRotation<T>& rotation = {});
+                        bool half_is_bf16 = true, const RowRotation<T>& rotation = {},
+                        const RowAdd<T>& add = {});
 // The backwards: add_into_dx adds dx to what dx holds (a residual stream's gradient so far, which
 // the autograd engine hands a norm: Node::adds_into_input_gradient) where it would overwrite it.
 template <class T>
@@ -131,7 +157,8 @@ void rms_norm_forward_v1(T* y, T* rstd, const T* x, const T* weight, int64_t row
 template <class T>
 void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T* weight,
                       int64_t rows, int64_t C, T eps, uint16_t* y_half = nullptr,
-                      bool half_is_bf16 = true, const RowRotation<T>& rotation = {});
+                      bool half_is_bf16 = true, const RowRotation<T>& rotation = {},
+                      const RowAdd<T>& add = {});
 template <class T>
 void rms_norm_backward(T* dx, T* dweight, const T* dy, const T* x, const NormRows& x_rows,
                        const T* rstd, const T* weight, int64_t rows, int64_t C,

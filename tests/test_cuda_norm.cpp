@@ -353,3 +353,82 @@ TEST_CASE("cuda norms after a residual add add their dx into the residual's grad
             CHECK(added_plain == 1);
         }
 }
+
+TEST_CASE("cuda norms make the residual add before them in their forward pass") {
+    if (!cuda_runnable()) return;
+    // add_layer_norm / add_rms_norm against the two ops: the sum, the normed rows, their kept
+    // rounding and the gradients of x, delta and the gains, bit for bit, with the sum read on (a
+    // residual stream) and the normed rows read by a Linear; no add kernel where the norm adds.
+    // Rows of 64 (four a warp), 200 and 1,000 (one a warp); 1,100 (the loops: the two ops).
+    for (int64_t C : {64, 200, 1000, 1100})
+        for (bool rms : {false, true}) {
+            CAPTURE(C);
+            CAPTURE(rms);
+            const qk::Device dev = qk::Device::cuda;
+            const qk::Tensor x0 = randn_seeded({2, 19, C}, 81, qk::kF32).to(dev),
+                             d0 = randn_seeded({2, 19, C}, 82, qk::kF32).to(dev),
+                             g0 = randn_seeded({C}, 83, qk::kF32).to(dev),
+                             b0 = randn_seeded({C}, 84, qk::kF32).to(dev),
+                             w = randn_seeded({24, C}, 85, qk::kF32, 0.1).to(dev),
+                             r = randn_seeded({2, 19, C}, 86, qk::kF32).to(dev),
+                             r_out = randn_seeded({2, 19, 24}, 94, qk::kF32).to(dev);
+            struct Run {
+                qk::Tensor sum, normed, rounded, dx, dd, dg, db;
+                int64_t add_launches = 0;
+            };
+            auto run = [&](bool fused) {
+                qk::Tensor x = x0.clone().requires_grad_(), d = d0.clone().requires_grad_(),
+                           g = g0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+                Run out;
+                for (const auto& e : launches_of([&] {
+                         const qk::Precision p = qk::Precision::bf16;
+                         qk::SumAndNorm sn;
+                         if (fused)
+                             sn = rms ? qk::add_rms_norm(x, d, g, 1e-6, p)
+                                      : qk::add_layer_norm(x, d, g, b, 1e-5, p);
+                         else
+                             sn.sum = x + d,
+                             sn.normed = rms ? qk::rms_norm(sn.sum, g, 1e-6, p)
+                                             : qk::layer_norm(sn.sum, g, b, 1e-5, p);
+                         out.sum = sn.sum, out.normed = sn.normed;
+                     }))
+                    out.add_launches += e.name.find("binary_forward") != std::string::npos;
+                out.rounded = qk::cast_once(out.normed, qk::kBF16).to(qk::kF32);
+                const qk::Tensor loss =
+                    qk::sum(out.sum * r) +
+                    qk::sum(qk::linear(out.normed, w, {}, qk::Precision::bf16) * r_out);
+                loss.backward();
+                out.dx = x.grad(), out.dd = d.grad(), out.dg = g.grad();
+                if (!rms) out.db = b.grad();
+                return out;
+            };
+            const Run fused = run(true), two_ops = run(false);
+            CHECK(max_abs_diff(fused.sum, two_ops.sum) == 0);
+            CHECK(max_abs_diff(fused.normed, two_ops.normed) == 0);
+            CHECK(max_abs_diff(fused.rounded, two_ops.rounded) == 0);
+            CHECK(max_abs_diff(fused.dx, two_ops.dx) == 0);
+            CHECK(max_abs_diff(fused.dd, two_ops.dd) == 0);
+            CHECK(max_abs_diff(fused.dg, two_ops.dg) == 0);
+            if (!rms) CHECK(max_abs_diff(fused.db, two_ops.db) == 0);
+            CHECK(two_ops.add_launches == 1);
+            CHECK(fused.add_launches == (C <= 1024 ? 0 : 1));
+        }
+    // Against the cpu (the two ops there), and a float64 gradcheck of what it stands for.
+    check_cuda_parity(
+        "add_layer_norm",
+        [](const Inputs& in) {
+            const qk::SumAndNorm sn = qk::add_layer_norm(in[0], in[1], in[2], in[3]);
+            return sn.sum * 0.5 + sn.normed;
+        },
+        {randn_seeded({3, 11, 200}, 87, qk::kF32), randn_seeded({3, 11, 200}, 88, qk::kF32),
+         randn_seeded({200}, 89, qk::kF32), randn_seeded({200}, 90, qk::kF32)});
+    qk::Tensor x = randn_seeded({3, 6}, 91, qk::kF64).requires_grad_(),
+               d = randn_seeded({3, 6}, 92, qk::kF64).requires_grad_(),
+               g = randn_seeded({6}, 93, qk::kF64).requires_grad_();
+    CHECK(qk::gradcheck(
+        [&] {
+            const qk::SumAndNorm sn = qk::add_rms_norm(x, d, g);
+            return sn.sum * 0.5 + sn.normed;
+        },
+        {x, d, g}));
+}

@@ -79,16 +79,29 @@ Block::Block(const GPTConfig& config, Generator& gen, DType dtype, int64_t layer
         if (norm) norm->rounded_copy = rounded_copy_for_linear(config.precision);
 }
 
-Tensor Block::forward(const Tensor& x_in, AttentionStats* stats, Generator* dropout_gen) {
+Tensor Residual::value() const { return delta.defined() ? x + delta : x; }
+
+Tensor Block::forward(const Tensor& x, AttentionStats* stats, Generator* dropout_gen) {
+    return forward(Residual{x, {}}, stats, dropout_gen).value();
+}
+
+Residual Block::forward(const Residual& in, AttentionStats* stats, Generator* dropout_gen) {
     auto residual_dropout = [&](const Tensor& t) {
         return dropout > 0 && training() ? qk::dropout(t, dropout, true, *dropout_gen) : t;
     };
     auto norm = [](const std::shared_ptr<Norm>& n, const Tensor& t) {
         return n ? n->forward(t) : t;  // an absent norm is the identity
     };
-    Tensor x = x_in + residual_dropout(
-                          norm(post_ln_1, attn->forward(norm(ln_1, x_in), stats, dropout_gen)));
-    return x + residual_dropout(norm(post_ln_2, mlp->forward(norm(ln_2, x))));
+    // The stream and what the sub-block reads: the pending add made by the norm (or alone).
+    auto added_and_normed = [](const std::shared_ptr<Norm>& n, const Residual& r) {
+        if (n) return n->forward_added(r.x, r.delta);
+        const Tensor x = r.value();
+        return SumAndNorm{x, x};
+    };
+    const auto [x, attn_in] = added_and_normed(ln_1, in);
+    const Tensor a = residual_dropout(norm(post_ln_1, attn->forward(attn_in, stats, dropout_gen)));
+    const auto [x_mid, mlp_in] = added_and_normed(ln_2, {x, a});
+    return {x_mid, residual_dropout(norm(post_ln_2, mlp->forward(mlp_in)))};
 }
 
 GPT::GPT(const GPTConfig& config, uint64_t seed, DType dtype)
@@ -137,8 +150,9 @@ Tensor GPT::embed(const Tensor& ids, int64_t first) const {
     return x;
 }
 
-Tensor GPT::head(const Tensor& x_in) const {
-    const Tensor x = ln_f->forward(x_in);
+Tensor GPT::head(const Tensor& x) const { return logits_of(ln_f->forward(x)); }
+
+Tensor GPT::logits_of(const Tensor& x) const {
     Tensor logits = lm_head                     ? lm_head->forward(x)
                     : tied_head_bf16_.defined() ? linear(x, tied_head_bf16_, {}, Precision::bf16)
                     : config_.precision != Precision::full
@@ -166,8 +180,10 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
 
     Tensor x = embed(ids);  // (B, T, C)
     if (config_.dropout > 0 && training()) x = dropout(x, config_.dropout, true, dropout_gen_);
+    Residual stream{x, {}};  // each block leaves its last add to the norm after it
     for (size_t i = 0; i < h.size(); ++i)
-        x = h[i]->forward(x, with_stats ? &out.stats[i] : nullptr, &dropout_gen_);
+        stream = h[i]->forward(stream, with_stats ? &out.stats[i] : nullptr, &dropout_gen_);
+    const Tensor x_final = ln_f->forward_added(stream.x, stream.delta).normed;
     if (targets.defined())
         QK_CHECK(targets.shape() == ids.shape(), "GPT: targets {} must match ids {}",
                  targets.shape(), ids.shape());
@@ -175,13 +191,13 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
         // The logits' gradient comes out of the loss's forward pass, rounded for the head's GEMMs.
         const int64_t C = config_.n_embd, V = config_.vocab_size;
         const LinearCrossEntropy head_loss = linear_cross_entropy(
-            ln_f->forward(x).reshape({B * T, C}), lm_head ? lm_head->weight : wte->weight,
+            x_final.reshape({B * T, C}), lm_head ? lm_head->weight : wte->weight,
             targets.reshape({B * T}), config_.outside_linears(), -1, loss_gradient);
         out.logits = head_loss.logits.reshape({B, T, V});
         out.cross_entropy = out.loss = head_loss.loss;
         return out;
     }
-    const Tensor logits = head(x);
+    const Tensor logits = logits_of(x_final);
     out.logits = logits;
     if (targets.defined()) {
         // reshape, not view: a padded head's logits are rows of a wider buffer (matmul_bf16.cpp).

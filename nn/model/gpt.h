@@ -23,6 +23,13 @@ class MLP : public Module {
     Precision rounded_copy() const;
 };
 
+// The residual stream between blocks as x + delta, the add not made yet: the next block's first
+// norm (or ln_f) makes it in its own kernel pass (Norm::forward_added). delta undefined: x.
+struct Residual {
+    Tensor x, delta;
+    Tensor value() const;  // x + delta, made
+};
+
 class Block : public Module {
   public:
     Block(const GPTConfig& config, Generator& gen, DType dtype = kF32, int64_t layer = 0);
@@ -32,6 +39,9 @@ class Block : public Module {
     //   both  x = x + post_ln_1(attn(ln_1(x)));    x = x + post_ln_2(mlp(ln_2(x)))   (Gemma 3)
     // With qkv_norm, ln_1 is dropped.
     Tensor forward(const Tensor& x, AttentionStats* stats, Generator* dropout_gen);
+    // The same on a stream whose last add is pending, leaving its own last add pending: under
+    // pre, both adds of a block are made by the norm after them (ln_2, the next block's ln_1).
+    Residual forward(const Residual& x, AttentionStats* stats, Generator* dropout_gen);
     // The same through the attention's KV cache (eval, no dropout): row i of x continues
     // sequence sequences[i] of the cache.
     Tensor forward_cached(const Tensor& x, KVCache& cache, const std::vector<int64_t>& sequences);
@@ -102,7 +112,8 @@ class GPT : public Module {
     std::shared_ptr<Linear> lm_head;  // null when tie_embeddings
 
   private:
-    Tensor head(const Tensor& x) const;  // ln_f, the LM head and the logit soft-cap
+    Tensor head(const Tensor& x) const;              // ln_f, the LM head and the logit soft-cap
+    Tensor logits_of(const Tensor& x_normed) const;  // the LM head and the cap after ln_f
     // Whether forward runs the head and the loss as one op (linear_cross_entropy) for targets.
     bool fuses_head_and_loss(const Tensor& ids) const;
     bool is_embedding_table(const Tensor& p) const;  // wte's or wpe's weight

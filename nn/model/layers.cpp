@@ -49,4 +49,11 @@ Tensor Norm::forward(const Tensor& x, const RopeTables& rotate) const {
                                        : rms_norm(x, gain, eps, rounded_copy, rotate);
 }
 
+SumAndNorm Norm::forward_added(const Tensor& x, const Tensor& delta) const {
+    if (!delta.defined()) return {x, forward(x)};
+    const Tensor gain = unit_offset ? weight + 1.0 : weight;
+    return kind == NormKind::layernorm ? add_layer_norm(x, delta, gain, bias, eps, rounded_copy)
+                                       : add_rms_norm(x, delta, gain, eps, rounded_copy);
+}
+
 }  // namespace qk::nn

@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "nn/model/module.h"
 #include "ops/fp8.h"
+#include "ops/norm.h"
 #include "ops/rope.h"
 
 namespace qk::nn {
@@ -49,6 +50,9 @@ class Norm : public Module {
     Norm(NormKind kind, int64_t dim, bool bias, DType dtype = kF32, double eps = 1e-5,
          bool unit_offset = false);
     Tensor forward(const Tensor& x, const RopeTables& rotate = {}) const;  // ops/norm.h's rotate
+    // {x + delta, forward(x + delta)}: the residual add before the norm, made in the norm's own
+    // pass where the kernels can (ops/norm.h's add_layer_norm). delta undefined: {x, forward(x)}.
+    SumAndNorm forward_added(const Tensor& x, const Tensor& delta) const;
 
     NormKind kind;
     double eps;
