@@ -163,6 +163,17 @@ __global__ void cross_entropy_backward_kernel(T* dx, const T* x, const int32_t* 
 
 }  // namespace
 
+namespace {
+// The mean of the row losses, written on the device (one block, a fixed order).
+template <class T>
+void launch_mean(T* loss_out, const double* row_loss, int64_t N, int64_t n_valid) {
+    ledger::declare(8.0 * double(N), double(N), 0, true);
+    QK_LAUNCH((cross_entropy_mean_kernel<T>), 1, kMeanThreads, 0, stream(), loss_out, row_loss, N,
+              double(n_valid));
+    QK_CUDA_CHECK_LAUNCH("cross_entropy_mean_kernel");
+}
+}  // namespace
+
 template <class T>
 void cross_entropy_forward(T* loss_out, T* lse, const T* x, const int32_t* t, int64_t N, int64_t V,
                            int32_t ignore_index, int64_t n_valid, int64_t x_ld) {
@@ -176,10 +187,7 @@ void cross_entropy_forward(T* loss_out, T* lse, const T* x, const int32_t* t, in
     QK_LAUNCH((cross_entropy_forward_kernel<T>), unsigned(N), kRowThreads, 0, stream(), lse,
               row_loss, x, t, V, ignore_index, x_ld);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_forward_kernel");
-    ledger::declare(8.0 * double(N), double(N), 0, true);
-    QK_LAUNCH((cross_entropy_mean_kernel<T>), 1, kMeanThreads, 0, stream(), loss_out, row_loss, N,
-              double(n_valid));
-    QK_CUDA_CHECK_LAUNCH("cross_entropy_mean_kernel");
+    launch_mean(loss_out, row_loss, N, n_valid);
 }
 
 template <class T>
@@ -210,10 +218,7 @@ void cross_entropy_forward_gradient(T* loss_out, T* lse, uint16_t* g, const T* x
     QK_LAUNCH((cross_entropy_forward_gradient_kernel<T>), unsigned(N), kRowThreads, 0, stream(),
               lse, row_loss, g, x, t, V, ignore_index, x_ld, g_ld, scale, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_forward_gradient_kernel");
-    ledger::declare(8.0 * double(N), double(N), 0, true);
-    QK_LAUNCH((cross_entropy_mean_kernel<T>), 1, kMeanThreads, 0, stream(), loss_out, row_loss, N,
-              double(n_valid));
-    QK_CUDA_CHECK_LAUNCH("cross_entropy_mean_kernel");
+    launch_mean(loss_out, row_loss, N, n_valid);
 }
 
 template <class T>
