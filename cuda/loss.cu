@@ -15,8 +15,9 @@
 //   linear_cross_entropy's (ops/loss.h):
 //   forward with the gradient  the forward's block per row, then a third pass over the row (from
 //             cache) writes dx for the announced upstream gradient, rounded, padded with zeros.
-//   fixup     264 blocks striding over rows; each thread reads the upstream scalar and, when it
-//             is the announced one (the rule), returns at once.
+//   fixup     up to 264 blocks striding over rows; each reads the upstream scalar and, when it
+//             is the one the gradient was written for (in training, the announced one), returns
+//             at once.
 // Targets are checked (range, ignore_index, n_valid > 0) on the host by the op, before launch.
 #include <algorithm>
 #include <cmath>
@@ -86,12 +87,15 @@ __global__ void cross_entropy_forward_kernel(T* lse, double* loss, const T* x, c
 // The forward above, and then, from the same row, its gradient for an upstream gradient known in
 // advance (linear_cross_entropy): g: (N, g_ld) out, the gradient rounded (bf16 or fp16 bits), zero
 // in columns V..g_ld (a padded head's) and on ignored rows; scale = dL / n_valid.
+// g_upstream: () out, the upstream gradient g is written for (`assumed`; the fixup reads it).
 template <class T>
-__global__ void cross_entropy_forward_gradient_kernel(T* lse, double* loss, uint16_t* g, const T* x,
-                                                      const int32_t* t, int64_t V,
-                                                      int32_t ignore_index, int64_t x_ld,
-                                                      int64_t g_ld, T scale, bool half_is_bf16) {
+__global__ void cross_entropy_forward_gradient_kernel(T* lse, double* loss, uint16_t* g,
+                                                      T* g_upstream, const T* x, const int32_t* t,
+                                                      int64_t V, int32_t ignore_index, int64_t x_ld,
+                                                      int64_t g_ld, T assumed, T scale,
+                                                      bool half_is_bf16) {
     const int64_t i = blockIdx.x;
+    if (i == 0 && threadIdx.x == 0) *g_upstream = assumed;
     const int32_t target = t[i];
     uint16_t* gr = g + i * g_ld;
     if (target == ignore_index) {
@@ -111,25 +115,29 @@ __global__ void cross_entropy_forward_gradient_kernel(T* lse, double* loss, uint
     }
 }
 
-// The upstream gradient the backward got, dloss, against the one the forward assumed: equal (to
-// the bit) and this kernel does nothing; else it rewrites g from the logits, as the forward
-// gradient kernel would have with dloss. Blocks stride over rows. Arguments as there.
+// The upstream gradient the backward got, dloss, against the one g holds the gradient for
+// (g_upstream: the forward's assumption, or the last fixup's): equal (to the bit) and this kernel
+// does nothing; else it rewrites g from the logits, as the forward gradient kernel would have
+// with dloss, and its last block to finish records dloss in g_upstream (every block has read it
+// by then), so that a second backward (retain_graph) compares with what g now holds. Grid (1,
+// blocks): block y strides over rows. counters: one (arrived_last). Arguments as above.
 template <class T>
-__global__ void cross_entropy_gradient_fixup_kernel(uint16_t* g, const T* x, const int32_t* t,
-                                                    const T* lse, const T* dloss, T assumed,
-                                                    int64_t N, int64_t V, int32_t ignore_index,
-                                                    T inv_n_valid, int64_t x_ld, int64_t g_ld,
-                                                    bool half_is_bf16) {
-    const T upstream = dloss[0];
-    if (upstream == assumed && std::signbit(upstream) == std::signbit(assumed)) return;
+__global__ void cross_entropy_gradient_fixup_kernel(uint16_t* g, T* g_upstream, unsigned* counters,
+                                                    const T* x, const int32_t* t, const T* lse,
+                                                    const T* dloss, int64_t N, int64_t V,
+                                                    int32_t ignore_index, T inv_n_valid,
+                                                    int64_t x_ld, int64_t g_ld, bool half_is_bf16) {
+    const T upstream = dloss[0], held = *g_upstream;
+    if (upstream == held && std::signbit(upstream) == std::signbit(held)) return;  // every block
     const T scale = upstream * inv_n_valid;
-    for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+    for (int64_t i = blockIdx.y; i < N; i += gridDim.y) {
         if (t[i] == ignore_index) continue;  // zero whatever the scale
         const T* xr = x + i * x_ld;
         for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
             store_half(g + i * g_ld, j, logit_gradient(xr[j], lse[i], j == t[i], scale),
                        half_is_bf16);
     }
+    if (arrived_last(counters) && threadIdx.x == 0) *g_upstream = upstream;
 }
 
 // out: () the mean loss, as T; loss: (N) per-row losses. One block.
@@ -205,9 +213,10 @@ void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, c
 }
 
 template <class T>
-void cross_entropy_forward_gradient(T* loss_out, T* lse, uint16_t* g, const T* x, const int32_t* t,
-                                    int64_t N, int64_t V, int32_t ignore_index, int64_t n_valid,
-                                    int64_t x_ld, int64_t g_ld, double assumed, bool half_is_bf16) {
+void cross_entropy_forward_gradient(T* loss_out, T* lse, uint16_t* g, T* g_upstream, const T* x,
+                                    const int32_t* t, int64_t N, int64_t V, int32_t ignore_index,
+                                    int64_t n_valid, int64_t x_ld, int64_t g_ld, double assumed,
+                                    bool half_is_bf16) {
     if (N == 0) return;
     Storage scratch(sizeof(double) * size_t(N), Device::cuda);  // as cross_entropy_forward's
     double* row_loss = static_cast<double*>(scratch.data());
@@ -216,34 +225,34 @@ void cross_entropy_forward_gradient(T* loss_out, T* lse, uint16_t* g, const T* x
         double(sizeof(T)) * double(N * V + N) + 8.0 * double(N) + 2.0 * double(N * g_ld),
         8.0 * double(N * V));
     QK_LAUNCH((cross_entropy_forward_gradient_kernel<T>), unsigned(N), kRowThreads, 0, stream(),
-              lse, row_loss, g, x, t, V, ignore_index, x_ld, g_ld, scale, half_is_bf16);
+              lse, row_loss, g, g_upstream, x, t, V, ignore_index, x_ld, g_ld, T(assumed), scale,
+              half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_forward_gradient_kernel");
     launch_mean(loss_out, row_loss, N, n_valid);
 }
 
 template <class T>
-void cross_entropy_gradient_fixup(uint16_t* g, const T* x, const int32_t* t, const T* lse,
-                                  const T* dloss, double assumed, int64_t N, int64_t V,
+void cross_entropy_gradient_fixup(uint16_t* g, T* g_upstream, const T* x, const int32_t* t,
+                                  const T* lse, const T* dloss, int64_t N, int64_t V,
                                   int32_t ignore_index, int64_t n_valid, int64_t x_ld, int64_t g_ld,
                                   bool half_is_bf16) {
     if (N == 0) return;
     // Declared as what it costs when the forward assumed right: one scalar read. A wrong
     // assumption costs a pass over the logits that the ledger does not show.
     ledger::declare(double(sizeof(T)));
-    const unsigned blocks = unsigned(std::min<int64_t>(N, kFixupBlocks));
-    QK_LAUNCH((cross_entropy_gradient_fixup_kernel<T>), blocks, kRowThreads, 0, stream(), g, x, t,
-              lse, dloss, T(assumed), N, V, ignore_index, T(1.0 / double(n_valid)), x_ld, g_ld,
-              half_is_bf16);
+    const dim3 grid(1, unsigned(std::min<int64_t>(N, kFixupBlocks)));
+    QK_LAUNCH((cross_entropy_gradient_fixup_kernel<T>), grid, kRowThreads, 0, stream(), g,
+              g_upstream, tile_counters(1), x, t, lse, dloss, N, V, ignore_index,
+              T(1.0 / double(n_valid)), x_ld, g_ld, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_gradient_fixup_kernel");
 }
 
-template void cross_entropy_forward_gradient<float>(float*, float*, uint16_t*, const float*,
+template void cross_entropy_forward_gradient<float>(float*, float*, uint16_t*, float*, const float*,
                                                     const int32_t*, int64_t, int64_t, int32_t,
                                                     int64_t, int64_t, int64_t, double, bool);
-template void cross_entropy_gradient_fixup<float>(uint16_t*, const float*, const int32_t*,
-                                                  const float*, const float*, double, int64_t,
-                                                  int64_t, int32_t, int64_t, int64_t, int64_t,
-                                                  bool);
+template void cross_entropy_gradient_fixup<float>(uint16_t*, float*, const float*, const int32_t*,
+                                                  const float*, const float*, int64_t, int64_t,
+                                                  int32_t, int64_t, int64_t, int64_t, bool);
 template void cross_entropy_forward<float>(float*, float*, const float*, const int32_t*, int64_t,
                                            int64_t, int32_t, int64_t, int64_t);
 template void cross_entropy_forward<double>(double*, double*, const double*, const int32_t*,

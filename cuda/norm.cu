@@ -399,13 +399,11 @@ __global__ void lp_normalize_backward_kernel(T* dx, const T* dy, const T* x, con
 
 // ---- launchers (declared in ops/norm.h) ----------------------------------------------------
 
-bool norm_adds_rows(int64_t C) { return row_layout<float>(C).per_lane != 0; }
-
 namespace {
 // A RowAdd goes only where the rows are held in registers (the loops have no add).
 template <class T>
 void check_row_add(const RowAdd<T>& add, int64_t C, size_t element_size) {
-    QK_CHECK(!add.delta || (element_size == 4 && norm_adds_rows(C)),
+    QK_CHECK(!add.delta || (element_size == 4 && norm_adds_rows(C) && row_layout<T>(C).per_lane),
              "norm forward: the residual add runs only on float32 rows of at most 1,024 values "
              "held in registers, got rows of {} {}-byte values",
              C, element_size);

@@ -267,9 +267,9 @@ LinearCrossEntropy linear_cross_entropy(const Tensor& x, const Tensor& weight,
                                         int32_t ignore_index, double loss_gradient) {
     matmul_impl::check_linear_args(x, weight, {}, precision);
     QK_CHECK(x.dim() == 2, "linear_cross_entropy: x must be (N, K) rows, got {}", x.shape());
-    QK_CHECK(std::isfinite(loss_gradient),
-             "linear_cross_entropy: loss_gradient must be finite (the upstream gradient the "
-             "backward will give the loss), got {}",
+    QK_CHECK(std::isfinite(static_cast<float>(loss_gradient)),
+             "linear_cross_entropy: loss_gradient must be finite in float32 (the upstream "
+             "gradient the backward will give the loss), got {}",
              loss_gradient);
     const bool mixed = precision == Precision::bf16 || precision == Precision::fp16;
     const bool wants_gradient =

@@ -60,16 +60,18 @@ void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, c
                             int64_t x_ld, uint16_t* dx_half = nullptr, bool half_is_bf16 = true);
 // linear_cross_entropy's (float only): the forward above and the gradient for an upstream
 // gradient `assumed`, written as g: (N, g_ld) out, rounded to bf16 (half_is_bf16) or fp16 bits,
-// zero in columns V..g_ld and on ignored rows. The fixup, launched by the backward, compares the
-// upstream gradient dloss with `assumed` on the device: equal, it does nothing; else it rewrites
-// g for dloss, to the bits cross_entropy_backward's dx_half would have.
+// zero in columns V..g_ld and on ignored rows; g_upstream: () out, `assumed`. The fixup, launched
+// by the backward, compares the upstream gradient dloss with g_upstream on the device: equal, it
+// does nothing; else it rewrites g for dloss, to the bits cross_entropy_backward's dx_half would
+// have, and sets g_upstream to dloss.
 template <class T>
-void cross_entropy_forward_gradient(T* loss, T* lse, uint16_t* g, const T* x, const int32_t* t,
-                                    int64_t N, int64_t V, int32_t ignore_index, int64_t n_valid,
-                                    int64_t x_ld, int64_t g_ld, double assumed, bool half_is_bf16);
+void cross_entropy_forward_gradient(T* loss, T* lse, uint16_t* g, T* g_upstream, const T* x,
+                                    const int32_t* t, int64_t N, int64_t V, int32_t ignore_index,
+                                    int64_t n_valid, int64_t x_ld, int64_t g_ld, double assumed,
+                                    bool half_is_bf16);
 template <class T>
-void cross_entropy_gradient_fixup(uint16_t* g, const T* x, const int32_t* t, const T* lse,
-                                  const T* dloss, double assumed, int64_t N, int64_t V,
+void cross_entropy_gradient_fixup(uint16_t* g, T* g_upstream, const T* x, const int32_t* t,
+                                  const T* lse, const T* dloss, int64_t N, int64_t V,
                                   int32_t ignore_index, int64_t n_valid, int64_t x_ld, int64_t g_ld,
                                   bool half_is_bf16);
 }  // namespace cuda

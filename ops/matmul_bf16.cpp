@@ -355,21 +355,24 @@ LinearCrossEntropy linear_cross_entropy_mixed(const Tensor& x, const Tensor& wei
     const Tensor g = Tensor::empty({N, g_ld}, dtype_of<Half>(), Device::cuda);  // G̃
     const Tensor lse = Tensor::empty({N}, kF32, Device::cuda);
     const Tensor loss = Tensor::empty({}, kF32, Device::cuda);
-    cuda::cross_entropy_forward_gradient(
-        loss.data<float>(), lse.data<float>(), half_bits(g), logits.data<float>(),
-        t.data<int32_t>(), N, V, ignore_index, n_valid, x_ld, g_ld, loss_gradient, kBF16Bits);
-    auto backward = [lin = std::move(linear.backward), g, logits = autograd::saved(logits),
-                     t = autograd::saved(t), lse, N, V, x_ld, g_ld, ignore_index, n_valid,
-                     loss_gradient](const Tensor& dloss) {
+    const Tensor g_upstream = Tensor::empty({}, kF32, Device::cuda);  // what g is the gradient for
+    cuda::cross_entropy_forward_gradient(loss.data<float>(), lse.data<float>(), half_bits(g),
+                                         g_upstream.data<float>(), logits.data<float>(),
+                                         t.data<int32_t>(), N, V, ignore_index, n_valid, x_ld, g_ld,
+                                         loss_gradient, kBF16Bits);
+    auto backward = [lin = std::move(linear.backward), g, g_upstream,
+                     logits = autograd::saved(logits), t = autograd::saved(t), lse, N, V, x_ld,
+                     g_ld, ignore_index, n_valid](const Tensor& dloss) {
         lin.check_weight_unchanged();
         QK_CHECK(dloss.device() == Device::cuda && dloss.numel() == 1 && dloss.dtype() == kF32,
                  "linear_cross_entropy backward: the upstream gradient must be one float32 "
                  "element on cuda, got {} of shape {} on {}",
                  dloss.dtype(), dloss.shape(), dloss.device());
         const Tensor dl = dloss.contiguous();
-        cuda::cross_entropy_gradient_fixup(half_bits(g), logits.data<float>(), t.data<int32_t>(),
-                                           lse.data<float>(), dl.data<float>(), loss_gradient, N, V,
-                                           ignore_index, n_valid, x_ld, g_ld, kBF16Bits);
+        cuda::cross_entropy_gradient_fixup(half_bits(g), g_upstream.data<float>(),
+                                           logits.data<float>(), t.data<int32_t>(),
+                                           lse.data<float>(), dl.data<float>(), N, V, ignore_index,
+                                           n_valid, x_ld, g_ld, kBF16Bits);
         return lin.gradients(g, {});
     };
     Tensor recorded =

@@ -130,8 +130,9 @@ struct RowAdd {
     const T* delta = nullptr;
     T* sum = nullptr;
 };
-// Whether the forward kernels take a RowAdd for float32 rows of C values (C <= 1,024).
-bool norm_adds_rows(int64_t C);
+// Whether the forward kernels take a RowAdd for float32 rows of C values: where cuda/norm_rows.h's
+// row_layout holds float rows in registers, C <= 1,024 (the launcher checks it agrees).
+inline bool norm_adds_rows(int64_t C) { return C <= 1024; }
 
 // Whether the kernels below rotate rows of C values in the same pass: C = 64 or 128, where each
 // lane's values include both halves of its pairs (others: ops/norm.cpp rotates in a second pass).

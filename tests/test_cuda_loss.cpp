@@ -317,3 +317,27 @@ TEST_CASE("linear_cross_entropy: the cpu, float64 and full precision run the two
     CHECK(throws_with([&] { qk::linear_cross_entropy(x, w.t(), t, qk::Precision::full); },
                       {"linear", "expected weight (out_features, 5)"}));
 }
+
+TEST_CASE("linear_cross_entropy: a second backward (retain_graph) uses what the first wrote") {
+    if (!cuda_runnable()) return;
+    // The first backward's upstream gradient (3) is not the announced one (1): the fixup rewrites
+    // the gradient for 3. A second backward with 1 must then rewrite it again, not trust the
+    // announcement; and a third with 1 finds it right.
+    const qk::Device dev = qk::Device::cuda;
+    const qk::Tensor x0 = randn_seeded({150, 40}, 101, qk::kF32).to(dev),
+                     w0 = randn_seeded({53, 40}, 102, qk::kF32, 0.3).to(dev),
+                     t = qk::from_ids(targets(150, 53, 103), {150}).to(dev);
+    const HeadRun once = run_head(false, x0, w0, t, qk::Precision::bf16, 1, 1),
+                  thrice = run_head(false, x0, w0, t, qk::Precision::bf16, 1, 3);
+    qk::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const qk::LinearCrossEntropy out = qk::linear_cross_entropy(x, w, t, qk::Precision::bf16);
+    (out.loss * 3.0).backward(true);
+    CHECK(max_abs_diff(x.grad(), thrice.dx) == 0);
+    for (int pass = 0; pass < 2; ++pass) {
+        CAPTURE(pass);
+        x.zero_grad(), w.zero_grad();
+        out.loss.backward(true);
+        CHECK(max_abs_diff(x.grad(), once.dx) == 0);
+        CHECK(max_abs_diff(w.grad(), once.dw) == 0);
+    }
+}

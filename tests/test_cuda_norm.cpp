@@ -432,3 +432,26 @@ TEST_CASE("cuda norms make the residual add before them in their forward pass") 
         },
         {x, d, g}));
 }
+
+TEST_CASE("add_layer_norm: non-contiguous inputs, a constant delta, and no gradient recorded") {
+    if (!cuda_runnable()) return;
+    const qk::Device dev = qk::Device::cuda;
+    const qk::Tensor x = randn_seeded({40, 3, 96}, 104, qk::kF32).to(dev).transpose(0, 1),
+                     d = randn_seeded({3, 40, 96}, 105, qk::kF32).to(dev),
+                     g = randn_seeded({96}, 106, qk::kF32).to(dev);
+    REQUIRE_FALSE(x.is_contiguous());
+    const qk::Tensor sum = x + d, normed = qk::layer_norm(sum, g, {});
+    {
+        qk::NoGradGuard no_grad;
+        const qk::SumAndNorm sn = qk::add_layer_norm(x, d, g, {});
+        CHECK(max_abs_diff(sn.sum, sum) == 0);
+        CHECK(max_abs_diff(sn.normed, normed) == 0);
+        CHECK_FALSE(sn.normed.requires_grad());
+    }
+    qk::Tensor xg = x.detach().requires_grad_();  // delta a constant: x's gradient only
+    const qk::SumAndNorm sn = qk::add_layer_norm(xg, d, g, {});
+    qk::sum(sn.normed * d).backward();
+    qk::Tensor xr = x.detach().requires_grad_();
+    qk::sum(qk::layer_norm(xr + d, g, {}) * d).backward();
+    CHECK(max_abs_diff(xg.grad(), xr.grad()) == 0);
+}
