@@ -3,10 +3,11 @@
 // (loss_i = lse_i − x_{i,t_i}; dx = (softmax − onehot) · dL / n_valid) is derived.
 //
 // Work split:
-//   forward   one block of 256 threads per row of logits (N blocks). Vocabulary rows are long
-//             (65 to 50257 logits) and few (N = B·T), so a whole block shares a row: each thread
-//             strides over the row by 256, then block_max and block_sum (warp shuffles + one
-//             shared slot per warp) combine the threads. Writes lse_i and loss_i (double).
+//   forward   one block of 256 threads per row of logits (N blocks; fewer for rows under 256).
+//             Vocabulary rows are long (65 to 50257 logits) and few (N = B·T), so a whole block
+//             shares a row: each thread strides over the row by the block's size, then block_max
+//             and block_sum (warp shuffles + one shared slot per warp) combine the threads.
+//             Writes lse_i and loss_i (double).
 //   mean      one block: sums the N row losses in a fixed tree (threads stride over rows, then
 //             block_sum), divides by n_valid and writes the scalar loss on the device. A fixed
 //             order, not float atomics, so that the loss does not depend on block order.
@@ -34,6 +35,11 @@ namespace qk::cuda {
 namespace {
 
 constexpr int kRowThreads = 256;
+// A row's block: 256 threads, or fewer for a short row (V = 65: 96), whole warps; threads that
+// would find no logit are not launched.
+unsigned row_threads(int64_t V) {
+    return unsigned(std::clamp<int64_t>((V + kWarp - 1) / kWarp * kWarp, kWarp, kRowThreads));
+}
 constexpr int kMeanThreads = 256;
 constexpr int kBackwardThreads = 256;
 // The fixup's grid: two blocks an SM of an H100. Rare work (a backward whose upstream gradient
@@ -192,7 +198,7 @@ void cross_entropy_forward(T* loss_out, T* lse, const T* x, const int32_t* t, in
     Storage scratch(sizeof(double) * size_t(N), Device::cuda);
     double* row_loss = static_cast<double*>(scratch.data());
     ledger::declare_elements<T>(N * V, N, 4 * N * V);
-    QK_LAUNCH((cross_entropy_forward_kernel<T>), unsigned(N), kRowThreads, 0, stream(), lse,
+    QK_LAUNCH((cross_entropy_forward_kernel<T>), unsigned(N), row_threads(V), 0, stream(), lse,
               row_loss, x, t, V, ignore_index, x_ld);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_forward_kernel");
     launch_mean(loss_out, row_loss, N, n_valid);
@@ -224,7 +230,7 @@ void cross_entropy_forward_gradient(T* loss_out, T* lse, uint16_t* g, T* g_upstr
     ledger::declare(
         double(sizeof(T)) * double(N * V + N) + 8.0 * double(N) + 2.0 * double(N * g_ld),
         8.0 * double(N * V));
-    QK_LAUNCH((cross_entropy_forward_gradient_kernel<T>), unsigned(N), kRowThreads, 0, stream(),
+    QK_LAUNCH((cross_entropy_forward_gradient_kernel<T>), unsigned(N), row_threads(V), 0, stream(),
               lse, row_loss, g, g_upstream, x, t, V, ignore_index, x_ld, g_ld, T(assumed), scale,
               half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_forward_gradient_kernel");
@@ -241,7 +247,7 @@ void cross_entropy_gradient_fixup(uint16_t* g, T* g_upstream, const T* x, const 
     // assumption costs a pass over the logits that the ledger does not show.
     ledger::declare(double(sizeof(T)));
     const dim3 grid(1, unsigned(std::min<int64_t>(N, kFixupBlocks)));
-    QK_LAUNCH((cross_entropy_gradient_fixup_kernel<T>), grid, kRowThreads, 0, stream(), g,
+    QK_LAUNCH((cross_entropy_gradient_fixup_kernel<T>), grid, row_threads(V), 0, stream(), g,
               g_upstream, tile_counters(1), x, t, lse, dloss, N, V, ignore_index,
               T(1.0 / double(n_valid)), x_ld, g_ld, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_gradient_fixup_kernel");
