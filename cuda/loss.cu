@@ -68,6 +68,20 @@ __device__ __forceinline__ T logit_gradient(T x, T row_lse, bool is_target, T sc
     return (dev_exp(x - row_lse) - (is_target ? T(1) : T(0))) * scale;
 }
 
+// linear_cross_entropy's gradient of one logit for the upstream gradient u: the cross-entropy's
+// term on valid rows (scale = u / n_valid) plus, with a z-loss z·mean_N(lse²) over all N rows, the
+// z-loss's (2z/N)·lse_i·p_ij·u on every row, ignored ones too (z_row = u·(2z/N)·lse_i). Without a
+// z-loss (z_row = 0) exactly logit_gradient; with one, the two terms rounded apart and then added
+// (no fused multiply-add: the emulator's bits are the device's).
+template <class T>
+__device__ __forceinline__ T head_gradient(T x, T row_lse, bool valid, bool is_target, T scale,
+                                           T z_row) {
+    if (z_row == T(0)) return valid ? logit_gradient(x, row_lse, is_target, scale) : T(0);
+    const T p = dev_exp(x - row_lse);
+    const T ce = valid ? (p - (is_target ? T(1) : T(0))) * scale : T(0);
+    return dev_add_unfused(ce, p * z_row);
+}
+
 // lse: (N) out, 0 on ignored rows; loss: (N) out, lse_i − x_{i,t_i}, 0 on ignored rows;
 // x: (N, V), rows x_ld apart; t: (N).
 template <class T>
@@ -94,17 +108,21 @@ __global__ void cross_entropy_forward_kernel(T* lse, double* loss, const T* x, c
 // advance (linear_cross_entropy): g: (N, g_ld) out, the gradient rounded (bf16 or fp16 bits), zero
 // in columns V..g_ld (a padded head's) and on ignored rows; scale = dL / n_valid.
 // g_upstream: () out, the upstream gradient g is written for (`assumed`; the fixup reads it).
+// With a z-loss (zrow: (N) out, lse_i², in double; z_factor = u·(2z/N)), ignored rows get their
+// lse and the z-loss's gradient too; without one, zrow is null and z_factor 0.
 template <class T>
-__global__ void cross_entropy_forward_gradient_kernel(T* lse, double* loss, uint16_t* g,
-                                                      T* g_upstream, const T* x, const int32_t* t,
-                                                      int64_t V, int32_t ignore_index, int64_t x_ld,
-                                                      int64_t g_ld, T assumed, T scale,
+__global__ void cross_entropy_forward_gradient_kernel(T* lse, double* loss, double* zrow,
+                                                      uint16_t* g, T* g_upstream, const T* x,
+                                                      const int32_t* t, int64_t V,
+                                                      int32_t ignore_index, int64_t x_ld,
+                                                      int64_t g_ld, T assumed, T scale, T z_factor,
                                                       bool half_is_bf16) {
     const int64_t i = blockIdx.x;
     if (i == 0 && threadIdx.x == 0) *g_upstream = assumed;
     const int32_t target = t[i];
+    const bool valid = target != ignore_index;
     uint16_t* gr = g + i * g_ld;
-    if (target == ignore_index) {
+    if (!valid && !zrow) {  // the same for the whole block: no barrier is skipped by some
         for (int64_t j = threadIdx.x; j < g_ld; j += blockDim.x) gr[j] = 0;
         if (threadIdx.x == 0) lse[i] = 0, loss[i] = 0;
         return;
@@ -113,10 +131,13 @@ __global__ void cross_entropy_forward_gradient_kernel(T* lse, double* loss, uint
     const T row_lse = block_row_lse(xr, V);
     if (threadIdx.x == 0) {
         lse[i] = row_lse;
-        loss[i] = double(row_lse) - double(xr[target]);
+        loss[i] = valid ? double(row_lse) - double(xr[target]) : 0.0;
+        if (zrow) zrow[i] = double(row_lse) * double(row_lse);
     }
+    const T z_row = z_factor * row_lse;
     for (int64_t j = threadIdx.x; j < g_ld; j += blockDim.x) {
-        const T value = j < V ? logit_gradient(xr[j], row_lse, j == target, scale) : T(0);
+        const T value =
+            j < V ? head_gradient(xr[j], row_lse, valid, j == target, scale, z_row) : T(0);
         store_half(gr, j, value, half_is_bf16);
     }
 }
@@ -131,19 +152,36 @@ template <class T>
 __global__ void cross_entropy_gradient_fixup_kernel(uint16_t* g, T* g_upstream, unsigned* counters,
                                                     const T* x, const int32_t* t, const T* lse,
                                                     const T* dloss, int64_t N, int64_t V,
-                                                    int32_t ignore_index, T inv_n_valid,
+                                                    int32_t ignore_index, T inv_n_valid, T z_unit,
                                                     int64_t x_ld, int64_t g_ld, bool half_is_bf16) {
     const T upstream = dloss[0], held = *g_upstream;
     if (upstream == held && std::signbit(upstream) == std::signbit(held)) return;  // every block
-    const T scale = upstream * inv_n_valid;
+    const T scale = upstream * inv_n_valid, z_factor = upstream * z_unit;
     for (int64_t i = blockIdx.y; i < N; i += gridDim.y) {
-        if (t[i] == ignore_index) continue;  // zero whatever the scale
+        const bool valid = t[i] != ignore_index;
+        if (!valid && z_unit == T(0)) continue;  // zero whatever the scale
         const T* xr = x + i * x_ld;
+        const T z_row = z_factor * lse[i];
         for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-            store_half(g + i * g_ld, j, logit_gradient(xr[j], lse[i], j == t[i], scale),
-                       half_is_bf16);
+            store_half(g + i * g_ld, j,
+                       head_gradient(xr[j], lse[i], valid, j == t[i], scale, z_row), half_is_bf16);
     }
     if (arrived_last(counters) && threadIdx.x == 0) *g_upstream = upstream;
+}
+
+// With a z-loss: total: () out, the mean cross-entropy + z · Σ zrow / N; ce: () out, the mean
+// cross-entropy alone; loss, zrow: (N). One block, both sums in fixed trees, in double.
+template <class T>
+__global__ void cross_entropy_z_mean_kernel(T* total, T* ce, const double* loss, const double* zrow,
+                                            int64_t N, double n_valid, double z) {
+    double acc = 0, zacc = 0;
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) acc += loss[i], zacc += zrow[i];
+    acc = block_sum(acc);
+    zacc = block_sum(zacc);
+    if (threadIdx.x == 0) {
+        ce[0] = T(acc / n_valid);
+        total[0] = T(acc / n_valid + z * (zacc / double(N)));
+    }
 }
 
 // out: () the mean loss, as T; loss: (N) per-row losses. One block.
@@ -222,26 +260,36 @@ template <class T>
 void cross_entropy_forward_gradient(T* loss_out, T* lse, uint16_t* g, T* g_upstream, const T* x,
                                     const int32_t* t, int64_t N, int64_t V, int32_t ignore_index,
                                     int64_t n_valid, int64_t x_ld, int64_t g_ld, double assumed,
-                                    bool half_is_bf16) {
+                                    bool half_is_bf16, double z_loss, T* ce_out) {
     if (N == 0) return;
-    Storage scratch(sizeof(double) * size_t(N), Device::cuda);  // as cross_entropy_forward's
+    // Per-row losses (and lse², with a z-loss) in double, as cross_entropy_forward's.
+    Storage scratch(sizeof(double) * size_t(z_loss != 0 ? 2 * N : N), Device::cuda);
     double* row_loss = static_cast<double*>(scratch.data());
+    double* zrow = z_loss != 0 ? row_loss + N : nullptr;
     const T scale = T(assumed) * T(1.0 / double(n_valid));  // the backward kernel's dL / n_valid
-    ledger::declare(
-        double(sizeof(T)) * double(N * V + N) + 8.0 * double(N) + 2.0 * double(N * g_ld),
-        8.0 * double(N * V));
+    const T z_factor = T(assumed) * T(2.0 * z_loss / double(N));  // the fixup's, for `assumed`
+    ledger::declare(double(sizeof(T)) * double(N * V + N) + (zrow ? 16.0 : 8.0) * double(N) +
+                        2.0 * double(N * g_ld),
+                    8.0 * double(N * V));
     QK_LAUNCH((cross_entropy_forward_gradient_kernel<T>), unsigned(N), row_threads(V), 0, stream(),
-              lse, row_loss, g, g_upstream, x, t, V, ignore_index, x_ld, g_ld, T(assumed), scale,
-              half_is_bf16);
+              lse, row_loss, zrow, g, g_upstream, x, t, V, ignore_index, x_ld, g_ld, T(assumed),
+              scale, z_factor, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_forward_gradient_kernel");
-    launch_mean(loss_out, row_loss, N, n_valid);
+    if (!zrow) {
+        launch_mean(loss_out, row_loss, N, n_valid);
+        return;
+    }
+    ledger::declare(16.0 * double(N), 2.0 * double(N), 0, true);
+    QK_LAUNCH((cross_entropy_z_mean_kernel<T>), 1, kMeanThreads, 0, stream(), loss_out, ce_out,
+              row_loss, zrow, N, double(n_valid), z_loss);
+    QK_CUDA_CHECK_LAUNCH("cross_entropy_z_mean_kernel");
 }
 
 template <class T>
 void cross_entropy_gradient_fixup(uint16_t* g, T* g_upstream, const T* x, const int32_t* t,
                                   const T* lse, const T* dloss, int64_t N, int64_t V,
                                   int32_t ignore_index, int64_t n_valid, int64_t x_ld, int64_t g_ld,
-                                  bool half_is_bf16) {
+                                  bool half_is_bf16, double z_loss) {
     if (N == 0) return;
     // Declared as what it costs when the forward assumed right: one scalar read. A wrong
     // assumption costs a pass over the logits that the ledger does not show.
@@ -249,16 +297,17 @@ void cross_entropy_gradient_fixup(uint16_t* g, T* g_upstream, const T* x, const 
     const dim3 grid(1, unsigned(std::min<int64_t>(N, kFixupBlocks)));
     QK_LAUNCH((cross_entropy_gradient_fixup_kernel<T>), grid, row_threads(V), 0, stream(), g,
               g_upstream, tile_counters(1), x, t, lse, dloss, N, V, ignore_index,
-              T(1.0 / double(n_valid)), x_ld, g_ld, half_is_bf16);
+              T(1.0 / double(n_valid)), T(2.0 * z_loss / double(N)), x_ld, g_ld, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_gradient_fixup_kernel");
 }
 
 template void cross_entropy_forward_gradient<float>(float*, float*, uint16_t*, float*, const float*,
                                                     const int32_t*, int64_t, int64_t, int32_t,
-                                                    int64_t, int64_t, int64_t, double, bool);
+                                                    int64_t, int64_t, int64_t, double, bool, double,
+                                                    float*);
 template void cross_entropy_gradient_fixup<float>(uint16_t*, float*, const float*, const int32_t*,
                                                   const float*, const float*, int64_t, int64_t,
-                                                  int32_t, int64_t, int64_t, int64_t, bool);
+                                                  int32_t, int64_t, int64_t, int64_t, bool, double);
 template void cross_entropy_forward<float>(float*, float*, const float*, const int32_t*, int64_t,
                                            int64_t, int32_t, int64_t, int64_t);
 template void cross_entropy_forward<double>(double*, double*, const double*, const int32_t*,

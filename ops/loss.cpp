@@ -45,10 +45,12 @@
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "core/threading.h"
+#include "ops/elementwise.h"
 #include "ops/elementwise_math.h"  // math::exp_fast
 #include "ops/lane_sum.h"
 #include "ops/matmul.h"
 #include "ops/matmul_internal.h"
+#include "ops/reduce.h"
 #include "ops/rounded_copy.h"
 
 namespace qk {
@@ -264,8 +266,10 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int32_t 
 
 LinearCrossEntropy linear_cross_entropy(const Tensor& x, const Tensor& weight,
                                         const Tensor& targets, Precision precision,
-                                        int32_t ignore_index, double loss_gradient) {
+                                        int32_t ignore_index, double loss_gradient, double z_loss) {
     matmul_impl::check_linear_args(x, weight, {}, precision);
+    QK_CHECK(std::isfinite(z_loss) && z_loss >= 0,
+             "linear_cross_entropy: z_loss must be a finite weight >= 0, got {}", z_loss);
     QK_CHECK(x.dim() == 2, "linear_cross_entropy: x must be (N, K) rows, got {}", x.shape());
     QK_CHECK(std::isfinite(static_cast<float>(loss_gradient)),
              "linear_cross_entropy: loss_gradient must be finite in float32 (the upstream "
@@ -277,9 +281,12 @@ LinearCrossEntropy linear_cross_entropy(const Tensor& x, const Tensor& weight,
     if (!mixed || !wants_gradient || x.device() != Device::cuda || x.dtype() != kF32 ||
         weight.dtype() != kF32) {  // the two ops
         const Tensor logits = linear(x, weight, {}, precision);
-        const Tensor loss =
-            cross_entropy(logits, targets, ignore_index, mixed ? precision : Precision::full);
-        return {loss, logits.detach()};
+        // The loss's own rounding of the logits' gradient, unless the z-loss adds to it.
+        const Precision rounded = mixed && z_loss == 0 ? precision : Precision::full;
+        const Tensor ce = cross_entropy(logits, targets, ignore_index, rounded);
+        if (z_loss == 0) return {ce, logits.detach(), ce.detach()};
+        const Tensor lse = logsumexp(logits, {-1});
+        return {ce + mean(lse * lse) * z_loss, logits.detach(), ce.detach()};
     }
     QK_CHECK(targets.dtype() == kI32 && targets.dim() == 1 && targets.size(0) == x.size(0) &&
                  targets.device() == x.device(),
@@ -288,10 +295,11 @@ LinearCrossEntropy linear_cross_entropy(const Tensor& x, const Tensor& weight,
 #ifdef QK_WITH_CUDA
     const Tensor t = autograd::contiguous_input(targets);
     const int64_t n_valid = count_valid_device_targets(t, weight.size(0), ignore_index);
-    return precision == Precision::bf16 ? matmul_impl::linear_cross_entropy_bf16(
-                                              x, weight, t, ignore_index, n_valid, loss_gradient)
-                                        : matmul_impl::linear_cross_entropy_fp16(
-                                              x, weight, t, ignore_index, n_valid, loss_gradient);
+    return precision == Precision::bf16
+               ? matmul_impl::linear_cross_entropy_bf16(x, weight, t, ignore_index, n_valid,
+                                                        loss_gradient, z_loss)
+               : matmul_impl::linear_cross_entropy_fp16(x, weight, t, ignore_index, n_valid,
+                                                        loss_gradient, z_loss);
 #else
     throw_built_without_cuda("linear_cross_entropy");
 #endif

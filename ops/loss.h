@@ -22,14 +22,19 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 // backward GEMMs read it, so the backward reads no logits and writes no float32 gradient. A
 // backward with another upstream gradient is still exact: a device-side check finds it and writes
 // the gradient again from the logits (one more pass). Elsewhere it is the two ops.
+// z_loss > 0 adds z_loss · mean(logsumexp(logits)²) over all N rows (PaLM's z-loss; the model's
+// composition: cross_entropy + mean(lse²)·z) in the same kernel; the values then agree with the
+// ops' to float32 rounding, not to the bit (one sum in double where the ops add floats).
 struct LinearCrossEntropy {
-    Tensor loss;    // () the mean cross-entropy; its gradient reaches x and weight
+    Tensor loss;    // () the mean cross-entropy (+ the z-loss); its gradient reaches x and weight
     Tensor logits;  // (N, V) the head's output, detached: for reading (a loss that needs the
-                    // logits' own gradient, a z-loss or a cap, takes linear and cross_entropy)
+                    // logits' own gradient, such as a cap, takes linear and cross_entropy)
+    Tensor cross_entropy;  // () the mean cross-entropy alone, detached: loss without the z-loss
 };
 LinearCrossEntropy linear_cross_entropy(const Tensor& x, const Tensor& weight,
                                         const Tensor& targets, Precision precision,
-                                        int32_t ignore_index = -1, double loss_gradient = 1.0);
+                                        int32_t ignore_index = -1, double loss_gradient = 1.0,
+                                        double z_loss = 0.0);
 
 // The kernels behind cross_entropy, declared for the kernel-level parity tests. Raw pointers:
 // x: (N, V) logits, row i at x + i·x_ld (x_ld >= V: the rows of a wider buffer, e.g. a padded
@@ -63,17 +68,19 @@ void cross_entropy_backward(T* dx, const T* x, const int32_t* t, const T* lse, c
 // zero in columns V..g_ld and on ignored rows; g_upstream: () out, `assumed`. The fixup, launched
 // by the backward, compares the upstream gradient dloss with g_upstream on the device: equal, it
 // does nothing; else it rewrites g for dloss, to the bits cross_entropy_backward's dx_half would
-// have, and sets g_upstream to dloss.
+// have, and sets g_upstream to dloss. z_loss > 0: the loss is the mean cross-entropy plus
+// z_loss · mean over all N rows of lse², the gradient includes the z-loss's, and ce: () out gets
+// the cross-entropy alone; lse is then every row's (ignored ones too).
 template <class T>
 void cross_entropy_forward_gradient(T* loss, T* lse, uint16_t* g, T* g_upstream, const T* x,
                                     const int32_t* t, int64_t N, int64_t V, int32_t ignore_index,
                                     int64_t n_valid, int64_t x_ld, int64_t g_ld, double assumed,
-                                    bool half_is_bf16);
+                                    bool half_is_bf16, double z_loss = 0, T* ce = nullptr);
 template <class T>
 void cross_entropy_gradient_fixup(uint16_t* g, T* g_upstream, const T* x, const int32_t* t,
                                   const T* lse, const T* dloss, int64_t N, int64_t V,
                                   int32_t ignore_index, int64_t n_valid, int64_t x_ld, int64_t g_ld,
-                                  bool half_is_bf16);
+                                  bool half_is_bf16, double z_loss = 0);
 }  // namespace cuda
 
 }  // namespace qk

@@ -341,11 +341,13 @@ Tensor linear_gelu_mixed(const Tensor& x, const Tensor& weight, const Tensor& bi
 // then one kernel per row of logits writes lse, the row's loss and G = dL/dlogits for the upstream
 // gradient the caller announced, rounded to Half and N′ wide (zero columns past V): dỸ as
 // gradients() reads it. Backward: the fixup (nothing, unless the upstream gradient differs from
-// the announced one), then the two GEMMs. It saves G, and the logits and lse for the fixup.
+// the announced one), then the two GEMMs. It saves G, and the logits and lse for the fixup. A
+// z-loss adds its term to the loss and to G in the same kernel.
 template <class Half>
 LinearCrossEntropy linear_cross_entropy_mixed(const Tensor& x, const Tensor& weight,
                                               const Tensor& t, int32_t ignore_index,
-                                              int64_t n_valid, double loss_gradient) {
+                                              int64_t n_valid, double loss_gradient,
+                                              double z_loss) {
 #ifdef QK_WITH_CUDA
     MixedLinear<Half> linear = mixed_linear_forward<Half>(x, weight, {});
     const Tensor& logits = linear.y;  // (N, V), rows x_ld apart
@@ -356,13 +358,14 @@ LinearCrossEntropy linear_cross_entropy_mixed(const Tensor& x, const Tensor& wei
     const Tensor lse = Tensor::empty({N}, kF32, Device::cuda);
     const Tensor loss = Tensor::empty({}, kF32, Device::cuda);
     const Tensor g_upstream = Tensor::empty({}, kF32, Device::cuda);  // what g is the gradient for
+    const Tensor ce = z_loss != 0 ? Tensor::empty({}, kF32, Device::cuda) : loss;
     cuda::cross_entropy_forward_gradient(loss.data<float>(), lse.data<float>(), half_bits(g),
                                          g_upstream.data<float>(), logits.data<float>(),
                                          t.data<int32_t>(), N, V, ignore_index, n_valid, x_ld, g_ld,
-                                         loss_gradient, kBF16Bits);
+                                         loss_gradient, kBF16Bits, z_loss, ce.data<float>());
     auto backward = [lin = std::move(linear.backward), g, g_upstream,
                      logits = autograd::saved(logits), t = autograd::saved(t), lse, N, V, x_ld,
-                     g_ld, ignore_index, n_valid](const Tensor& dloss) {
+                     g_ld, ignore_index, n_valid, z_loss](const Tensor& dloss) {
         lin.check_weight_unchanged();
         QK_CHECK(dloss.device() == Device::cuda && dloss.numel() == 1 && dloss.dtype() == kF32,
                  "linear_cross_entropy backward: the upstream gradient must be one float32 "
@@ -372,14 +375,15 @@ LinearCrossEntropy linear_cross_entropy_mixed(const Tensor& x, const Tensor& wei
         cuda::cross_entropy_gradient_fixup(half_bits(g), g_upstream.data<float>(),
                                            logits.data<float>(), t.data<int32_t>(),
                                            lse.data<float>(), dl.data<float>(), N, V, ignore_index,
-                                           n_valid, x_ld, g_ld, kBF16Bits);
+                                           n_valid, x_ld, g_ld, kBF16Bits, z_loss);
         return lin.gradients(g, {});
     };
     Tensor recorded =
         autograd::record("linear_cross_entropy", loss, {x, weight, Tensor()}, std::move(backward));
-    return {recorded, logits.detach()};
+    return {recorded, logits.detach(), z_loss != 0 ? ce : recorded.detach()};
 #else
-    (void)x, (void)weight, (void)t, (void)ignore_index, (void)n_valid, (void)loss_gradient;
+    (void)x, (void)weight, (void)t, (void)ignore_index, (void)n_valid, (void)loss_gradient,
+        (void)z_loss;
     throw_built_without_cuda("linear_cross_entropy");
 #endif
 }
@@ -504,13 +508,15 @@ Tensor linear_gelu_fp16(const Tensor& x, const Tensor& weight, const Tensor& bia
 
 LinearCrossEntropy linear_cross_entropy_bf16(const Tensor& x, const Tensor& weight, const Tensor& t,
                                              int32_t ignore_index, int64_t n_valid,
-                                             double loss_gradient) {
-    return linear_cross_entropy_mixed<bf16>(x, weight, t, ignore_index, n_valid, loss_gradient);
+                                             double loss_gradient, double z_loss) {
+    return linear_cross_entropy_mixed<bf16>(x, weight, t, ignore_index, n_valid, loss_gradient,
+                                            z_loss);
 }
 LinearCrossEntropy linear_cross_entropy_fp16(const Tensor& x, const Tensor& weight, const Tensor& t,
                                              int32_t ignore_index, int64_t n_valid,
-                                             double loss_gradient) {
-    return linear_cross_entropy_mixed<f16>(x, weight, t, ignore_index, n_valid, loss_gradient);
+                                             double loss_gradient, double z_loss) {
+    return linear_cross_entropy_mixed<f16>(x, weight, t, ignore_index, n_valid, loss_gradient,
+                                           z_loss);
 }
 
 }  // namespace qk::matmul_impl

@@ -113,9 +113,9 @@ Tensor linear_gelu_fp16(const Tensor& x, const Tensor& weight, const Tensor& bia
 // checked; t (N) int32 contiguous, checked by cross_entropy's rules, n_valid of them not ignored.
 LinearCrossEntropy linear_cross_entropy_bf16(const Tensor& x, const Tensor& weight, const Tensor& t,
                                              int32_t ignore_index, int64_t n_valid,
-                                             double loss_gradient);
+                                             double loss_gradient, double z_loss);
 LinearCrossEntropy linear_cross_entropy_fp16(const Tensor& x, const Tensor& weight, const Tensor& t,
                                              int32_t ignore_index, int64_t n_valid,
-                                             double loss_gradient);
+                                             double loss_gradient, double z_loss);
 
 }  // namespace qk::matmul_impl

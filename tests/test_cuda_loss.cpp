@@ -341,3 +341,40 @@ TEST_CASE("linear_cross_entropy: a second backward (retain_graph) uses what the 
         CHECK(max_abs_diff(w.grad(), once.dw) == 0);
     }
 }
+
+TEST_CASE("linear_cross_entropy with a z-loss: the model's composition, within float32 rounding") {
+    if (!cuda_runnable()) return;
+    // loss = cross_entropy + z · mean_N(lse²) over every row, ignored ones too. The cross-entropy
+    // alone is the plain kernel's to the bit; the total sums in double where the ops add floats
+    // (a few float32 ulps); the gradient's float32 values differ by as little, so a value of G̃
+    // near a rounding boundary may round one bf16 ulp (2⁻⁸ relative) the other way: dx and dW
+    // within 2⁻⁸ of their largest value. Announced right (no read of the poisoned logits) and
+    // wrong (the fixup).
+    const qk::Device dev = qk::Device::cuda;
+    const double z = 0.05;
+    const qk::Tensor x0 = randn_seeded({150, 40}, 111, qk::kF32).to(dev),
+                     w0 = randn_seeded({53, 40}, 112, qk::kF32, 0.3).to(dev);
+    auto ids = targets(150, 53, 113);
+    ids[4] = ids[77] = -1;
+    const qk::Tensor t = qk::from_ids(ids, {150}).to(dev);
+    qk::Tensor xr = x0.clone().requires_grad_(), wr = w0.clone().requires_grad_();
+    const qk::Tensor logits = qk::linear(xr, wr, {}, qk::Precision::bf16);
+    const qk::Tensor ce_ref = qk::cross_entropy(logits, t);
+    const qk::Tensor lse = qk::logsumexp(logits, {-1});
+    const qk::Tensor loss_ref = ce_ref + qk::mean(lse * lse) * z;
+    (loss_ref * 2.0).backward();
+    for (const auto& [announced, poison] : {std::pair{2.0, true}, std::pair{1.0, false}}) {
+        CAPTURE(announced);
+        qk::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+        const qk::LinearCrossEntropy out =
+            qk::linear_cross_entropy(x, w, t, qk::Precision::bf16, -1, announced, z);
+        CHECK(max_abs_diff(out.cross_entropy, ce_ref) == 0);
+        CHECK(relative_error(out.loss, loss_ref) < 1e-6);
+        CHECK(out.loss.item() > out.cross_entropy.item());
+        if (poison)
+            qk::copy_into(out.logits, qk::full({}, NAN, qk::kF32, dev).expand(out.logits.shape()));
+        (out.loss * 2.0).backward();
+        CHECK(relative_error(x.grad(), xr.grad()) < 0.0039);
+        CHECK(relative_error(w.grad(), wr.grad()) < 0.0039);
+    }
+}

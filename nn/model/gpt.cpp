@@ -164,8 +164,8 @@ Tensor GPT::logits_of(const Tensor& x) const {
 bool GPT::fuses_head_and_loss(const Tensor& ids) const {
     const Precision p = lm_head ? lm_head->precision : config_.outside_linears();
     return ids.device() == Device::cuda && (p == Precision::bf16 || p == Precision::fp16) &&
-           autograd::grad_enabled() && config_.logit_softcap == 0 && config_.z_loss == 0 &&
-           !tied_head_bf16_.defined() && !(lm_head && lm_head->fp8);
+           autograd::grad_enabled() && config_.logit_softcap == 0 && !tied_head_bf16_.defined() &&
+           !(lm_head && lm_head->fp8);
 }
 
 GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats,
@@ -193,9 +193,10 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
         const LinearCrossEntropy head_loss = linear_cross_entropy(
             x_final.reshape({B * T, C}), lm_head ? lm_head->weight : wte->weight,
             targets.reshape({B * T}), lm_head ? lm_head->precision : config_.outside_linears(), -1,
-            loss_gradient);
+            loss_gradient, config_.z_loss);
         out.logits = head_loss.logits.reshape({B, T, V});
-        out.cross_entropy = out.loss = head_loss.loss;
+        out.loss = head_loss.loss;
+        out.cross_entropy = head_loss.cross_entropy;
         return out;
     }
     const Tensor logits = logits_of(x_final);
