@@ -9,7 +9,8 @@
 //             and block_sum (warp shuffles + one shared slot per warp) combine the threads.
 //             Writes lse_i and loss_i (double).
 //   mean      one block: sums the N row losses in a fixed tree (threads stride over rows, then
-//             block_sum), divides by n_valid and writes the scalar loss on the device. A fixed
+//             block_sum), divides by n_valid and writes the scalar loss on the device (with a
+//             z-loss, the lse² too, the cross-entropy alone beside the total). A fixed
 //             order, not float atomics, so that the loss does not depend on block order.
 //   backward  elementwise, one thread per logit (a flat grid over N·V): dx_ij needs only x_ij,
 //             lse_i, t_i and the upstream scalar, read on the device (no host round trip).
@@ -169,28 +170,22 @@ __global__ void cross_entropy_gradient_fixup_kernel(uint16_t* g, T* g_upstream, 
     if (arrived_last(counters) && threadIdx.x == 0) *g_upstream = upstream;
 }
 
-// With a z-loss: total: () out, the mean cross-entropy + z · Σ zrow / N; ce: () out, the mean
-// cross-entropy alone; loss, zrow: (N). One block, both sums in fixed trees, in double.
+// out: () the mean loss, as T; loss: (N) per-row losses. With a z-loss (zrow: (N), lse_i², or
+// null): out is the mean plus z · Σ zrow / N, and ce: () gets the mean alone. One block, the sums
+// in fixed trees, in double.
 template <class T>
-__global__ void cross_entropy_z_mean_kernel(T* total, T* ce, const double* loss, const double* zrow,
-                                            int64_t N, double n_valid, double z) {
+__global__ void cross_entropy_mean_kernel(T* out, T* ce, const double* loss, const double* zrow,
+                                          int64_t N, double n_valid, double z) {
     double acc = 0, zacc = 0;
-    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) acc += loss[i], zacc += zrow[i];
-    acc = block_sum(acc);
-    zacc = block_sum(zacc);
-    if (threadIdx.x == 0) {
-        ce[0] = T(acc / n_valid);
-        total[0] = T(acc / n_valid + z * (zacc / double(N)));
-    }
-}
-
-// out: () the mean loss, as T; loss: (N) per-row losses. One block.
-template <class T>
-__global__ void cross_entropy_mean_kernel(T* out, const double* loss, int64_t N, double n_valid) {
-    double acc = 0;
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x) acc += loss[i];
     acc = block_sum(acc);
-    if (threadIdx.x == 0) out[0] = T(acc / n_valid);
+    if (zrow) {  // the same for the whole block
+        for (int64_t i = threadIdx.x; i < N; i += blockDim.x) zacc += zrow[i];
+        zacc = block_sum(zacc);
+    }
+    if (threadIdx.x != 0) return;
+    out[0] = T(zrow ? acc / n_valid + z * (zacc / double(N)) : acc / n_valid);
+    if (zrow) ce[0] = T(acc / n_valid);
 }
 
 // dx: (N, V) out; x: (N, V), rows x_ld apart; t: (N); lse: (N); dloss: () the upstream gradient;
@@ -213,17 +208,17 @@ __global__ void cross_entropy_backward_kernel(T* dx, const T* x, const int32_t* 
     store_half(dx_half, k, value, half_is_bf16);
 }
 
-}  // namespace
-
-namespace {
-// The mean of the row losses, written on the device (one block, a fixed order).
+// The mean of the row losses (with a z-loss, and of lse², and ce), written on the device (one
+// block, a fixed order).
 template <class T>
-void launch_mean(T* loss_out, const double* row_loss, int64_t N, int64_t n_valid) {
-    ledger::declare(8.0 * double(N), double(N), 0, true);
-    QK_LAUNCH((cross_entropy_mean_kernel<T>), 1, kMeanThreads, 0, stream(), loss_out, row_loss, N,
-              double(n_valid));
+void launch_mean(T* loss_out, const double* row_loss, int64_t N, int64_t n_valid,
+                 const double* zrow = nullptr, double z_loss = 0, T* ce_out = nullptr) {
+    ledger::declare((zrow ? 16.0 : 8.0) * double(N), (zrow ? 2.0 : 1.0) * double(N), 0, true);
+    QK_LAUNCH((cross_entropy_mean_kernel<T>), 1, kMeanThreads, 0, stream(), loss_out, ce_out,
+              row_loss, zrow, N, double(n_valid), z_loss);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_mean_kernel");
 }
+
 }  // namespace
 
 template <class T>
@@ -275,14 +270,7 @@ void cross_entropy_forward_gradient(T* loss_out, T* lse, uint16_t* g, T* g_upstr
               lse, row_loss, zrow, g, g_upstream, x, t, V, ignore_index, x_ld, g_ld, T(assumed),
               scale, z_factor, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("cross_entropy_forward_gradient_kernel");
-    if (!zrow) {
-        launch_mean(loss_out, row_loss, N, n_valid);
-        return;
-    }
-    ledger::declare(16.0 * double(N), 2.0 * double(N), 0, true);
-    QK_LAUNCH((cross_entropy_z_mean_kernel<T>), 1, kMeanThreads, 0, stream(), loss_out, ce_out,
-              row_loss, zrow, N, double(n_valid), z_loss);
-    QK_CUDA_CHECK_LAUNCH("cross_entropy_z_mean_kernel");
+    launch_mean(loss_out, row_loss, N, n_valid, zrow, z_loss, ce_out);
 }
 
 template <class T>

@@ -402,11 +402,11 @@ __global__ void lp_normalize_backward_kernel(T* dx, const T* dy, const T* x, con
 namespace {
 // A RowAdd goes only where the rows are held in registers (the loops have no add).
 template <class T>
-void check_row_add(const RowAdd<T>& add, int64_t C, size_t element_size) {
-    QK_CHECK(!add.delta || (element_size == 4 && norm_adds_rows(C) && row_layout<T>(C).per_lane),
+void check_row_add(const RowAdd<T>& add, int64_t C) {
+    QK_CHECK(!add.delta || (sizeof(T) == 4 && norm_adds_rows(C) && row_layout<T>(C).per_lane),
              "norm forward: the residual add runs only on float32 rows of at most 1,024 values "
              "held in registers, got rows of {} {}-byte values",
-             C, element_size);
+             C, sizeof(T));
 }
 }  // namespace
 
@@ -415,7 +415,7 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const NormRows& x_ro
                         const T* bias, int64_t rows, int64_t C, T eps, uint16_t* y_half,
                         bool half_is_bf16, const RowRotation<T>& rotation, const RowAdd<T>& add) {
     check_rotation(rotation, C);
-    check_row_add(add, C, sizeof(T));
+    check_row_add(add, C);
     if (rows == 0) return;
     ledger::declare(
         double(sizeof(T)) * double(2 * rows * C + 2 * C + 2 * rows + rotation_reads(rotation, C) +
@@ -476,7 +476,7 @@ void rms_norm_forward(T* y, T* rstd, const T* x, const NormRows& x_rows, const T
                       int64_t rows, int64_t C, T eps, uint16_t* y_half, bool half_is_bf16,
                       const RowRotation<T>& rotation, const RowAdd<T>& add) {
     check_rotation(rotation, C);
-    check_row_add(add, C, sizeof(T));
+    check_row_add(add, C);
     if (rows == 0) return;
     ledger::declare(
         double(sizeof(T)) * double(2 * rows * C + C + rows + rotation_reads(rotation, C) +

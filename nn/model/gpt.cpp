@@ -161,8 +161,12 @@ Tensor GPT::logits_of(const Tensor& x) const {
     return config_.logit_softcap > 0 ? softcap(logits, config_.logit_softcap) : logits;
 }
 
+Precision GPT::head_precision() const {
+    return lm_head ? lm_head->precision : config_.outside_linears();
+}
+
 bool GPT::fuses_head_and_loss(const Tensor& ids) const {
-    const Precision p = lm_head ? lm_head->precision : config_.outside_linears();
+    const Precision p = head_precision();
     return ids.device() == Device::cuda && (p == Precision::bf16 || p == Precision::fp16) &&
            autograd::grad_enabled() && config_.logit_softcap == 0 && !tied_head_bf16_.defined() &&
            !(lm_head && lm_head->fp8);
@@ -192,8 +196,7 @@ GPTOutput GPT::forward(const Tensor& ids, const Tensor& targets, bool with_stats
         const int64_t C = config_.n_embd, V = config_.vocab_size;
         const LinearCrossEntropy head_loss = linear_cross_entropy(
             x_final.reshape({B * T, C}), lm_head ? lm_head->weight : wte->weight,
-            targets.reshape({B * T}), lm_head ? lm_head->precision : config_.outside_linears(), -1,
-            loss_gradient, config_.z_loss);
+            targets.reshape({B * T}), head_precision(), -1, loss_gradient, config_.z_loss);
         out.logits = head_loss.logits.reshape({B, T, V});
         out.loss = head_loss.loss;
         out.cross_entropy = head_loss.cross_entropy;

@@ -114,6 +114,7 @@ class GPT : public Module {
   private:
     Tensor head(const Tensor& x) const;              // ln_f, the LM head and the logit soft-cap
     Tensor logits_of(const Tensor& x_normed) const;  // the LM head and the cap after ln_f
+    Precision head_precision() const;                // of the LM head's GEMMs
     // Whether forward runs the head and the loss as one op (linear_cross_entropy) for targets.
     bool fuses_head_and_loss(const Tensor& ids) const;
     bool is_embedding_table(const Tensor& p) const;  // wte's or wpe's weight
