@@ -103,8 +103,10 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
     float tile_max[2] = {-INFINITY, -INFINITY};
     QK_UNROLL
     for (int idx = 0; idx < kKeys / 2; ++idx) {  // a NaN z is skipped here, and makes l NaN below
+        // fmaxf returns the number when one side is NaN, as `z > m ? z : m` does: one instruction
+        // (FMNMX) where the comparison took two.
         float& m = tile_max[idx % 4 / 2];
-        m = s[idx / 4][idx % 4] > m ? s[idx / 4][idx % 4] : m;
+        m = fmaxf(m, s[idx / 4][idx % 4]);
     }
     float m_ref[2], alpha[2];
     QK_UNROLL

@@ -38,6 +38,17 @@ __device__ __forceinline__ int chunk_at(int row, int chunk) {
     return row * D + ((chunk ^ (row & 7)) * 8);
 }
 
+// The address of chunk `chunk` of row `rows8 + lane_row` of the tile at `tile`, rows8 a multiple
+// of 8. The swizzle reads only the row's low three bits, so the address is the lane's part plus
+// the loop's (a constant once unrolled: the ldmatrix's immediate). Written as one chunk_at, the
+// compiler recomputed the address for each ldmatrix: a sixth of the backward's inner loop
+// (tools/sass_census.py counts them).
+template <int D>
+__device__ __forceinline__ mma::SharedAddress chunk_address(mma::SharedAddress tile, int rows8,
+                                                            int lane_row, int chunk) {
+    return (tile + 2 * chunk_at<D>(lane_row, chunk)) + 2 * rows8 * D;
+}
+
 // tile: (64, D) shared = rows [0, valid) of src: (·, D) global, zeros after; asynchronous (the
 // caller commits and waits). Thread t copies chunk t % (D/8) of rows t / (D/8) + n·(128 / (D/8)):
 // the same chunk in every pass, so the addresses are a few adds, in 32 bits.
@@ -62,9 +73,10 @@ template <int D>
 __device__ __forceinline__ void load_row_fragments(uint32_t (&a)[D / 16][4], const uint16_t* tile,
                                                    int first_row) {
     const int lane = threadIdx.x % kWarp;
+    const mma::SharedAddress at = mma::shared_address(tile);
     QK_UNROLL
     for (int kk = 0; kk < D / 16; ++kk)
-        mma::ldmatrix<4>(a[kk], tile + chunk_at<D>(first_row + lane % 16, 2 * kk + lane / 16));
+        mma::ldmatrix<4>(a[kk], chunk_address<D>(at, first_row, lane % 16, 2 * kk + lane / 16));
 }
 
 // acc (16 × 64) += A (16 × D, fragments) · tileᵀ.
@@ -73,12 +85,13 @@ __device__ __forceinline__ void mma_rows_by_tile(float (&acc)[kTileRows / 8][4],
                                                  const uint32_t (&a)[D / 16][4],
                                                  const uint16_t* tile) {
     const int lane = threadIdx.x % kWarp;
+    const mma::SharedAddress at = mma::shared_address(tile);
     QK_UNROLL
     for (int e = 0; e < D / 16 * kTileRows / 16; ++e) {  // step kk, two 8-row blocks j, j + 1
         const int kk = e / (kTileRows / 16), j = 2 * (e % (kTileRows / 16));
         uint32_t b[4];
         mma::ldmatrix<4>(
-            b, tile + chunk_at<D>(8 * j + 8 * (lane / 16) + lane % 8, 2 * kk + (lane / 8) % 2));
+            b, chunk_address<D>(at, 8 * j, 8 * (lane / 16) + lane % 8, 2 * kk + (lane / 8) % 2));
         const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
         mma::mma_m16n8k16<H>(acc[j], a[kk], b_lo, acc[j]);
         mma::mma_m16n8k16<H>(acc[j + 1], a[kk], b_hi, acc[j + 1]);
@@ -91,15 +104,16 @@ __device__ __forceinline__ void mma_rows_by_tile(float (&acc)[kTileRows / 8][4],
                                                  const uint16_t* a_tile, int first_row,
                                                  const uint16_t* tile) {
     const int lane = threadIdx.x % kWarp;
+    const mma::SharedAddress a_at = mma::shared_address(a_tile), at = mma::shared_address(tile);
     QK_UNROLL
     for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a[4];
-        mma::ldmatrix<4>(a, a_tile + chunk_at<D>(first_row + lane % 16, 2 * kk + lane / 16));
+        mma::ldmatrix<4>(a, chunk_address<D>(a_at, first_row, lane % 16, 2 * kk + lane / 16));
         QK_UNROLL
         for (int j = 0; j < kTileRows / 8; j += 2) {
             uint32_t b[4];
-            mma::ldmatrix<4>(
-                b, tile + chunk_at<D>(8 * j + 8 * (lane / 16) + lane % 8, 2 * kk + (lane / 8) % 2));
+            mma::ldmatrix<4>(b, chunk_address<D>(at, 8 * j, 8 * (lane / 16) + lane % 8,
+                                                 2 * kk + (lane / 8) % 2));
             const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
             mma::mma_m16n8k16<H>(acc[j], a, b_lo, acc[j]);
             mma::mma_m16n8k16<H>(acc[j + 1], a, b_hi, acc[j + 1]);
@@ -115,6 +129,7 @@ __device__ __forceinline__ void mma_scores_by_tile(float (&acc)[kCols / 8][4],
                                                    const float (&p)[kTileRows / 8][4],
                                                    const uint16_t* tile, int first_col = 0) {
     const int lane = threadIdx.x % kWarp;
+    const mma::SharedAddress at = mma::shared_address(tile);
     QK_UNROLL
     for (int kk = 0; kk < kTileRows / 16; ++kk) {
         const uint32_t a[4] = {mma::pack<H>(p[2 * kk][0], p[2 * kk][1]),
@@ -124,8 +139,8 @@ __device__ __forceinline__ void mma_scores_by_tile(float (&acc)[kCols / 8][4],
         QK_UNROLL
         for (int d = 0; d < kCols / 8; d += 2) {  // two 8-column blocks of the tile at a time
             uint32_t b[4];
-            mma::ldmatrix<4, true>(b, tile + chunk_at<D>(16 * kk + 8 * ((lane / 8) % 2) + lane % 8,
-                                                         first_col / 8 + d + lane / 16));
+            mma::ldmatrix<4, true>(b, chunk_address<D>(at, 16 * kk, 8 * ((lane / 8) % 2) + lane % 8,
+                                                       first_col / 8 + d + lane / 16));
             const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
             mma::mma_m16n8k16<H>(acc[d], a, b_lo, acc[d]);
             mma::mma_m16n8k16<H>(acc[d + 1], a, b_hi, acc[d + 1]);

@@ -217,6 +217,48 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* row) {
 #endif
 }
 
+// A place in shared memory as ldmatrix addresses it: a 32-bit byte address on the GPU, a pointer
+// in the emulator. Offsets added to it are 32-bit adds, which the compiler folds into the
+// instruction's immediate where they are constants; from a generic pointer each load would
+// convert the address again (a multiply-add and a shift per ldmatrix in the attention kernels).
+struct SharedAddress {
+#if defined(__CUDACC__)
+    uint32_t at;
+#else
+    const char* at;
+#endif
+    __device__ __forceinline__ SharedAddress operator+(int bytes) const { return {at + bytes}; }
+};
+
+__device__ __forceinline__ SharedAddress shared_address(const void* p) {
+#if defined(__CUDA_ARCH__)
+    return {static_cast<uint32_t>(__cvta_generic_to_shared(p))};
+#elif defined(__CUDACC__)
+    return {0};  // the host pass of nvcc: never run
+#else
+    return {static_cast<const char*>(p)};
+#endif
+}
+
+template <int N, bool kTrans = false>
+__device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], SharedAddress row) {
+#if defined(__CUDA_ARCH__)
+    static_assert(N == 4, "ldmatrix at a SharedAddress: 4 matrices");
+    if constexpr (!kTrans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(row.at));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(row.at));
+#elif defined(__CUDACC__)
+    (void)r, (void)row;
+#else
+    ldmatrix<N, kTrans>(r, static_cast<const void*>(row.at));
+#endif
+}
+
 // 16 bytes global -> shared, asynchronously; zeros in place of the source when !valid.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
 #if defined(__CUDACC__)
