@@ -69,15 +69,20 @@ def main_loop(instructions):
 
 
 def shortest_path(loop):
-    """The fewest instructions from the loop's head round to its back edge: the plain tile (no
-    mask edge, cap or FP8 rule to test, and no next tile to load: the branches that add work are
-    all skipped). Branches are the only control flow inside the kernels' loops."""
+    """The plain tile's way round the loop, from its head to its back edge: the fewest
+    reconvergence points (BSSY: a branch that threads of a warp may take apart, as the tested
+    per-pair rules' do; a tile whose every pair is hidden skips their arithmetic and would
+    otherwise be the shortest), then the fewest calls (a 64-bit division's slow path, whose body
+    is elsewhere: its inline 32-bit twin is the one that runs), then the fewest instructions —
+    which skips every branch that adds work (mask edges, cap and FP8 rules, loading a next tile).
+    Branches are the only control flow inside the kernels' loops, and they jump forward."""
     index = {address: i for i, (address, *_) in enumerate(loop)}
     n = len(loop)
-    distance, previous = [None] * n, [None] * n
-    distance[0] = 1
-    for i in range(n):  # forward edges only inside the body, so one pass in order settles them
-        if distance[i] is None:
+    cost, previous = [None] * n, [None] * n
+    weight = lambda op: (int(op.startswith("BSSY")), int(op.startswith("CALL")), 1)
+    cost[0] = weight(loop[0][1])
+    for i in range(n):  # forward edges only, so one pass in order settles every cost
+        if cost[i] is None:
             continue
         address, opcode, operands, guarded = loop[i]
         target = branch_target(opcode, operands)
@@ -88,13 +93,16 @@ def shortest_path(loop):
         if target is None or conditional:
             successors.append(i + 1)
         for j in successors:
-            if j < n and (distance[j] is None or distance[i] + 1 < distance[j]):
-                distance[j], previous[j] = distance[i] + 1, i
+            if j >= n:
+                continue
+            step = tuple(a + b for a, b in zip(cost[i], weight(loop[j][1])))
+            if cost[j] is None or step < cost[j]:
+                cost[j], previous[j] = step, i
     path, i = [], n - 1
     while i is not None:
         path.append(loop[i])
         i = previous[i]
-    return path[::-1] if distance[n - 1] is not None else []
+    return path[::-1] if cost[n - 1] is not None else []
 
 
 def parse_ptxas(text):
