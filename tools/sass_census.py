@@ -226,6 +226,16 @@ SELF_TEST_SASS = """
         /*00b0*/                   EXIT ;
         Function : _Z5otherv
         /*0000*/                   EXIT ;
+        Function : _Z6testedv
+        /*0000*/                   HMMA.16816.F32.BF16 R8, R4, R6, R8 ;
+        /*0010*/                   BRA P1, 0x40 ;
+        /*0020*/                   BSSY B0, 0x30 ;
+        /*0030*/                   BRA 0x80 ;
+        /*0040*/                   MUFU.EX2 R9, R9 ;
+        /*0050*/                   FMUL R9, R9, R9 ;
+        /*0060*/                   MUFU.EX2 R10, R10 ;
+        /*0070*/                   FMUL R10, R10, R10 ;
+        /*0080*/              @P0 BRA 0x0 ;
 """
 SELF_TEST_PTXAS = """ptxas info    : Compiling entry function '_Z6kernelPf' for 'sm_90'
 ptxas info    : Function properties for _Z6kernelPf
@@ -243,6 +253,10 @@ def self_test():
     # shortest way round takes BRA P1 to 0x70 and skips the STL and FMUL: 0x10 0x20 0x30 0x70 0x80.
     assert total == 8 and plain == 5, (total, plain)
     assert ops["HMMA"] == 2 and ops["LDSM"] == 1 and ops["STL"] == 0 and ops["BRA"] == 2, ops
+    # A tested rule that skips every pair (through a BSSY) is shorter than the plain rule, which
+    # is the one counted: 0x0 0x10 0x40 0x50 0x60 0x70 0x80.
+    (_, _, _, _, _, plain, ops), = census_rows(SELF_TEST_SASS, SELF_TEST_PTXAS, "tested")
+    assert plain == 7 and ops["MUFU"] == 2 and ops["BSSY"] == 0, (plain, ops)
     assert census_rows(SELF_TEST_SASS, SELF_TEST_PTXAS, "nothing") == []
     print("sass_census: self-test passed")
 
