@@ -27,9 +27,10 @@ namespace qk::cuda::tc {
 
 constexpr int kWarps = 4, kThreads = kWarps * kWarp;
 constexpr int kTileRows = 64;  // rows of every tile: 16 per warp
-// The widest gradient slice one warp of the backward accumulates (16 rows × 128 floats, 64
-// registers a lane, for each of two gradients): at D = 256 a block takes one of two column slices.
-// The forward keeps its whole 16 × D output (128 registers a lane at D = 256).
+// The widest pair of gradients (dK and dV of 16 keys) one warp of the backward holds: 16 rows ×
+// 128 floats each, 64 registers a lane apiece. At D = 256 two warps share a 16 keys' gradients
+// (cuda/attention_mma_backward.cu); the forward keeps its whole 16 × D output (128 registers a
+// lane at D = 256), and so does dQ.
 constexpr int kMaxCols = 128;
 
 // The element offset of 16-byte chunk `chunk` of row `row` in a (64, D) tile, swizzled.
@@ -121,13 +122,11 @@ __device__ __forceinline__ void mma_rows_by_tile(float (&acc)[kTileRows / 8][4],
     }
 }
 
-// acc (16 × kCols) += P (16 × 64, accumulator layout, rounded to H here) · columns
-// [first_col, first_col + kCols) of tile (every column by default; a slice when D is too wide for
-// one warp's accumulators).
-template <class H, int D, int kCols = D>
-__device__ __forceinline__ void mma_scores_by_tile(float (&acc)[kCols / 8][4],
+// acc (16 × D) += P (16 × 64, accumulator layout, rounded to H here) · tile.
+template <class H, int D>
+__device__ __forceinline__ void mma_scores_by_tile(float (&acc)[D / 8][4],
                                                    const float (&p)[kTileRows / 8][4],
-                                                   const uint16_t* tile, int first_col = 0) {
+                                                   const uint16_t* tile) {
     const int lane = threadIdx.x % kWarp;
     const mma::SharedAddress at = mma::shared_address(tile);
     QK_UNROLL
@@ -137,10 +136,10 @@ __device__ __forceinline__ void mma_scores_by_tile(float (&acc)[kCols / 8][4],
                                mma::pack<H>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
                                mma::pack<H>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
         QK_UNROLL
-        for (int d = 0; d < kCols / 8; d += 2) {  // two 8-column blocks of the tile at a time
+        for (int d = 0; d < D / 8; d += 2) {  // two 8-column blocks of the tile at a time
             uint32_t b[4];
-            mma::ldmatrix<4, true>(b, chunk_address<D>(at, 16 * kk, 8 * ((lane / 8) % 2) + lane % 8,
-                                                       first_col / 8 + d + lane / 16));
+            mma::ldmatrix<4, true>(
+                b, chunk_address<D>(at, 16 * kk, 8 * ((lane / 8) % 2) + lane % 8, d + lane / 16));
             const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
             mma::mma_m16n8k16<H>(acc[d], a, b_lo, acc[d]);
             mma::mma_m16n8k16<H>(acc[d + 1], a, b_hi, acc[d + 1]);

@@ -16,8 +16,9 @@
 //          dQ' += dS K; attention_finish_dq then multiplies by g and sums ∂loss/∂g.
 // Shared memory: the two tiles the block keeps (k, v or q, dO) and two stages of the two it
 // streams, 64 × D each in H: 48 KB at D = 64, 96 KB at D = 128, 192 KB at D = 256 (above the
-// default 48 KB: raised per kernel). At D = 256 a warp cannot hold 16 × 256 floats of each
-// gradient: the grid's z splits the columns in two, each block recomputing S and dP for its half.
+// default 48 KB: raised per kernel). At D = 256 a dK/dV warp cannot hold 16 × 256 floats of both
+// gradients: two warps share each 16 keys, one per gradient (kSplitKeys below). A dQ warp holds
+// its 16 × 256 (128 registers a lane, as the forward's output).
 //
 // Precision: dO is rounded to H (the mma's inputs), and so are P and dS before their second
 // product; tests/test_cuda_attention_mma.cpp derives the bound this puts on each gradient.
@@ -128,37 +129,43 @@ __device__ __forceinline__ void probabilities_and_grads(float (&s)[kTile / 8][4]
     }
 }
 
-// acc (16 × kCols) of this warp's rows first_row + (0 … 15) into columns [first_col, first_col +
-// kCols) of dst: (·, D) global, rows < valid.
-template <int D, int kCols>
-__device__ void store_rows(float* dst, const float (&acc)[kCols / 8][4], int64_t first_row,
-                           int64_t valid, int first_col) {
+// acc (16 × D) of this warp's rows first_row + (0 … 15) into dst: (·, D) global, rows < valid.
+template <int D>
+__device__ void store_rows(float* dst, const float (&acc)[D / 8][4], int64_t first_row,
+                           int64_t valid) {
     const int lane = threadIdx.x % kWarp;
     QK_UNROLL
     for (int r = 0; r < 2; ++r) {
         const int64_t row = first_row + lane / 4 + 8 * r;
         if (row >= valid) continue;
         QK_UNROLL
-        for (int e = 0; e < kCols / 4; ++e) {  // 8-column block d, column h of the lane's pair
+        for (int e = 0; e < D / 4; ++e) {  // 8-column block d, column h of the lane's pair
             const int d = e / 2, h = e % 2;
-            dst[row * D + first_col + 8 * d + 2 * (lane % 4) + h] = acc[d][2 * r + h];
+            dst[row * D + 8 * d + 2 * (lane % 4) + h] = acc[d][2 * r + h];
         }
     }
 }
 
-// The gradients' columns a block accumulates: all of D up to 128, else a slice per blockIdx.z.
+// The dK/dV kernel's warps: 4, each holding both gradients of its 16 keys, up to D = 128. A warp
+// cannot hold 2 × 16 × 256 floats: at D = 256 the block has 8 warps, warps w and w + 4 sharing
+// keys 16w … 16w + 15, warp w computing Sᵀ and dV, warp w + 4 dPᵀ and dK (its Sᵀ handed over
+// through shared memory: 16 KB). Each product is computed once, where two column slices, each
+// recomputing Sᵀ and dPᵀ, made 1.5× the tensor work.
 template <int D>
-constexpr int kCols = D < tc::kMaxCols ? D : tc::kMaxCols;
+constexpr bool kSplitKeys = D > tc::kMaxCols;
+template <int D>
+constexpr int kDkdvThreads = kSplitKeys<D> ? 2 * kThreads : kThreads;
 
 // At D = 64, three blocks per SM (168 registers, a few spilled) rather than two: the backward is
 // bound by the latency of its dependent chains, not by the tensor cores, and more warps hide it
 // (measured on an H200: dK/dV 7.1 -> 5.7 ms and dQ 7.5 -> 5.9 ms in the 124M-shaped step).
 template <class H, int D>
-__global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
+__global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
     attention_dkdv_mma_kernel(float* dk, float* dv, const uint16_t* dout, const uint16_t* q,
                               const uint16_t* k, const uint16_t* v, const double* lse,
                               const float* delta, const float* scale, int64_t scale_stride,
                               float cap, AttentionShape sh) {
+    constexpr bool kSplit = kSplitKeys<D>;
     QK_DYNAMIC_SHARED(double, smem);
     uint16_t* k_s = reinterpret_cast<uint16_t*>(smem);  // (64, D) swizzled: this block's keys
     uint16_t* v_s = k_s + kTile * D;                    // (64, D): their values
@@ -168,11 +175,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
     auto q_s = [&](int st) { return stages + st * 2 * kTile * D; };     // (64, D)
     auto do_s = [&](int st) { return q_s(st) + kTile * D; };            // (64, D)
     float* stats_s = reinterpret_cast<float*>(stages + 4 * kTile * D);  // (2, 3, 64)
+    float* handover_s = stats_s + 2 * 3 * kTile;  // kSplit: (4 warps, 32 values, 32 lanes) of Sᵀ
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int key_warp = warp % tc::kWarps;                // this warp's keys: 16 of the 64
+    const bool takes_dv = !kSplit || warp < tc::kWarps;    // split: else this warp takes dK
+    const bool loads = !kSplit || threadIdx.x < kThreads;  // the tile loaders' 128 threads
     const int64_t kvh = blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
     const int64_t cols = sh.Tk - j0 < kTile ? sh.Tk - j0 : kTile;
-    tc::load_tile_async<D>(k_s, k + (kvh * sh.Tk + j0) * D, cols);
-    tc::load_tile_async<D>(v_s, v + (kvh * sh.Tk + j0) * D, cols);
+    if (loads) {
+        tc::load_tile_async<D>(k_s, k + (kvh * sh.Tk + j0) * D, cols);
+        tc::load_tile_async<D>(v_s, v + (kvh * sh.Tk + j0) * D, cols);
+    }
     const auto [first_row, end_row, first_bh, group] = key_tile_readers(kvh, j0, cols, sh);
     // The (head, query tile) pairs in order: tile n is head first_bh + n / per_head.
     const int64_t per_head = end_row > first_row ? (end_row - first_row + kTile - 1) / kTile : 0;
@@ -180,8 +193,10 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
     auto load_tile = [&](int st, int64_t n) {  // q, dO (asynchronous) and the stats of tile n
         const int64_t bh = first_bh + n / per_head, i0 = first_row + (n % per_head) * kTile;
         const int64_t rows = sh.Tq - i0 < kTile ? sh.Tq - i0 : kTile;
-        tc::load_tile_async<D>(q_s(st), q + (bh * sh.Tq + i0) * D, rows);
-        tc::load_tile_async<D>(do_s(st), dout + (bh * sh.Tq + i0) * D, rows);
+        if (loads) {
+            tc::load_tile_async<D>(q_s(st), q + (bh * sh.Tq + i0) * D, rows);
+            tc::load_tile_async<D>(do_s(st), dout + (bh * sh.Tq + i0) * D, rows);
+        }
         mma::cp_async_commit();
         if (threadIdx.x >= kTile) return;
         float* stats = stats_s + st * 3 * kTile;
@@ -196,8 +211,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         load_tile(0, 0);  // one group with the keys and values
     else
         mma::cp_async_commit();
-    const int first_col = int(blockIdx.z) * kCols<D>;  // this block's slice of dK's, dV's columns
-    float dk_acc[kCols<D> / 8][4] = {}, dv_acc[kCols<D> / 8][4] = {};
+    // This warp's gradients of its 16 keys: dV in `first`, dK in `second`; split, the one it takes
+    // in `first`.
+    float first[D / 8][4] = {}, second[kSplit ? 1 : D / 8][4] = {};
     for (int64_t n = 0; n < tiles; ++n) {
         const int st = int(n % 2);
         if (n + 1 < tiles) {
@@ -210,33 +226,65 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         const int64_t bh = first_bh + n / per_head, i0 = first_row + (n % per_head) * kTile;
         const float g = scale[(bh % sh.heads) * scale_stride];
         const float* stats = stats_s + st * 3 * kTile;  // lse_hi, lse_lo, D_i by query
+        const int64_t key0 = j0 + 16 * key_warp;
+        // s: Sᵀ in, Pᵀ out; dp: dPᵀ in, dSᵀ out.
+        auto rule = [&](float(&s)[kTile / 8][4], float(&dp)[kTile / 8][4]) {
+            probabilities_and_grads(
+                s, dp, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
+                [&](int block) {  // the queries are the columns: two adjacent ones per lane
+                    const int c = 8 * block + 2 * (lane % 4);
+                    const float2 hi = *reinterpret_cast<const float2*>(stats + c),
+                                 lo = *reinterpret_cast<const float2*>(stats + kTile + c),
+                                 dd = *reinterpret_cast<const float2*>(stats + 2 * kTile + c);
+                    return QuadStats{{hi.x, hi.y, hi.x, hi.y},
+                                     {lo.x, lo.y, lo.x, lo.y},
+                                     {dd.x, dd.y, dd.x, dd.y}};
+                },
+                [&](int r, int c) {
+                    const int64_t key = key0 + r, i = i0 + c;
+                    return key < sh.Tk && i < sh.Tq && sees(i, key, sh);
+                });
+            QK_UNROLL
+            for (int e = 0; e < kTile / 2; ++e) dp[e / 4][e % 4] *= g;  // g·dsᵀ
+        };
         float st_acc[kTile / 8][4] = {}, dpt[kTile / 8][4] = {};
-        tc::mma_rows_by_tile<H, D>(st_acc, k_s, 16 * warp, q_s(st));  // Sᵀ = K Qᵀ
-        tc::mma_rows_by_tile<H, D>(dpt, v_s, 16 * warp, do_s(st));    // dPᵀ = V dOᵀ
-        const int64_t key0 = j0 + 16 * warp;
-        probabilities_and_grads(
-            st_acc, dpt, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
-            [&](int block) {  // the queries are the columns: two adjacent ones per lane
-                const int c = 8 * block + 2 * (lane % 4);
-                const float2 hi = *reinterpret_cast<const float2*>(stats + c),
-                             lo = *reinterpret_cast<const float2*>(stats + kTile + c),
-                             dd = *reinterpret_cast<const float2*>(stats + 2 * kTile + c);
-                return QuadStats{
-                    {hi.x, hi.y, hi.x, hi.y}, {lo.x, lo.y, lo.x, lo.y}, {dd.x, dd.y, dd.x, dd.y}};
-            },
-            [&](int r, int c) {
-                const int64_t key = key0 + r, i = i0 + c;
-                return key < sh.Tk && i < sh.Tq && sees(i, key, sh);
-            });
-        QK_UNROLL
-        for (int e = 0; e < kTile / 2; ++e) dpt[e / 4][e % 4] *= g;                   // g·dsᵀ
-        tc::mma_scores_by_tile<H, D, kCols<D>>(dv_acc, st_acc, do_s(st), first_col);  // dV += Pᵀ dO
-        tc::mma_scores_by_tile<H, D, kCols<D>>(dk_acc, dpt, q_s(st), first_col);  // dK += g dSᵀ Q
-        __syncthreads();  // every warp is done with this stage before it is filled again
+        if constexpr (!kSplit) {
+            tc::mma_rows_by_tile<H, D>(st_acc, k_s, 16 * key_warp, q_s(st));  // Sᵀ = K Qᵀ
+            tc::mma_rows_by_tile<H, D>(dpt, v_s, 16 * key_warp, do_s(st));    // dPᵀ = V dOᵀ
+            rule(st_acc, dpt);
+            tc::mma_scores_by_tile<H, D>(first, st_acc, do_s(st));  // dV += Pᵀ dO
+            tc::mma_scores_by_tile<H, D>(second, dpt, q_s(st));     // dK += g dSᵀ Q
+        } else {
+            // The dV warp leaves Sᵀ in shared memory, where both warps of the keys read it after
+            // the barrier: across it each keeps 32 values a lane, not Sᵀ and dPᵀ both.
+            float* handover = handover_s + key_warp * kTile / 2 * kWarp + lane;
+            if (takes_dv) {
+                tc::mma_rows_by_tile<H, D>(st_acc, k_s, 16 * key_warp, q_s(st));  // Sᵀ = K Qᵀ
+                for (int e = 0; e < kTile / 2; ++e) handover[e * kWarp] = st_acc[e / 4][e % 4];
+            } else {
+                tc::mma_rows_by_tile<H, D>(dpt, v_s, 16 * key_warp, do_s(st));  // dPᵀ = V dOᵀ
+            }
+            __syncthreads();
+            for (int e = 0; e < kTile / 2; ++e) st_acc[e / 4][e % 4] = handover[e * kWarp];
+            if (takes_dv) {
+                float unused[kTile / 8][4] = {};
+                rule(st_acc, unused);
+                tc::mma_scores_by_tile<H, D>(first, st_acc, do_s(st));  // dV += Pᵀ dO
+            } else {
+                rule(st_acc, dpt);
+                tc::mma_scores_by_tile<H, D>(first, dpt, q_s(st));  // dK += g dSᵀ Q
+            }
+        }
+        __syncthreads();  // every warp is done with this stage (and the handover) before reuse
     }
     mma::cp_async_wait<0>();  // a block no query sees still issued its key tile
-    store_rows<D, kCols<D>>(dk + (kvh * sh.Tk + j0) * D, dk_acc, 16 * warp, cols, first_col);
-    store_rows<D, kCols<D>>(dv + (kvh * sh.Tk + j0) * D, dv_acc, 16 * warp, cols, first_col);
+    const int64_t key_rows = (kvh * sh.Tk + j0) * D;
+    if constexpr (kSplit) {
+        store_rows<D>((takes_dv ? dv : dk) + key_rows, first, 16 * key_warp, cols);
+    } else {
+        store_rows<D>(dv + key_rows, first, 16 * key_warp, cols);
+        store_rows<D>(dk + key_rows, second, 16 * key_warp, cols);
+    }
 }
 
 // dq_unscaled: (BH, Tq, D) out, Σ_j ds_ij k_j, times g when times_gain (no gradient for g is
@@ -280,8 +328,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         lse_lo[r] = i < sh.Tq ? float(row_lse - double(lse_hi[r])) : 0.0f;
         row_delta[r] = i < sh.Tq ? delta[bh * sh.Tq + i] : 0.0f;
     }
-    const int first_col = int(blockIdx.z) * kCols<D>;  // this block's slice of dQ's columns
-    float dq_acc[kCols<D> / 8][4] = {};
+    float dq_acc[D / 8][4] = {};
     int st = 0;
     for (int64_t j0 = key_begin; j0 < key_end; j0 += kTile, st ^= 1) {
         if (j0 + kTile < key_end) {
@@ -306,15 +353,14 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
                 const int64_t i = row0 + r, j = j0 + c;
                 return i < sh.Tq && sees(i, j, sh);
             });
-        tc::mma_scores_by_tile<H, D, kCols<D>>(dq_acc, dp, k_s(st), first_col);  // dQ' += dS K
+        tc::mma_scores_by_tile<H, D>(dq_acc, dp, k_s(st));  // dQ' += dS K
         __syncthreads();  // every warp is done with this stage before it is filled again
     }
     mma::cp_async_wait<0>();
     if (times_gain)  // dQ = g·dQ', the product attention_finish_dq would make
         for (auto& cell : dq_acc)
             for (float& value : cell) value *= g;
-    store_rows<D, kCols<D>>(dq_unscaled + (bh * sh.Tq + i0) * D, dq_acc, 16 * warp, rows,
-                            first_col);
+    store_rows<D>(dq_unscaled + (bh * sh.Tq + i0) * D, dq_acc, 16 * warp, rows);
 }
 
 template <class H, int D>
@@ -327,32 +373,29 @@ void launch_backward(float* dq, float* dk, float* dv, const float* delta, const 
     const auto* do16 = reinterpret_cast<const uint16_t*>(dout);
     const size_t tiles = 6 * size_t(kTile) * D * sizeof(H);  // 2 kept + 2 stages of 2
     const double pairs = attention_pairs(sh), h = sizeof(H);
-    // D = 256: two column slices, each block recomputing S and dP for its own half.
-    const unsigned slices = D / kCols<D>;
     if (sh.Tk > 0) {
         const dim3 grid(static_cast<unsigned>((sh.Tk + kTile - 1) / kTile),
-                        static_cast<unsigned>(sh.batch_heads / sh.heads * sh.kv_heads), slices);
-        const size_t smem = tiles + 2 * 3 * kTile * sizeof(float);
+                        static_cast<unsigned>(sh.batch_heads / sh.heads * sh.kv_heads));
+        const size_t handover = kSplitKeys<D> ? size_t(kTile) / 2 * kThreads * sizeof(float) : 0;
+        const size_t smem = tiles + 2 * 3 * kTile * sizeof(float) + handover;
         tc::allow_shared_memory(attention_dkdv_mma_kernel<H, D>, smem,
                                 "attention backward (dK, dV)");
         // Per key tile: q and dO of every query tile that sees it; k, v once, dk, dv out.
         const double kv_elems = double(grid.y) * double(sh.Tk) * D;
-        ledger::declare(
-            slices * 2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tk) + kv_elems * (2 * h + 8),
-            slices * 14 * pairs, (4.0 * slices + 4) * double(D) * pairs);
-        QK_LAUNCH((attention_dkdv_mma_kernel<H, D>), grid, kThreads, smem, stream(), dk, dv, do16,
-                  q16, k16, v16, lse, delta, scale, scale_stride, cap, sh);
+        ledger::declare(2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tk) + kv_elems * (2 * h + 8),
+                        14 * pairs, 8.0 * double(D) * pairs);
+        QK_LAUNCH((attention_dkdv_mma_kernel<H, D>), grid, kDkdvThreads<D>, smem, stream(), dk, dv,
+                  do16, q16, k16, v16, lse, delta, scale, scale_stride, cap, sh);
         QK_CUDA_CHECK_LAUNCH("attention_dkdv_mma_kernel");
     }
     if (sh.Tq > 0) {
         const dim3 grid(static_cast<unsigned>((sh.Tq + kTile - 1) / kTile),
-                        static_cast<unsigned>(sh.batch_heads), slices);
+                        static_cast<unsigned>(sh.batch_heads));
         tc::allow_shared_memory(attention_dq_mma_kernel<H, D>, tiles, "attention backward (dQ)");
         // Per query tile: k and v of every key tile it sees; q, dO once, dq out.
         const double q_elems = double(sh.batch_heads * sh.Tq) * D;
-        ledger::declare(
-            slices * 2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tq) + q_elems * (2 * h + 4),
-            slices * 12 * pairs, (4.0 * slices + 2) * double(D) * pairs);
+        ledger::declare(2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tq) + q_elems * (2 * h + 4),
+                        12 * pairs, 6.0 * double(D) * pairs);
         QK_LAUNCH((attention_dq_mma_kernel<H, D>), grid, kThreads, tiles, stream(), dq, do16, q16,
                   k16, v16, lse, delta, scale, scale_stride, cap, sh, times_gain);
         QK_CUDA_CHECK_LAUNCH("attention_dq_mma_kernel");

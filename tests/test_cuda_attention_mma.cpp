@@ -348,10 +348,12 @@ TEST_CASE("the attention op at bf16 precision on cuda (tensor cores) against the
     check_op({4, 2, 2, 70, 70, 64, true, 0, 5.0}, 500);  // causal, capped, a scale per head
     check_op({4, 4, 1, 65, 65, 64, true, 20}, 510);      // 4 heads read one, a window
     check_op({2, 2, 2, 33, 80, 128, false, 0, 0, true, false, 2.0}, 520);  // Tq < Tk, D = 128
-    check_op({2, 2, 1, 70, 70, 256, true, 0, 5.0}, 530);  // D = 256: gradients in column slices
+    check_op({2, 2, 1, 70, 70, 256, true, 0, 5.0}, 530);  // D = 256: a warp per key gradient
     // Tiles off the mask's edge, no cap: the backward's branch-free rule (two heads read one).
     check_op({2, 2, 1, 130, 130, 64, true}, 540);
     check_op({2, 2, 2, 64, 128, 128, false}, 550);  // every tile fully visible, D = 128
+    // D = 256 off the mask's edge: two warps share each key's gradients, Sᵀ handed over.
+    check_op({2, 2, 1, 130, 130, 256, true}, 560);
 }
 
 TEST_CASE("tensor-core attention writes its output's rounding for c_proj in the same pass") {
