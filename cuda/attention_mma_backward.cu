@@ -260,11 +260,13 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
             float* handover = handover_s + key_warp * kTile / 2 * kWarp + lane;
             if (takes_dv) {
                 tc::mma_rows_by_tile<H, D>(st_acc, k_s, 16 * key_warp, q_s(st));  // Sᵀ = K Qᵀ
+                QK_UNROLL
                 for (int e = 0; e < kTile / 2; ++e) handover[e * kWarp] = st_acc[e / 4][e % 4];
             } else {
                 tc::mma_rows_by_tile<H, D>(dpt, v_s, 16 * key_warp, do_s(st));  // dPᵀ = V dOᵀ
             }
             __syncthreads();
+            QK_UNROLL
             for (int e = 0; e < kTile / 2; ++e) st_acc[e / 4][e % 4] = handover[e * kWarp];
             if (takes_dv) {
                 float unused[kTile / 8][4] = {};
@@ -382,8 +384,9 @@ void launch_backward(float* dq, float* dk, float* dv, const float* delta, const 
                                 "attention backward (dK, dV)");
         // Per key tile: q and dO of every query tile that sees it; k, v once, dk, dv out.
         const double kv_elems = double(grid.y) * double(sh.Tk) * D;
+        // ~14 FLOPs a pair on CUDA cores; split, the dV warp computes p again (~5 more).
         ledger::declare(2 * tiles_bytes(sh, sizeof(H), kTile, sh.Tk) + kv_elems * (2 * h + 8),
-                        14 * pairs, 8.0 * double(D) * pairs);
+                        (kSplitKeys<D> ? 19 : 14) * pairs, 8.0 * double(D) * pairs);
         QK_LAUNCH((attention_dkdv_mma_kernel<H, D>), grid, kDkdvThreads<D>, smem, stream(), dk, dv,
                   do16, q16, k16, v16, lse, delta, scale, scale_stride, cap, sh);
         QK_CUDA_CHECK_LAUNCH("attention_dkdv_mma_kernel");

@@ -14,14 +14,16 @@ is the path of nearly every tile of a long causal run, short of the next tile's 
 figure to lower: the kernels issue one instruction at a time and their time followed this count
 when it fell (docs/cuda.md, "Counting instructions without a GPU").
 
-cuobjdump is part of the CUDA toolkit; where the toolkit was installed without it,
-`pip install nvidia-cuda-cuobjdump` provides one (set CUOBJDUMP to its path).
+cuobjdump is part of the CUDA toolkit; where the toolkit was installed without it, `pip install
+nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` provides it and the disassembler it runs (both land in
+the same bin/ folder; set CUOBJDUMP to that folder's cuobjdump).
 """
 import argparse
 import collections
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -142,6 +144,8 @@ def census_rows(sass_text, ptxas_text, kernels):
             continue
         loop = main_loop(instructions)
         path = shortest_path(loop)
+        if loop and not path:
+            print(f"sass_census: {pretty[name]}: no way round its loop found", file=sys.stderr)
         ops = collections.Counter(opcode.split(".")[0] for _, opcode, _, _ in path)
         regs, spill_st, spill_ld = usage.get(name, (0, 0, 0))
         rows.append((pretty[name], regs, spill_st, spill_ld, len(loop), len(path), ops))
@@ -172,7 +176,8 @@ def cuobjdump():
     tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
     if not os.path.exists(tool):
         sys.exit("sass_census: cuobjdump not found (CUDA toolkit; or `pip install "
-                 "nvidia-cuda-cuobjdump` and set CUOBJDUMP to its bin/cuobjdump)")
+                 "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` and set CUOBJDUMP to its "
+                 "bin/cuobjdump)")
     return tool
 
 
@@ -184,7 +189,7 @@ def census(build_dir, arch, kernels):
             entry = next((e for e in entries if e["file"].endswith(source)), None)
             if entry is None:
                 sys.exit(f"sass_census: {source} is not compiled in {build_dir} (an nvcc tree?)")
-            command = entry["command"].split()
+            command = shlex.split(entry["command"])
             if not os.path.basename(command[0]).startswith("nvcc"):
                 sys.exit(f"sass_census: {source} is compiled by {command[0]}, not nvcc: "
                          f"{build_dir} is an emulation tree")
@@ -204,8 +209,10 @@ def census(build_dir, arch, kernels):
             built = subprocess.run(args, cwd=entry["directory"], capture_output=True, text=True)
             if built.returncode != 0:
                 sys.exit(f"sass_census: compiling {source} failed:\n{built.stderr}")
-            sass = subprocess.run([cuobjdump(), "-sass", obj], capture_output=True, text=True,
-                                  check=True).stdout
+            dumped = subprocess.run([cuobjdump(), "-sass", obj], capture_output=True, text=True)
+            if dumped.returncode != 0:  # e.g. no nvdisasm beside cuobjdump
+                sys.exit(f"sass_census: cuobjdump failed:\n{dumped.stderr}{dumped.stdout}")
+            sass = dumped.stdout
             rows += census_rows(sass, built.stderr, kernels)
     return rows
 
