@@ -70,7 +70,7 @@ def main_loop(instructions):
     return best
 
 
-def shortest_path(loop):
+def plain_tile_path(loop):
     """The plain tile's way round the loop, from its head to its back edge: the fewest
     reconvergence points (BSSY: a branch that threads of a warp may take apart, as the tested
     per-pair rules' do; a tile whose every pair is hidden skips their arithmetic and would
@@ -81,7 +81,10 @@ def shortest_path(loop):
     index = {address: i for i, (address, *_) in enumerate(loop)}
     n = len(loop)
     cost, previous = [None] * n, [None] * n
-    weight = lambda op: (int(op.startswith("BSSY")), int(op.startswith("CALL")), 1)
+
+    def weight(opcode):  # (reconvergence points, calls, instructions) an instruction adds
+        return int(opcode.startswith("BSSY")), int(opcode.startswith("CALL")), 1
+
     cost[0] = weight(loop[0][1])
     for i in range(n):  # forward edges only, so one pass in order settles every cost
         if cost[i] is None:
@@ -143,7 +146,7 @@ def census_rows(sass_text, ptxas_text, kernels):
         if not re.search(kernels, pretty[name]):
             continue
         loop = main_loop(instructions)
-        path = shortest_path(loop)
+        path = plain_tile_path(loop)
         if loop and not path:
             print(f"sass_census: {pretty[name]}: no way round its loop found", file=sys.stderr)
         ops = collections.Counter(opcode.split(".")[0] for _, opcode, _, _ in path)
