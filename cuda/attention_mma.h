@@ -42,8 +42,8 @@ __device__ __forceinline__ int chunk_at(int row, int chunk) {
 // The address of chunk `chunk` of row `rows8 + lane_row` of the tile at `tile`, rows8 a multiple
 // of 8. The swizzle reads only the row's low three bits, so the address is the lane's part plus
 // the loop's (a constant once unrolled: the ldmatrix's immediate). Written as one chunk_at, the
-// compiler recomputed the address for each ldmatrix: a sixth of the backward's inner loop
-// (tools/sass_census.py counts them).
+// compiler recomputed the whole address for each ldmatrix (docs/cuda.md, "Counting instructions
+// without a GPU").
 template <int D>
 __device__ __forceinline__ mma::SharedAddress chunk_address(mma::SharedAddress tile, int rows8,
                                                             int lane_row, int chunk) {

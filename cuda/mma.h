@@ -178,45 +178,6 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
 #endif
 }
 
-// N 8 × 8 matrices of 16-bit values from shared memory (N = 1, 2, 4), optionally transposed.
-template <int N, bool kTrans = false>
-__device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* row) {
-    static_assert(N == 1 || N == 2 || N == 4, "ldmatrix: 1, 2 or 4 matrices");
-#if defined(__CUDACC__)
-#if defined(__CUDA_ARCH__)
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    if constexpr (N == 1 && !kTrans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n"
-                     : "=r"(r[0])
-                     : "r"(address));
-    else if constexpr (N == 1)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
-                     : "=r"(r[0])
-                     : "r"(address));
-    else if constexpr (N == 2 && !kTrans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-                     : "=r"(r[0]), "=r"(r[1])
-                     : "r"(address));
-    else if constexpr (N == 2)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-                     : "=r"(r[0]), "=r"(r[1])
-                     : "r"(address));
-    else if constexpr (!kTrans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(address));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(address));
-#endif
-#else
-    emulated::LdmatrixLane lane{r, row};
-    ::qk::emu::detail::warp_collective(emulated::kSite, 0xffffffffu, &lane,
-                                       emulated::ldmatrix_warp<N, kTrans>);
-#endif
-}
-
 // A place in shared memory as ldmatrix addresses it: a 32-bit byte address on the GPU, a pointer
 // in the emulator. Offsets added to it are 32-bit adds, which the compiler folds into the
 // instruction's immediate where they are constants; from a generic pointer each load would
@@ -240,11 +201,29 @@ __device__ __forceinline__ SharedAddress shared_address(const void* p) {
 #endif
 }
 
+// N 8 × 8 matrices of 16-bit values from shared memory (N = 1, 2, 4), optionally transposed.
 template <int N, bool kTrans = false>
 __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], SharedAddress row) {
+    static_assert(N == 1 || N == 2 || N == 4, "ldmatrix: 1, 2 or 4 matrices");
+#if defined(__CUDACC__)
 #if defined(__CUDA_ARCH__)
-    static_assert(N == 4, "ldmatrix at a SharedAddress: 4 matrices");
-    if constexpr (!kTrans)
+    if constexpr (N == 1 && !kTrans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n"
+                     : "=r"(r[0])
+                     : "r"(row.at));
+    else if constexpr (N == 1)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n"
+                     : "=r"(r[0])
+                     : "r"(row.at));
+    else if constexpr (N == 2 && !kTrans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                     : "=r"(r[0]), "=r"(r[1])
+                     : "r"(row.at));
+    else if constexpr (N == 2)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                     : "=r"(r[0]), "=r"(r[1])
+                     : "r"(row.at));
+    else if constexpr (!kTrans)
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                      : "r"(row.at));
@@ -252,11 +231,17 @@ __device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], SharedAddress row) {
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                      : "r"(row.at));
-#elif defined(__CUDACC__)
-    (void)r, (void)row;
-#else
-    ldmatrix<N, kTrans>(r, static_cast<const void*>(row.at));
 #endif
+#else
+    emulated::LdmatrixLane lane{r, row.at};
+    ::qk::emu::detail::warp_collective(emulated::kSite, 0xffffffffu, &lane,
+                                       emulated::ldmatrix_warp<N, kTrans>);
+#endif
+}
+
+template <int N, bool kTrans = false>
+__device__ __forceinline__ void ldmatrix(uint32_t (&r)[N], const void* row) {
+    ldmatrix<N, kTrans>(r, shared_address(row));
 }
 
 // 16 bytes global -> shared, asynchronously; zeros in place of the source when !valid.
