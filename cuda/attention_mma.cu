@@ -13,7 +13,8 @@
 //      block of rows g and g + 8 (cuda/mma.h), so a row's max is a max over the 4 lanes of group g
 //      (two xor shuffles); m moves, l, w and the output are rescaled by α = exp(m − m'), and each
 //      logit becomes e = exp(z − m') (as 2^((z − m')·log2 e): one multiply before the exp2).
-//      Without a cap or FP8 logits, the loops over the 32 values hold only that.
+//      On a tile off the mask's edge without a cap or FP8 logits, z − m' is one fused
+//      multiply-add from r, and the loops over the 32 values hold only that.
 //   3. O += P V: the e of two adjacent 8-key blocks are exactly an A fragment of P (16 rows × 16
 //      keys) once rounded to H — no trip through shared memory — and V's rows are keys, so its B
 //      fragments come from ldmatrix .trans; D/8 · 4 mma.
@@ -29,6 +30,7 @@
 // the CUDA-core kernel's r up to the order of the sum; P is rounded to H before O += P V (l is
 // summed from the unrounded e), which moves o_i by at most 2^-8 Σ_j p_ij |v_j| in bf16 (2^-11 in
 // fp16): the bound tests/test_cuda_attention_mma.cpp derives and holds the kernel to.
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -44,11 +46,10 @@ using tc::kThreads;
 constexpr int kBlockRows = tc::kTileRows;  // query rows per block, 16 per warp
 constexpr int kKeys = tc::kTileRows;       // keys per tile
 
+// x is never NaN here (the maxima it takes skip NaNs), so fmaxf is the comparison: one instruction.
 __device__ __forceinline__ float quad_max(float x) {
-    for (int offset = 1; offset < 4; offset *= 2) {
-        const float other = __shfl_xor_sync(kFullMask, x, offset);
-        x = other > x ? other : x;
-    }
+    for (int offset = 1; offset < 4; offset *= 2)
+        x = fmaxf(x, __shfl_xor_sync(kFullMask, x, offset));
     return x;
 }
 
@@ -62,23 +63,20 @@ struct RowState {
     float m = -INFINITY, l = 0, w = 0, max_abs = 0, saturated = 0;
 };
 
-// Step 2 on one key tile: s holds the warp's 16 × 64 raw dots r (this lane's share) and leaves
-// holding e = exp(z − m') (0 where masked); o is rescaled by α. row: this lane's two rows;
-// masked: whether any (row, key) pair of the block's tile is hidden (else none is tested).
-// kSignals: also carry max |s|, w = Σ e·z (for the entropy) and the saturated count.
-template <bool kSignals, int kDTiles>
-__device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4], RowState (&st)[2],
-                               const int64_t (&row)[2], int64_t j0, bool masked, float gain,
-                               float cap, const AttentionShape& sh) {
-    const int t = threadIdx.x % 4;
+// The logits z of a tile that is not plain: s = g·r, max |s| with kSignals (in tile_abs), the cap
+// and FP8 rounding where asked, −inf where kMasked and the mask hides the pair.
+template <bool kSignals, bool kMasked>
+__device__ __forceinline__ void logits(float (&s)[kKeys / 8][4], RowState (&st)[2],
+                                       float (&tile_abs)[2], const tc::TileMask& mask, float gain,
+                                       float cap, const AttentionShape& sh) {
+    const int lane = threadIdx.x % kWarp;
     // Element idx of this lane's 32: 8-key block idx / 4, register idx % 4, row (idx % 4) / 2.
     auto visible = [&](int idx) {
-        const int64_t i = row[idx % 4 / 2], key = j0 + 8 * (idx / 4) + 2 * t + idx % 2;
-        return !masked || (i < sh.Tq && sees(i, key, sh));
+        const int row = lane / 4 + 8 * (idx % 4 / 2), key = 8 * (idx / 4) + 2 * (lane % 4);
+        return !kMasked || mask.sees(row, key + idx % 2);
     };
     QK_UNROLL
     for (int idx = 0; idx < kKeys / 2; ++idx) s[idx / 4][idx % 4] *= gain;  // s = g·r
-    float tile_abs[2] = {0, 0};
     if (kSignals) {  // max |s|, before the cap
         QK_UNROLL
         for (int idx = 0; idx < kKeys / 2; ++idx) {
@@ -86,7 +84,7 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
             if (visible(idx) && a > tile_abs[idx % 4 / 2]) tile_abs[idx % 4 / 2] = a;
         }
     }
-    if (cap > 0 || sh.fp8_logits) {  // z = z̃(cap(s)): kept out of the plain path's loop
+    if (cap > 0 || sh.fp8_logits) {  // z = z̃(cap(s))
         QK_UNROLL
         for (int idx = 0; idx < kKeys / 2; ++idx) {
             float& z = s[idx / 4][idx % 4];
@@ -95,11 +93,36 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
                 st[idx % 4 / 2].saturated += 1;
         }
     }
-    if (masked) {
+    if (kMasked) {
         QK_UNROLL
         for (int idx = 0; idx < kKeys / 2; ++idx)
             if (!visible(idx)) s[idx / 4][idx % 4] = -INFINITY;
     }
+}
+
+// Step 2 on one key tile: s holds the warp's 16 × 64 raw dots r (this lane's share) and leaves
+// holding e = exp(z − m') (0 where masked); o is rescaled by α. masked: whether any (row, key)
+// pair of the block's tile is hidden (else none is tested); mask_of(): the warp's tile's mask
+// (tc::TileMask), made only where asked.
+// kSignals: also carry max |s|, w = Σ e·z (for the entropy) and the saturated count.
+// gain: g ≥ 0 (or NaN); the kernel negated q where the scale is negative, which gives the same
+// s = g·r to the bit.
+//
+// The plain tile (every pair visible, no cap, FP8 logits or signals; nearly every tile of a long
+// causal run) never forms s. Its max is g·max r, which is max s to the bit (g ≥ 0 and rounding is
+// monotone), and each exponent z − m' is one fused multiply-add from r, rounded once where
+// s − m' rounded twice (docs/cuda.md, "Counting instructions without a GPU").
+// plain_rules: no cap and no FP8 logits (the kernel's, decided once).
+template <bool kSignals, int kDTiles, class MaskOf>
+__device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4], RowState (&st)[2],
+                               bool masked, const MaskOf& mask_of, bool plain_rules, float gain,
+                               float cap, const AttentionShape& sh) {
+    const bool plain = !kSignals && !masked && plain_rules;
+    float tile_abs[2] = {0, 0};
+    if (!plain && masked)  // two straight lines: asked inside one, `masked` cost a select a value
+        logits<kSignals, true>(s, st, tile_abs, mask_of(), gain, cap, sh);
+    else if (!plain)
+        logits<kSignals, false>(s, st, tile_abs, tc::TileMask::everything(), gain, cap, sh);
     float tile_max[2] = {-INFINITY, -INFINITY};
     QK_UNROLL
     for (int idx = 0; idx < kKeys / 2; ++idx) {  // a NaN z is skipped here, and makes l NaN below
@@ -111,7 +134,7 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
     float m_ref[2], alpha[2];
     QK_UNROLL
     for (int r = 0; r < 2; ++r) {
-        const float m_tile = quad_max(tile_max[r]);
+        const float m_tile = plain ? gain * quad_max(tile_max[r]) : quad_max(tile_max[r]);
         const float m_new = m_tile > st[r].m ? m_tile : st[r].m;
         m_ref[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing finite yet: e = 0, not NaN
         alpha[r] = exp_via_exp2(st[r].m - m_ref[r]);
@@ -123,14 +146,24 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
         st[r].l *= alpha[r];
         st[r].w *= alpha[r];
     }
-    QK_UNROLL
-    for (int idx = 0; idx < kKeys / 2; ++idx) {
-        const int j = idx / 4, i = idx % 4;
-        RowState& rs = st[i / 2];
-        const float z = s[j][i], e = exp_via_exp2_ftz(z - m_ref[i / 2]);  // masked: exp(−inf) = 0
-        rs.l += e;
-        if (kSignals) rs.w += e > 0.0f ? e * z : 0.0f;
-        s[j][i] = e;
+    if (plain) {
+        QK_UNROLL
+        for (int idx = 0; idx < kKeys / 2; ++idx) {
+            const int j = idx / 4, i = idx % 4;
+            const float e = exp_via_exp2_ftz(fmaf(s[j][i], gain, -m_ref[i / 2]));  // s[j][i] = r
+            st[i / 2].l += e;
+            s[j][i] = e;
+        }
+    } else {
+        QK_UNROLL
+        for (int idx = 0; idx < kKeys / 2; ++idx) {
+            const int j = idx / 4, i = idx % 4;
+            RowState& rs = st[i / 2];
+            const float z = s[j][i], e = exp_via_exp2_ftz(z - m_ref[i / 2]);  // masked: 0
+            rs.l += e;
+            if (kSignals) rs.w += e > 0.0f ? e * z : 0.0f;
+            s[j][i] = e;
+        }
     }
     QK_UNROLL
     for (int idx = 0; idx < kDTiles * 4; ++idx) o[idx / 4][idx % 4] *= alpha[idx % 4 / 2];
@@ -161,7 +194,8 @@ __global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>(
     // started last would run alone at the end.
     const int64_t bh = blockIdx.y, i0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;
     const int64_t rows = sh.Tq - i0 < kBlockRows ? sh.Tq - i0 : kBlockRows;
-    const float gain = scale[(bh % sh.heads) * scale_stride];
+    // A negative scale: q negated below, so that every tile sees g ≥ 0 (online_softmax).
+    const float signed_gain = scale[(bh % sh.heads) * scale_stride], gain = fabsf(signed_gain);
     const int64_t kv_first = sh.kv_head(bh) * sh.Tk;
     const int64_t key_begin = sh.first_key(i0) / kKeys * kKeys, key_end = sh.end_key(i0 + rows - 1);
     const int64_t row[2] = {i0 + 16 * warp + lane / 4, i0 + 16 * warp + lane / 4 + 8};
@@ -174,6 +208,13 @@ __global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>(
     if (key_begin < key_end) load_keys(k_s, k, key_begin);  // one group: q and the first keys
     if (key_begin < key_end) load_keys(v_s, v, key_begin);
 
+    if (signed_gain < 0 && key_begin < key_end) {  // g·r = |g|·((−q)·k), the same bits
+        mma::cp_async_wait<1>();                   // q (and the first key tile) are in
+        __syncthreads();
+        tc::negate_tile<D>(q_s);
+        __syncthreads();
+    }
+    const bool plain_rules = cap == 0 && !sh.fp8_logits;
     uint32_t q_frag[D <= 128 ? D / 16 : 1][4];  // D = 256: read from q_s at each use instead
     float o[kDTiles][4] = {};
     RowState st[2];
@@ -189,7 +230,9 @@ __global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>(
             tc::mma_rows_by_tile<H, D>(s, q_s, 16 * warp, k_s);
         }
         const bool masked = !tc::tile_fully_visible(i0, j0, sh);
-        online_softmax<kSignals>(s, o, st, row, j0, masked, gain, cap, sh);  // step 2
+        online_softmax<kSignals>(  // step 2
+            s, o, st, masked, [&] { return tc::tile_mask(i0 + 16 * warp, j0, sh); }, plain_rules,
+            gain, cap, sh);
         mma::cp_async_wait<0>();
         __syncthreads();  // the value tile is in; every warp is done with the key tile
         if (!last) load_keys(k_s, k, j0 + kKeys);

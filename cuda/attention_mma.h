@@ -69,6 +69,13 @@ __device__ __forceinline__ void load_tile_async(uint16_t* tile, const uint16_t* 
     }
 }
 
+// tile: (64, D) shared, every value negated (the sign bit of each 16-bit value flipped: exact).
+template <int D>
+__device__ __forceinline__ void negate_tile(uint16_t* tile) {
+    auto* words = reinterpret_cast<uint32_t*>(tile);
+    for (int i = int(threadIdx.x); i < kTileRows * D / 2; i += kThreads) words[i] ^= 0x80008000u;
+}
+
 // The A fragments of rows [first_row, first_row + 16) of a tile, one per 16 columns.
 template <int D>
 __device__ __forceinline__ void load_row_fragments(uint32_t (&a)[D / 16][4], const uint16_t* tile,
@@ -153,6 +160,35 @@ __device__ __forceinline__ bool tile_fully_visible(int64_t i0, int64_t j0,
                                                    const AttentionShape& sh) {
     return i0 + kTileRows <= sh.Tq && j0 + kTileRows <= sh.end_key(i0) &&
            j0 >= sh.first_key(i0 + kTileRows - 1);
+}
+
+// The mask of one tile, for the tested rule's pair-by-pair questions: whether query i_base + qi
+// sees key j_base + kj, for offsets 0 <= qi, kj < 64, in 32-bit offsets from the tile's corner.
+// Row i sees key j when i < Tq and first_key(i) <= j < end_key(i), that is j < Tk and
+//     j <= i + (Tk − Tq)                  (causal)
+//     j >= i + (Tk − Tq) + 1 − window     (a window)
+// which within the tile are bounds on kj − qi. Asked with 64-bit rows and keys, each pair took a
+// dozen compares, which the compiler computed ahead of the branch between the tile's two rules,
+// on the plain tiles too.
+struct TileMask {
+    static constexpr int kFar = 2 * kTileRows;  // beyond any offset and any kj − qi of a tile
+    int queries, keys;                          // qi < queries and kj < keys: inside Tq and Tk
+    int lowest, highest;                        // lowest <= kj − qi <= highest
+
+    static __device__ __forceinline__ TileMask everything() { return {kFar, kFar, -kFar, kFar}; }
+    __device__ __forceinline__ bool sees(int qi, int kj) const {
+        return qi < queries && kj < keys && kj - qi >= lowest && kj - qi <= highest;
+    }
+};
+
+__device__ __forceinline__ TileMask tile_mask(int64_t i_base, int64_t j_base,
+                                              const AttentionShape& sh) {
+    constexpr int64_t kFar = TileMask::kFar;
+    auto clamp = [](int64_t x) { return int(x < -kFar ? -kFar : x > kFar ? kFar : x); };
+    const int64_t diagonal = i_base - j_base + (sh.Tk - sh.Tq);  // kj − qi of j = i + Tk − Tq
+    return {clamp(sh.Tq - i_base), clamp(sh.Tk - j_base),
+            sh.window > 0 ? clamp(diagonal + 1 - sh.window) : -int(kFar),
+            sh.causal ? clamp(diagonal) : int(kFar)};
 }
 
 // For a kernel with > 48 KB of dynamic shared memory: raises its limit, or says the GPU is short.

@@ -102,25 +102,28 @@ __device__ __forceinline__ void each_pair(float (&s)[kTile / 8][4], float (&dp)[
 }
 
 // s holds the warp's dots r, dp the dots dO·v (this lane's share, accumulator layout); s leaves
-// holding p, dp holding ds (0 where hidden). stats(block) gives a QuadStats, visible(row, column)
-// whether a pair is seen; masked false: every pair of the block is visible. Without a cap or FP8
+// holding p, dp holding ds (0 where hidden). stats(block) gives a QuadStats; visible_of() the
+// tile's visible(row, column), whether a pair is seen, made on the tested path only (the compiler
+// computed a mask made outside ahead of the branch, for the plain tiles too); masked false: every
+// pair of the block is visible. Without a cap or FP8
 // logits on such a block (the common case) p = exp(g·r − lse) and ds = p (dp − D_i) are all there
 // is; else each pair goes through the full rule.
-template <class Stats, class Visible>
+template <class Stats, class VisibleOf>
 __device__ __forceinline__ void probabilities_and_grads(float (&s)[kTile / 8][4],
                                                         float (&dp)[kTile / 8][4], bool masked,
                                                         float g, float cap, bool fp8,
                                                         const Stats& stats,
-                                                        const Visible& visible) {
+                                                        const VisibleOf& visible_of) {
     if (!masked && cap == 0 && !fp8) {
         each_pair<false>(
-            s, dp, stats, visible,
+            s, dp, stats, [](int, int) { return true; },
             [&](float& p, float& ds, float r, float d, float lse_hi, float lse_lo, float delta) {
                 p = exp_via_exp2_ftz((g * r - lse_hi) - lse_lo);
                 p = p < 1.0f ? p : 1.0f;  // a p above 1 is rounding: ops/attention.cpp
                 ds = p == 0.0f ? 0.0f : p * (d - delta);
             });
     } else {
+        const auto visible = visible_of();
         each_pair<true>(
             s, dp, stats, [&](int row, int col) { return !masked || visible(row, col); },
             [&](float& p, float& ds, float r, float d, float lse_hi, float lse_lo, float delta) {
@@ -190,6 +193,10 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
     // The (head, query tile) pairs in order: tile n is head first_bh + n / per_head.
     const int64_t per_head = end_row > first_row ? (end_row - first_row + kTile - 1) / kTile : 0;
     const int64_t tiles = per_head * group;
+    // One g for every tile of the block (a scale number, or one query head per key head): dK is
+    // multiplied by it once, at the end, where each tile's g·dSᵀ cost a multiply per pair.
+    const bool gain_per_tile = scale_stride != 0 && group > 1;
+    const float block_gain = scale[(first_bh % sh.heads) * scale_stride];
     auto load_tile = [&](int st, int64_t n) {  // q, dO (asynchronous) and the stats of tile n
         const int64_t bh = first_bh + n / per_head, i0 = first_row + (n % per_head) * kTile;
         const int64_t rows = sh.Tq - i0 < kTile ? sh.Tq - i0 : kTile;
@@ -224,9 +231,8 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
         }
         __syncthreads();
         const int64_t bh = first_bh + n / per_head, i0 = first_row + (n % per_head) * kTile;
-        const float g = scale[(bh % sh.heads) * scale_stride];
+        const float g = gain_per_tile ? scale[(bh % sh.heads) * scale_stride] : block_gain;
         const float* stats = stats_s + st * 3 * kTile;  // lse_hi, lse_lo, D_i by query
-        const int64_t key0 = j0 + 16 * key_warp;
         // s: Sᵀ in, Pᵀ out; dp: dPᵀ in, dSᵀ out.
         auto rule = [&](float(&s)[kTile / 8][4], float(&dp)[kTile / 8][4]) {
             probabilities_and_grads(
@@ -240,12 +246,15 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
                                      {lo.x, lo.y, lo.x, lo.y},
                                      {dd.x, dd.y, dd.x, dd.y}};
                 },
-                [&](int r, int c) {
-                    const int64_t key = key0 + r, i = i0 + c;
-                    return key < sh.Tk && i < sh.Tq && sees(i, key, sh);
+                [&] {  // the keys are the rows, this warp's 16 of the block's 64
+                    const tc::TileMask mask = tc::tile_mask(i0, j0, sh);
+                    const int first_key = 16 * key_warp;
+                    return [mask, first_key](int r, int c) { return mask.sees(c, first_key + r); };
                 });
-            QK_UNROLL
-            for (int e = 0; e < kTile / 2; ++e) dp[e / 4][e % 4] *= g;  // g·dsᵀ
+            if (gain_per_tile) {
+                QK_UNROLL
+                for (int e = 0; e < kTile / 2; ++e) dp[e / 4][e % 4] *= g;  // g·dsᵀ
+            }
         };
         float st_acc[kTile / 8][4] = {}, dpt[kTile / 8][4] = {};
         if constexpr (!kSplit) {
@@ -281,6 +290,15 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
     }
     mma::cp_async_wait<0>();  // a block no query sees still issued its key tile
     const int64_t key_rows = (kvh * sh.Tk + j0) * D;
+    auto times_block_gain = [&](float(&dk_sum)[D / 8][4]) {  // dK = g·Σ dSᵀ Q
+        QK_UNROLL
+        for (int e = 0; e < D / 2; ++e) dk_sum[e / 4][e % 4] *= block_gain;
+    };
+    if constexpr (kSplit) {
+        if (!gain_per_tile && !takes_dv) times_block_gain(first);
+    } else {
+        if (!gain_per_tile) times_block_gain(second);
+    }
     if constexpr (kSplit) {
         store_rows<D>((takes_dv ? dv : dk) + key_rows, first, 16 * key_warp, cols);
     } else {
@@ -343,7 +361,6 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
         tc::mma_rows_by_tile<H, D>(s, q_s, 16 * warp, k_s(st));    // S = Q Kᵀ
         tc::mma_rows_by_tile<H, D>(dp, do_s, 16 * warp, v_s(st));  // dP = dO Vᵀ
-        const int64_t row0 = i0 + 16 * warp;
         probabilities_and_grads(
             s, dp, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
             [&](int) {  // the rows are this lane's two
@@ -351,9 +368,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
                                  {lse_lo[0], lse_lo[0], lse_lo[1], lse_lo[1]},
                                  {row_delta[0], row_delta[0], row_delta[1], row_delta[1]}};
             },
-            [&](int r, int c) {
-                const int64_t i = row0 + r, j = j0 + c;
-                return i < sh.Tq && sees(i, j, sh);
+            [&] {
+                const tc::TileMask mask = tc::tile_mask(i0 + 16 * warp, j0, sh);
+                return [mask](int r, int c) { return mask.sees(r, c); };
             });
         tc::mma_scores_by_tile<H, D>(dq_acc, dp, k_s(st));  // dQ' += dS K
         __syncthreads();  // every warp is done with this stage before it is filled again

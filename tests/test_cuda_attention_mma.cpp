@@ -43,14 +43,15 @@ struct Case {
     bool per_head_scale = false;
     bool fp8_logits = false;
     double qk_range = 1.0;
+    double scale_sign = 1;  // g's centre times this: −1 negative, 0 both signs about 0
 };
 
 std::string describe(const Case& c) {
     return fmt::format(
         "BH={} H={} Hkv={} Tq={} Tk={} D={} causal={} window={} cap={} per-head "
-        "scale={} fp8 logits={} |q|,|k| ~ {}",
+        "scale={} fp8 logits={} |q|,|k| ~ {} scale sign {}",
         c.batch_heads, c.heads, c.kv_heads, c.Tq, c.Tk, c.D, c.causal, c.window, c.cap,
-        c.per_head_scale, c.fp8_logits, c.qk_range);
+        c.per_head_scale, c.fp8_logits, c.qk_range, c.scale_sign);
 }
 
 template <class H>
@@ -153,7 +154,7 @@ void check_forward(const Case& c, uint64_t seed) {
     const Rounded<H> q(nq, seed, qk_scale, c.fp8_logits), k(nk, seed + 1, qk_scale, c.fp8_logits),
         v(nk, seed + 2, 1.0);
     std::vector<float> scale = random_values<float>(c.per_head_scale ? c.heads : 1, seed + 3, 0.1);
-    for (float& g : scale) g += 1.0f;
+    for (float& g : scale) g += float(c.scale_sign);
     const int64_t stride = c.per_head_scale ? 1 : 0;
     std::vector<float> out(nq), max_abs(rows), entropy(rows), saturated(rows);
     std::vector<double> lse(rows);
@@ -217,6 +218,11 @@ TEST_CASE("tensor-core attention forward: grouped-query heads, windows, caps, sc
     check_forward<bf16>(fp8, seed += 10);
     check_forward<f16>({2, 2, 2, 70, 70, 64}, seed += 10);
     check_forward<f16>({2, 1, 1, 65, 65, 128, false, 0, 3.0}, seed += 10);
+    // A negative scale, logits far apart: a tile's max taken over g·r's minimum would overflow
+    // exp; and scales of both signs in one launch, at D = 256 too.
+    check_forward<bf16>({2, 2, 2, 130, 130, 64, true, 0, 0, false, false, 4.0, -1}, seed += 10);
+    check_forward<bf16>({4, 4, 2, 130, 130, 128, true, 0, 0, true, false, 4.0, 0}, seed += 10);
+    check_forward<bf16>({2, 2, 1, 130, 130, 256, true, 0, 0, true, false, 4.0, -1}, seed += 10);
 }
 
 namespace {
@@ -297,8 +303,9 @@ GradBounds bounds_for(const Case& c, const std::vector<double>& q, const std::ve
                 const double sigma = p[j] * (eps[j] + delta + u * std::abs(dp[j] - D_i));
                 b.dscale[size_t(h)] += sigma * std::abs(r[j]);
                 for (int64_t d = 0; d < D; ++d) {
-                    b.dq[row * D + d] += gh * sigma * std::abs(kh[j * D + d]);
-                    b.dk[(kv * c.Tk + j) * D + d] += gh * sigma * std::abs(q[row * D + d]);
+                    b.dq[row * D + d] += std::abs(gh) * sigma * std::abs(kh[j * D + d]);
+                    b.dk[(kv * c.Tk + j) * D + d] +=
+                        std::abs(gh) * sigma * std::abs(q[row * D + d]);
                     b.dv[(kv * c.Tk + j) * D + d] += 2 * u * p[j] * std::abs(dO[d]);  // P, dO
                 }
             }
@@ -314,7 +321,7 @@ void check_op(const Case& c, uint64_t seed) {
                  k = randn_seeded({B, c.kv_heads, c.Tk, c.D}, seed + 1, kF32, c.qk_range),
                  v = randn_seeded({B, c.kv_heads, c.Tk, c.D}, seed + 2),
                  probe = randn_seeded({B, c.heads, c.Tq, c.D}, seed + 3),
-                 g = randn_seeded({c.heads}, seed + 4, kF32, 0.02) + 0.125;
+                 g = randn_seeded({c.heads}, seed + 4, kF32, 0.02) + 0.125 * c.scale_sign;
     const AttentionOptions o{
         .causal = c.causal, .window = c.window, .softcap = c.cap, .precision = Precision::bf16};
     const OpResult want = run_op(q, k, v, g, probe, o, Device::cpu);
@@ -354,6 +361,9 @@ TEST_CASE("the attention op at bf16 precision on cuda (tensor cores) against the
     check_op({2, 2, 2, 64, 128, 128, false}, 550);  // every tile fully visible, D = 128
     // D = 256 off the mask's edge: two warps share each key's gradients, Sᵀ handed over.
     check_op({2, 2, 1, 130, 130, 256, true}, 560);
+    // One query head per key head: dK multiplied by g once, after its sums; here g < 0 too.
+    check_op({2, 2, 2, 130, 130, 64, true, 0, 0, false, false, 4.0, -1}, 570);
+    check_op({2, 2, 2, 130, 130, 256, true}, 580);
 }
 
 TEST_CASE("tensor-core attention writes its output's rounding for c_proj in the same pass") {
