@@ -52,7 +52,8 @@ __device__ __forceinline__ KeyTileReaders key_tile_readers(int64_t kvh, int64_t 
 // exp(x) as 2^(x·log2 e), for the tensor-core kernels: one multiply before the hardware's exp2
 // (expf adds a careful range reduction). x = z − m is formed first, so the product's rounding is
 // relative to that difference, not to z: the result keeps float32's accuracy to a few ulps.
-__device__ __forceinline__ float exp_via_exp2(float x) { return exp2f(x * 1.4426950408889634f); }
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float exp_via_exp2(float x) { return exp2f(x * kLog2e); }
 
 // The same with results below float32's normal range (x < −126 after the multiply) flushed to 0:
 // the hardware's exp2 alone (ex2.approx.ftz), where exp2f adds a test and two multiplies to keep
@@ -60,16 +61,18 @@ __device__ __forceinline__ float exp_via_exp2(float x) { return exp2f(x * 1.4426
 // p below 2⁻¹²⁶ moves an output by at most 2⁻¹²⁶ times the values it multiplies (and l, which holds
 // an e = 1, not at all). (The backward's tested tiles keep exp_via_exp2: their rule is shared with
 // the CUDA-core kernel.)
-__device__ __forceinline__ float exp_via_exp2_ftz(float x) {
+// exp2_ftz(y) is that exp2 itself, 2^y, for a caller that forms y = x·log2 e in its own way.
+__device__ __forceinline__ float exp2_ftz(float y) {
 #if defined(__CUDA_ARCH__)
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
-    return y;
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(y));
+    return e;
 #else
-    const float y = exp2f(x * 1.4426950408889634f);
-    return y < 1.17549435e-38f ? 0.0f : y;
+    const float e = exp2f(y);
+    return e < 1.17549435e-38f ? 0.0f : e;
 #endif
 }
+__device__ __forceinline__ float exp_via_exp2_ftz(float x) { return exp2_ftz(x * kLog2e); }
 
 template <class T, bool kViaExp2 = false>
 __device__ __forceinline__ void probability_and_grad(T& p, T& ds, T r, T dp, T g, T cap, bool fp8,

@@ -131,21 +131,38 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
         float& m = tile_max[idx % 4 / 2];
         m = fmaxf(m, s[idx / 4][idx % 4]);
     }
-    float m_ref[2], alpha[2];
+    float m_new[2], m_ref[2];
+    bool moved = false;
     QK_UNROLL
     for (int r = 0; r < 2; ++r) {
         const float m_tile = plain ? gain * quad_max(tile_max[r]) : quad_max(tile_max[r]);
-        const float m_new = m_tile > st[r].m ? m_tile : st[r].m;
-        m_ref[r] = m_new == -INFINITY ? 0.0f : m_new;  // nothing finite yet: e = 0, not NaN
-        alpha[r] = exp_via_exp2(st[r].m - m_ref[r]);
-        st[r].m = m_new;
+        m_new[r] = m_tile > st[r].m ? m_tile : st[r].m;
+        m_ref[r] = m_new[r] == -INFINITY ? 0.0f : m_new[r];  // nothing finite yet: e = 0, not NaN
+        moved = moved || m_new[r] != st[r].m;
         if (kSignals) {
             const float abs_tile = quad_max(tile_abs[r]);
             st[r].max_abs = abs_tile > st[r].max_abs ? abs_tile : st[r].max_abs;
         }
-        st[r].l *= alpha[r];
-        st[r].w *= alpha[r];
     }
+    // Where no row of the warp has a new max, α = exp(m − m') is exactly 1 (or 0 on a row that
+    // has seen no finite logit, whose o, l and w are 0 or NaN, which 0 keeps): the rescaling would
+    // leave every bit as it is, so the warp skips it. Down a long row the max soon settles, and
+    // most tiles skip it.
+    if (__any_sync(kFullMask, moved)) {
+        QK_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const float alpha = exp_via_exp2(st[r].m - m_ref[r]);
+            st[r].l *= alpha;
+            st[r].w *= alpha;
+            QK_UNROLL
+            for (int d = 0; d < kDTiles; ++d) {  // registers 2r, 2r + 1: row r of the lane's pair
+                o[d][2 * r] *= alpha;
+                o[d][2 * r + 1] *= alpha;
+            }
+        }
+    }
+    st[0].m = m_new[0];
+    st[1].m = m_new[1];
     if (plain) {
         QK_UNROLL
         for (int idx = 0; idx < kKeys / 2; ++idx) {
@@ -165,8 +182,6 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
             s[j][i] = e;
         }
     }
-    QK_UNROLL
-    for (int idx = 0; idx < kDTiles * 4; ++idx) o[idx / 4][idx % 4] *= alpha[idx % 4 / 2];
 }
 
 // Blocks per SM asked of the register allocator (__launch_bounds__): more warps to hide the

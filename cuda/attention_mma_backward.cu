@@ -68,19 +68,21 @@ void attention_delta_round(float* delta, H* dout_h, const float* dout, RowStride
 
 using tc::kThreads;
 constexpr int kTile = tc::kTileRows;
+constexpr int kStats =
+    4;  // the dK/dV kernel's statistics a query: lse_hi, lse_lo, lse_lo·log2 e, D_i
 
 // The statistics of the 4 pairs a lane holds in one 8-column block of a warp's 16 × 64 block
 // (register i: row lane / 4 + 8·(i / 2), column 2·(lane % 4) + i % 2): the query's lse split in
-// two floats (as on the cpu) and D_i.
+// two floats (as on the cpu), the low one also times log2 e, and D_i.
 struct QuadStats {
-    float lse_hi[4], lse_lo[4], delta[4];
+    float lse_hi[4], lse_lo[4], lse_lo_log2e[4], delta[4];
 };
 
-// rule(p, ds, r, dp, lse_hi, lse_lo, D_i) on every pair of the block, s and dp left holding p and
-// ds. kTested: each pair is asked visible(row, column) first and its query's lse checked (0 for
-// both where hidden, or where the row sees nothing); otherwise the rule runs unconditionally, a
-// straight line of arithmetic with no branch (the tiles off the mask's edge, nearly all of them,
-// where every row sees keys: its lse is finite, or NaN from non-finite inputs, which p carries).
+// rule(p, ds, r, dp, stats, i) on every pair of the block, s and dp left holding p and ds. kTested:
+// each pair is asked visible(row, column) first and its query's lse checked (0 for both where
+// hidden, or where the row sees nothing); otherwise the rule runs unconditionally, a straight line
+// of arithmetic with no branch (the tiles off the mask's edge, nearly all of them, where every row
+// sees keys: its lse is finite, or NaN from non-finite inputs, which p carries).
 template <bool kTested, class Stats, class Visible, class Rule>
 __device__ __forceinline__ void each_pair(float (&s)[kTile / 8][4], float (&dp)[kTile / 8][4],
                                           const Stats& stats, const Visible& visible,
@@ -94,7 +96,7 @@ __device__ __forceinline__ void each_pair(float (&s)[kTile / 8][4], float (&dp)[
             float p = 0, ds = 0;
             if (!kTested || (visible(lane / 4 + 8 * (i / 2), 8 * block + 2 * (lane % 4) + i % 2) &&
                              st.lse_hi[i] != -INFINITY))
-                rule(p, ds, s[block][i], dp[block][i], st.lse_hi[i], st.lse_lo[i], st.delta[i]);
+                rule(p, ds, s[block][i], dp[block][i], st, i);
             s[block][i] = p;
             dp[block][i] = ds;
         }
@@ -105,9 +107,11 @@ __device__ __forceinline__ void each_pair(float (&s)[kTile / 8][4], float (&dp)[
 // holding p, dp holding ds (0 where hidden). stats(block) gives a QuadStats; visible_of() the
 // tile's visible(row, column), whether a pair is seen, made on the tested path only (the compiler
 // computed a mask made outside ahead of the branch, for the plain tiles too); masked false: every
-// pair of the block is visible. Without a cap or FP8
-// logits on such a block (the common case) p = exp(g·r − lse) and ds = p (dp − D_i) are all there
-// is; else each pair goes through the full rule.
+// pair of the block is visible. Without a cap or FP8 logits on such a block (the common case)
+// p = exp(g·r − lse) and ds = p (dp − D_i) are all there is; else each pair goes through the full
+// rule. The plain rule's exponent, (g·r − lse_hi) − lse_lo, goes to exp2 as
+// (g·r − lse_hi)·log2 e − lse_lo·log2 e: two fused multiply-adds, each rounded once, where the
+// subtraction and the multiply by log2 e were two roundings and two instructions.
 template <class Stats, class VisibleOf>
 __device__ __forceinline__ void probabilities_and_grads(float (&s)[kTile / 8][4],
                                                         float (&dp)[kTile / 8][4], bool masked,
@@ -117,17 +121,18 @@ __device__ __forceinline__ void probabilities_and_grads(float (&s)[kTile / 8][4]
     if (!masked && cap == 0 && !fp8) {
         each_pair<false>(
             s, dp, stats, [](int, int) { return true; },
-            [&](float& p, float& ds, float r, float d, float lse_hi, float lse_lo, float delta) {
-                p = exp_via_exp2_ftz((g * r - lse_hi) - lse_lo);
+            [&](float& p, float& ds, float r, float d, const QuadStats& st, int i) {
+                p = exp2_ftz(fmaf(fmaf(g, r, -st.lse_hi[i]), kLog2e, -st.lse_lo_log2e[i]));
                 p = p < 1.0f ? p : 1.0f;  // a p above 1 is rounding: ops/attention.cpp
-                ds = p == 0.0f ? 0.0f : p * (d - delta);
+                ds = p == 0.0f ? 0.0f : p * (d - st.delta[i]);
             });
     } else {
         const auto visible = visible_of();
         each_pair<true>(
             s, dp, stats, [&](int row, int col) { return !masked || visible(row, col); },
-            [&](float& p, float& ds, float r, float d, float lse_hi, float lse_lo, float delta) {
-                probability_and_grad<float, true>(p, ds, r, d, g, cap, fp8, lse_hi, lse_lo, delta);
+            [&](float& p, float& ds, float r, float d, const QuadStats& st, int i) {
+                probability_and_grad<float, true>(p, ds, r, d, g, cap, fp8, st.lse_hi[i],
+                                                  st.lse_lo[i], st.delta[i]);
             });
     }
 }
@@ -177,8 +182,9 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
     uint16_t* stages = v_s + kTile * D;
     auto q_s = [&](int st) { return stages + st * 2 * kTile * D; };     // (64, D)
     auto do_s = [&](int st) { return q_s(st) + kTile * D; };            // (64, D)
-    float* stats_s = reinterpret_cast<float*>(stages + 4 * kTile * D);  // (2, 3, 64)
-    float* handover_s = stats_s + 2 * 3 * kTile;  // kSplit: (4 warps, 32 values, 32 lanes) of Sᵀ
+    float* stats_s = reinterpret_cast<float*>(stages + 4 * kTile * D);  // (2, kStats, 64)
+    float* handover_s =
+        stats_s + 2 * kStats * kTile;  // kSplit: (4 warps, 32 values, 32 lanes) of Sᵀ
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     const int key_warp = warp % tc::kWarps;                // this warp's keys: 16 of the 64
     const bool takes_dv = !kSplit || warp < tc::kWarps;    // split: else this warp takes dK
@@ -206,13 +212,15 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
         }
         mma::cp_async_commit();
         if (threadIdx.x >= kTile) return;
-        float* stats = stats_s + st * 3 * kTile;
+        float* stats = stats_s + st * kStats * kTile;
         const bool in = threadIdx.x < rows;
         const int64_t at = bh * sh.Tq + i0 + threadIdx.x;
         const double row_lse = in ? lse[at] : -INFINITY;
+        const float lse_lo = in ? float(row_lse - double(float(row_lse))) : 0.0f;
         stats[threadIdx.x] = float(row_lse);
-        stats[kTile + threadIdx.x] = in ? float(row_lse - double(float(row_lse))) : 0.0f;
-        stats[2 * kTile + threadIdx.x] = in ? delta[at] : 0.0f;
+        stats[kTile + threadIdx.x] = lse_lo;
+        stats[2 * kTile + threadIdx.x] = lse_lo * kLog2e;
+        stats[3 * kTile + threadIdx.x] = in ? delta[at] : 0.0f;
     };
     if (tiles > 0)
         load_tile(0, 0);  // one group with the keys and values
@@ -232,7 +240,7 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
         __syncthreads();
         const int64_t bh = first_bh + n / per_head, i0 = first_row + (n % per_head) * kTile;
         const float g = gain_per_tile ? scale[(bh % sh.heads) * scale_stride] : block_gain;
-        const float* stats = stats_s + st * 3 * kTile;  // lse_hi, lse_lo, D_i by query
+        const float* stats = stats_s + st * kStats * kTile;  // lse_hi, lse_lo, ·log2 e, D_i
         // s: Sᵀ in, Pᵀ out; dp: dPᵀ in, dSᵀ out.
         auto rule = [&](float(&s)[kTile / 8][4], float(&dp)[kTile / 8][4]) {
             probabilities_and_grads(
@@ -241,9 +249,11 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
                     const int c = 8 * block + 2 * (lane % 4);
                     const float2 hi = *reinterpret_cast<const float2*>(stats + c),
                                  lo = *reinterpret_cast<const float2*>(stats + kTile + c),
-                                 dd = *reinterpret_cast<const float2*>(stats + 2 * kTile + c);
+                                 l2 = *reinterpret_cast<const float2*>(stats + 2 * kTile + c),
+                                 dd = *reinterpret_cast<const float2*>(stats + 3 * kTile + c);
                     return QuadStats{{hi.x, hi.y, hi.x, hi.y},
                                      {lo.x, lo.y, lo.x, lo.y},
+                                     {l2.x, l2.y, l2.x, l2.y},
                                      {dd.x, dd.y, dd.x, dd.y}};
                 },
                 [&] {  // the keys are the rows, this warp's 16 of the block's 64
@@ -339,13 +349,14 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         load_keys(0, key_begin);  // one group with q and dO
     else
         mma::cp_async_commit();
-    float lse_hi[2], lse_lo[2], row_delta[2];  // this lane's rows g and g + 8
+    float lse_hi[2], lse_lo[2], lse_lo_log2e[2], row_delta[2];  // this lane's rows g and g + 8
     QK_UNROLL
     for (int r = 0; r < 2; ++r) {
         const int64_t i = i0 + 16 * warp + lane / 4 + 8 * r;
         const double row_lse = i < sh.Tq ? lse[bh * sh.Tq + i] : -INFINITY;
         lse_hi[r] = float(row_lse);
         lse_lo[r] = i < sh.Tq ? float(row_lse - double(lse_hi[r])) : 0.0f;
+        lse_lo_log2e[r] = lse_lo[r] * kLog2e;
         row_delta[r] = i < sh.Tq ? delta[bh * sh.Tq + i] : 0.0f;
     }
     float dq_acc[D / 8][4] = {};
@@ -364,9 +375,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         probabilities_and_grads(
             s, dp, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
             [&](int) {  // the rows are this lane's two
-                return QuadStats{{lse_hi[0], lse_hi[0], lse_hi[1], lse_hi[1]},
-                                 {lse_lo[0], lse_lo[0], lse_lo[1], lse_lo[1]},
-                                 {row_delta[0], row_delta[0], row_delta[1], row_delta[1]}};
+                return QuadStats{
+                    {lse_hi[0], lse_hi[0], lse_hi[1], lse_hi[1]},
+                    {lse_lo[0], lse_lo[0], lse_lo[1], lse_lo[1]},
+                    {lse_lo_log2e[0], lse_lo_log2e[0], lse_lo_log2e[1], lse_lo_log2e[1]},
+                    {row_delta[0], row_delta[0], row_delta[1], row_delta[1]}};
             },
             [&] {
                 const tc::TileMask mask = tc::tile_mask(i0 + 16 * warp, j0, sh);
@@ -396,7 +409,7 @@ void launch_backward(float* dq, float* dk, float* dv, const float* delta, const 
         const dim3 grid(static_cast<unsigned>((sh.Tk + kTile - 1) / kTile),
                         static_cast<unsigned>(sh.batch_heads / sh.heads * sh.kv_heads));
         const size_t handover = kSplitKeys<D> ? size_t(kTile) / 2 * kThreads * sizeof(float) : 0;
-        const size_t smem = tiles + 2 * 3 * kTile * sizeof(float) + handover;
+        const size_t smem = tiles + 2 * kStats * kTile * sizeof(float) + handover;
         tc::allow_shared_memory(attention_dkdv_mma_kernel<H, D>, smem,
                                 "attention backward (dK, dV)");
         // Per key tile: q and dO of every query tile that sees it; k, v once, dk, dv out.
