@@ -360,6 +360,10 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         row_delta[r] = i < sh.Tq ? delta[bh * sh.Tq + i] : 0.0f;
     }
     float dq_acc[D / 8][4] = {};
+    // The block's q and dO as A fragments, read once, as the forward keeps q (at D = 256 they
+    // would not fit beside the gradient: read from shared memory at each use).
+    constexpr bool kRowsInRegisters = D <= 128;
+    uint32_t q_frag[kRowsInRegisters ? D / 16 : 1][4], do_frag[kRowsInRegisters ? D / 16 : 1][4];
     int st = 0;
     for (int64_t j0 = key_begin; j0 < key_end; j0 += kTile, st ^= 1) {
         if (j0 + kTile < key_end) {
@@ -370,8 +374,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         }
         __syncthreads();
         float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
-        tc::mma_rows_by_tile<H, D>(s, q_s, 16 * warp, k_s(st));    // S = Q Kᵀ
-        tc::mma_rows_by_tile<H, D>(dp, do_s, 16 * warp, v_s(st));  // dP = dO Vᵀ
+        if constexpr (kRowsInRegisters) {
+            if (j0 == key_begin) {
+                tc::load_row_fragments<D>(q_frag, q_s, 16 * warp);
+                tc::load_row_fragments<D>(do_frag, do_s, 16 * warp);
+            }
+            tc::mma_rows_by_tile<H, D>(s, q_frag, k_s(st));    // S = Q Kᵀ
+            tc::mma_rows_by_tile<H, D>(dp, do_frag, v_s(st));  // dP = dO Vᵀ
+        } else {
+            tc::mma_rows_by_tile<H, D>(s, q_s, 16 * warp, k_s(st));    // S = Q Kᵀ
+            tc::mma_rows_by_tile<H, D>(dp, do_s, 16 * warp, v_s(st));  // dP = dO Vᵀ
+        }
         probabilities_and_grads(
             s, dp, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
             [&](int) {  // the rows are this lane's two
