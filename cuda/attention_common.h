@@ -12,7 +12,7 @@
 namespace qk::cuda {
 
 // Whether row i sees key j (AttentionShape: the causal mask and the sliding window).
-__device__ __forceinline__ bool sees(int64_t i, int64_t j, const AttentionShape& sh) {
+__host__ __device__ __forceinline__ bool sees(int64_t i, int64_t j, const AttentionShape& sh) {
     return j >= sh.first_key(i) && j < sh.end_key(i);
 }
 

@@ -231,6 +231,7 @@ __global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>(
         __syncthreads();
     }
     const bool plain_rules = cap == 0 && !sh.fp8_logits;
+    const tc::FullyVisibleKeys full_keys = tc::fully_visible_keys(i0, sh);
     uint32_t q_frag[D <= 128 ? D / 16 : 1][4];  // D = 256: read from q_s at each use instead
     float o[kDTiles][4] = {};
     RowState st[2];
@@ -245,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>(
         } else {
             tc::mma_rows_by_tile<H, D>(s, q_s, 16 * warp, k_s);
         }
-        const bool masked = !tc::tile_fully_visible(i0, j0, sh);
+        const bool masked = !full_keys.has(j0);
         online_softmax<kSignals>(  // step 2
             s, o, st, masked, [&] { return tc::tile_mask(i0 + 16 * warp, j0, sh); }, plain_rules,
             gain, cap, sh);
@@ -292,6 +293,27 @@ __global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>(
 }  // namespace
 
 bool attention_mma_supports(int64_t D) { return D == 64 || D == 128 || D == 256; }
+
+int64_t attention_mma_mask_mismatches(const AttentionShape& sh) {
+    int64_t wrong = 0;
+    for (int64_t i0 = 0; i0 < sh.Tq; i0 += kBlockRows)
+        for (int64_t j0 = 0; j0 < sh.Tk; j0 += kKeys) {
+            bool every = true;
+            for (int64_t w0 = i0; w0 < i0 + kBlockRows; w0 += 16) {  // a warp's rows
+                const tc::TileMask mask = tc::tile_mask(w0, j0, sh);
+                for (int qi = 0; qi < 16; ++qi)
+                    for (int kj = 0; kj < kKeys; ++kj) {
+                        const int64_t i = w0 + qi, j = j0 + kj;
+                        const bool seen = i < sh.Tq && j < sh.Tk && sees(i, j, sh);
+                        every = every && seen;
+                        wrong += mask.sees(qi, kj) != seen;
+                    }
+            }
+            wrong += tc::fully_visible_keys(i0, sh).has(j0) != every;
+            wrong += tc::fully_visible_queries(j0, sh).has(i0) != every;
+        }
+    return wrong;
+}
 
 namespace {
 

@@ -156,8 +156,8 @@ __device__ __forceinline__ void mma_scores_by_tile(float (&acc)[D / 8][4],
 
 // Whether every (row, key) pair of rows [i0, i0 + 64) and keys [j0, j0 + 64) is visible: no
 // ragged end, no causal diagonal, no window edge crosses the tile (else each pair is tested).
-__device__ __forceinline__ bool tile_fully_visible(int64_t i0, int64_t j0,
-                                                   const AttentionShape& sh) {
+__host__ __device__ __forceinline__ bool tile_fully_visible(int64_t i0, int64_t j0,
+                                                            const AttentionShape& sh) {
     return i0 + kTileRows <= sh.Tq && j0 + kTileRows <= sh.end_key(i0) &&
            j0 >= sh.first_key(i0 + kTileRows - 1);
 }
@@ -175,20 +175,58 @@ struct TileMask {
     int queries, keys;                          // qi < queries and kj < keys: inside Tq and Tk
     int lowest, highest;                        // lowest <= kj − qi <= highest
 
-    static __device__ __forceinline__ TileMask everything() { return {kFar, kFar, -kFar, kFar}; }
-    __device__ __forceinline__ bool sees(int qi, int kj) const {
+    static __host__ __device__ __forceinline__ TileMask everything() {
+        return {kFar, kFar, -kFar, kFar};
+    }
+    __host__ __device__ __forceinline__ bool sees(int qi, int kj) const {
         return qi < queries && kj < keys && kj - qi >= lowest && kj - qi <= highest;
     }
 };
 
-__device__ __forceinline__ TileMask tile_mask(int64_t i_base, int64_t j_base,
-                                              const AttentionShape& sh) {
+__host__ __device__ __forceinline__ TileMask tile_mask(int64_t i_base, int64_t j_base,
+                                                       const AttentionShape& sh) {
     constexpr int64_t kFar = TileMask::kFar;
     auto clamp = [](int64_t x) { return int(x < -kFar ? -kFar : x > kFar ? kFar : x); };
     const int64_t diagonal = i_base - j_base + (sh.Tk - sh.Tq);  // kj − qi of j = i + Tk − Tq
     return {clamp(sh.Tq - i_base), clamp(sh.Tk - j_base),
             sh.window > 0 ? clamp(diagonal + 1 - sh.window) : -int(kFar),
             sh.causal ? clamp(diagonal) : int(kFar)};
+}
+
+// tile_fully_visible(i0, ·, sh) for a block whose query rows [i0, i0 + 64) are fixed: the key
+// tiles [first, end) that lie wholly inside every row's view, found once, so that each tile asks
+// two compares (the compiler had recomputed the rows' ends at every tile).
+struct FullyVisibleKeys {
+    int64_t first, end;  // end <= first: none
+    __host__ __device__ __forceinline__ bool has(int64_t j0) const {
+        return j0 >= first && j0 + kTileRows <= end;
+    }
+};
+__host__ __device__ __forceinline__ FullyVisibleKeys fully_visible_keys(int64_t i0,
+                                                                        const AttentionShape& sh) {
+    const int64_t first = sh.first_key(i0 + kTileRows - 1);
+    return {first, i0 + kTileRows <= sh.Tq ? sh.end_key(i0) : first};
+}
+
+// The same for a block whose keys [j0, j0 + 64) are fixed (dK, dV): the query tiles i0 in
+// [first, last] for which tile_fully_visible(i0, j0, sh) holds. Its three conditions, with
+// shift = Tk − Tq: i0 + 64 <= Tq; j0 + 64 <= end_key(i0), that is j0 + 64 <= Tk and, causal,
+// i0 >= j0 + 63 − shift; j0 >= first_key(i0 + 63), with a window i0 <= j0 − 64 − shift + window.
+struct FullyVisibleQueries {
+    int64_t first, last;  // last < first: none
+    __host__ __device__ __forceinline__ bool has(int64_t i0) const {
+        return i0 >= first && i0 <= last;
+    }
+};
+__host__ __device__ __forceinline__ FullyVisibleQueries
+fully_visible_queries(int64_t j0, const AttentionShape& sh) {
+    const int64_t shift = sh.Tk - sh.Tq;
+    if (j0 + kTileRows > sh.Tk) return {1, 0};
+    const int64_t first = sh.causal ? j0 + kTileRows - 1 - shift : 0;
+    const int64_t by_window = j0 - kTileRows - shift + sh.window;
+    const int64_t last =
+        sh.window > 0 && by_window < sh.Tq - kTileRows ? by_window : sh.Tq - kTileRows;
+    return {first, last};
 }
 
 // For a kernel with > 48 KB of dynamic shared memory: raises its limit, or says the GPU is short.

@@ -202,6 +202,7 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
     // One g for every tile of the block (a scale number, or one query head per key head): dK is
     // multiplied by it once, at the end, where each tile's g·dSᵀ cost a multiply per pair.
     const bool gain_per_tile = scale_stride != 0 && group > 1;
+    const tc::FullyVisibleQueries full_queries = tc::fully_visible_queries(j0, sh);
     const float block_gain = scale[(first_bh % sh.heads) * scale_stride];
     auto load_tile = [&](int st, int64_t n) {  // q, dO (asynchronous) and the stats of tile n
         const int64_t bh = first_bh + n / per_head, i0 = first_row + (n % per_head) * kTile;
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
         // s: Sᵀ in, Pᵀ out; dp: dPᵀ in, dSᵀ out.
         auto rule = [&](float(&s)[kTile / 8][4], float(&dp)[kTile / 8][4]) {
             probabilities_and_grads(
-                s, dp, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
+                s, dp, !full_queries.has(i0), g, cap, sh.fp8_logits,
                 [&](int block) {  // the queries are the columns: two adjacent ones per lane
                     const int c = 8 * block + 2 * (lane % 4);
                     const float2 hi = *reinterpret_cast<const float2*>(stats + c),
@@ -360,6 +361,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         row_delta[r] = i < sh.Tq ? delta[bh * sh.Tq + i] : 0.0f;
     }
     float dq_acc[D / 8][4] = {};
+    const tc::FullyVisibleKeys full_keys = tc::fully_visible_keys(i0, sh);
     // The block's q and dO as A fragments, read once, as the forward keeps q (at D = 256 they
     // would not fit beside the gradient: read from shared memory at each use).
     constexpr bool kRowsInRegisters = D <= 128;
@@ -386,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
             tc::mma_rows_by_tile<H, D>(dp, do_s, 16 * warp, v_s(st));  // dP = dO Vᵀ
         }
         probabilities_and_grads(
-            s, dp, !tc::tile_fully_visible(i0, j0, sh), g, cap, sh.fp8_logits,
+            s, dp, !full_keys.has(j0), g, cap, sh.fp8_logits,
             [&](int) {  // the rows are this lane's two
                 return QuadStats{
                     {lse_hi[0], lse_hi[0], lse_hi[1], lse_hi[1]},

@@ -131,6 +131,11 @@ void attention_backward(T* dq, T* dk, T* dv, T* dscale, T* delta, const T* dout,
 // out's values rounded to H, written beside them in out's layout (c_proj's input, rounded in the
 // same pass: ops/rounded_copy.h).
 bool attention_mma_supports(int64_t D);
+// For tests, on the host: how many answers of the tensor-core kernels' tile masks (the tile's
+// per-pair mask and the blocks' ranges of fully visible tiles, cuda/attention_mma.h) differ from
+// the per-pair rule (row i < Tq sees key j < Tk when first_key(i) <= j < end_key(i)), over every
+// 64 × 64 tile of the shape, asked as each kernel asks.
+int64_t attention_mma_mask_mismatches(const AttentionShape& shape);
 template <class H>
 void attention_forward_mma(float* out, double* lse, float* max_abs_s, float* entropy,
                            float* saturated, const H* q, const H* k, const H* v, const float* scale,

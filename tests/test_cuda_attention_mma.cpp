@@ -207,6 +207,29 @@ TEST_CASE(
     check_forward<bf16>({2, 2, 2, 1, 300, 64}, seed += 10);   // one new token against a KV cache
 }
 
+TEST_CASE("tensor-core attention's tile masks give the per-pair rule's answers") {
+    // Each tile's mask in 32-bit offsets, and the ranges of tiles every pair of which is seen
+    // (the plain rule's), against first_key(i) <= j < end_key(i) pair by pair: ragged ends, Tq
+    // below and above Tk, windows narrower and wider than a tile.
+    const int64_t lengths[] = {1,  2,   63,  64,  65,
+                               66, 128, 130, 257, 400};  // every shift mod 64 near 0
+    int64_t shapes = 0;
+    for (int64_t Tq : lengths)
+        for (int64_t Tk : lengths)
+            for (bool causal : {false, true})
+                for (int64_t window : {0, 1, 20, 63, 64, 65, 150}) {
+                    if (causal && Tq > Tk) continue;
+                    const AttentionShape sh{1, 1, 1, Tq, Tk, 64, causal, window};
+                    CAPTURE(Tq);
+                    CAPTURE(Tk);
+                    CAPTURE(causal);
+                    CAPTURE(window);
+                    CHECK(cuda::attention_mma_mask_mismatches(sh) == 0);
+                    ++shapes;
+                }
+    CHECK(shapes == 1085);
+}
+
 TEST_CASE("tensor-core attention forward: grouped-query heads, windows, caps, scales, FP8, fp16") {
     if (!cuda_device_or_skip()) return;
     uint64_t seed = 300;
