@@ -204,8 +204,17 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
     const bool gain_per_tile = scale_stride != 0 && group > 1;
     const tc::FullyVisibleQueries full_queries = tc::fully_visible_queries(j0, sh);
     const float block_gain = scale[(first_bh % sh.heads) * scale_stride];
-    auto load_tile = [&](int st, int64_t n) {  // q, dO (asynchronous) and the stats of tile n
-        const int64_t bh = first_bh + n / per_head, i0 = first_row + (n % per_head) * kTile;
+    // Tile n's (head, first row), walked: the next tile is the next 64 rows, or the first rows of
+    // the next head.
+    struct TilePlace {
+        int64_t bh, i0;
+    };
+    auto after = [&](TilePlace at) {
+        return at.i0 + kTile < end_row ? TilePlace{at.bh, at.i0 + kTile}
+                                       : TilePlace{at.bh + 1, first_row};
+    };
+    auto load_tile = [&](int st, TilePlace place) {  // q, dO (asynchronous) and a tile's stats
+        const int64_t bh = place.bh, i0 = place.i0;
         const int64_t rows = sh.Tq - i0 < kTile ? sh.Tq - i0 : kTile;
         if (loads) {
             tc::load_tile_async<D>(q_s(st), q + (bh * sh.Tq + i0) * D, rows);
@@ -224,22 +233,23 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
         stats[3 * kTile + threadIdx.x] = in ? delta[at] : 0.0f;
     };
     if (tiles > 0)
-        load_tile(0, 0);  // one group with the keys and values
+        load_tile(0, {first_bh, first_row});  // one group with the keys and values
     else
         mma::cp_async_commit();
     // This warp's gradients of its 16 keys: dV in `first`, dK in `second`; split, the one it takes
     // in `first`.
     float first[D / 8][4] = {}, second[kSplit ? 1 : D / 8][4] = {};
-    for (int64_t n = 0; n < tiles; ++n) {
+    TilePlace here{first_bh, first_row};
+    for (int64_t n = 0; n < tiles; ++n, here = after(here)) {
         const int st = int(n % 2);
         if (n + 1 < tiles) {
-            load_tile(st ^ 1, n + 1);
+            load_tile(st ^ 1, after(here));
             mma::cp_async_wait<1>();  // this tile's group is in, the next one may not be
         } else {
             mma::cp_async_wait<0>();
         }
         __syncthreads();
-        const int64_t bh = first_bh + n / per_head, i0 = first_row + (n % per_head) * kTile;
+        const int64_t bh = here.bh, i0 = here.i0;
         const float g = gain_per_tile ? scale[(bh % sh.heads) * scale_stride] : block_gain;
         const float* stats = stats_s + st * kStats * kTile;  // lse_hi, lse_lo, ·log2 e, D_i
         // s: Sᵀ in, Pᵀ out; dp: dPᵀ in, dSᵀ out.
