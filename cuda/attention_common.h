@@ -34,8 +34,9 @@ __device__ __forceinline__ T logit_used(T z, bool fp8) {
 struct KeyTileReaders {
     int64_t first_row, end_row, first_bh, group;
 };
-__device__ __forceinline__ KeyTileReaders key_tile_readers(int64_t kvh, int64_t j0, int64_t cols,
-                                                           const AttentionShape& sh) {
+__host__ __device__ __forceinline__ KeyTileReaders key_tile_readers(int64_t kvh, int64_t j0,
+                                                                    int64_t cols,
+                                                                    const AttentionShape& sh) {
     const int64_t shift = sh.Tk - sh.Tq;
     int64_t first_row = sh.causal ? j0 - shift : 0;
     first_row = first_row < 0 ? 0 : first_row;

@@ -13,8 +13,8 @@
 //      block of rows g and g + 8 (cuda/mma.h), so a row's max is a max over the 4 lanes of group g
 //      (two xor shuffles); m moves, l, w and the output are rescaled by α = exp(m − m'), and each
 //      logit becomes e = exp(z − m') (as 2^((z − m')·log2 e): one multiply before the exp2).
-//      On a tile off the mask's edge without a cap or FP8 logits, z − m' is one fused
-//      multiply-add from r, and the loops over the 32 values hold only that.
+//      On a tile off the mask's edge without a cap or FP8 logits (outside the signals' variant),
+//      z − m' is one fused multiply-add from r, and the loops over the 32 values hold only that.
 //   3. O += P V: the e of two adjacent 8-key blocks are exactly an A fragment of P (16 rows × 16
 //      keys) once rounded to H — no trip through shared memory — and V's rows are keys, so its B
 //      fragments come from ldmatrix .trans; D/8 · 4 mma.
@@ -111,13 +111,20 @@ __device__ __forceinline__ void logits(float (&s)[kKeys / 8][4], RowState (&st)[
 // The plain tile (every pair visible, no cap, FP8 logits or signals; nearly every tile of a long
 // causal run) never forms s. Its max is g·max r, which is max s to the bit (g ≥ 0 and rounding is
 // monotone), and each exponent z − m' is one fused multiply-add from r, rounded once where
-// s − m' rounded twice (docs/cuda.md, "Counting instructions without a GPU").
+// s − m' rounded twice (docs/cuda.md, "Counting instructions without a GPU"). The exact product
+// g·r of the max's own pair then differs from m' = fl(g·max r) by up to |m'|·2⁻²⁴, which its e
+// carries as exp(±|m'|·2⁻²⁴): harmless below kFusedExponentLimit, where the warp takes the plain
+// path; a max beyond it (or ±inf, NaN: g·r overflowing) forms s = fl(g·r) after all, so that the
+// max's e is 1 exactly and an overflow is NaN, as on the cpu.
 // plain_rules: no cap and no FP8 logits (the kernel's, decided once).
+// See online_softmax: a row max of at least this much takes a plain tile's exponent from s = g·r.
+constexpr float kFusedExponentLimit = 0x1p16f;  // |m'|·2⁻²⁴ <= 2⁻⁸
+
 template <bool kSignals, int kDTiles, class MaskOf>
 __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4], RowState (&st)[2],
                                bool masked, const MaskOf& mask_of, bool plain_rules, float gain,
                                float cap, const AttentionShape& sh) {
-    const bool plain = !kSignals && !masked && plain_rules;
+    bool plain = !kSignals && !masked && plain_rules;
     float tile_abs[2] = {0, 0};
     if (!plain && masked)  // two straight lines: asked inside one, `masked` cost a select a value
         logits<kSignals, true>(s, st, tile_abs, mask_of(), gain, cap, sh);
@@ -132,24 +139,32 @@ __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4],
         m = fmaxf(m, s[idx / 4][idx % 4]);
     }
     float m_new[2], m_ref[2];
-    bool moved = false;
+    bool moved = false, large = false;
     QK_UNROLL
     for (int r = 0; r < 2; ++r) {
         const float m_tile = plain ? gain * quad_max(tile_max[r]) : quad_max(tile_max[r]);
         m_new[r] = m_tile > st[r].m ? m_tile : st[r].m;
         m_ref[r] = m_new[r] == -INFINITY ? 0.0f : m_new[r];  // nothing finite yet: e = 0, not NaN
         moved = moved || m_new[r] != st[r].m;
+        large = large || !(fabsf(m_new[r]) < kFusedExponentLimit);
         if (kSignals) {
             const float abs_tile = quad_max(tile_abs[r]);
             st[r].max_abs = abs_tile > st[r].max_abs ? abs_tile : st[r].max_abs;
         }
     }
     // Where no row of the warp has a new max, α = exp(m − m') is exactly 1 (or 0 on a row that
-    // has seen no finite logit, whose o, l and w are 0 or NaN, which 0 keeps): the rescaling would
-    // leave every bit as it is, so the warp skips it. With random logits tile k raises a row's max
-    // with probability 1/k: at T = 4096, 2 tiles in 5 of a causal run skip (more where the max
-    // settles early, as on an attention sink).
-    if (__any_sync(kFullMask, moved)) {
+    // has seen no finite logit, whose o, l and w are 0 or NaN, which 0 keeps; NaN on a row whose
+    // max is +inf, whose l is NaN since the tile that brought the +inf): the rescaling would
+    // leave every value as it is, so the warp skips it. With random logits tile k raises a row's
+    // max with probability 1/k: at T = 4096, 2 tiles in 5 of a causal run skip (more where the max
+    // settles early, as on an attention sink). One vote asks both questions on the plain path.
+    if (__any_sync(kFullMask, moved || (plain && large))) {
+        if (plain && __any_sync(kFullMask, large)) {  // s = fl(g·r) after all (see above)
+            plain = false;
+            QK_UNROLL
+            for (int idx = 0; idx < kKeys / 2; ++idx)
+                s[idx / 4][idx % 4] = __fmul_rn(s[idx / 4][idx % 4], gain);  // not fused below
+        }
         QK_UNROLL
         for (int r = 0; r < 2; ++r) {
             const float alpha = exp_via_exp2(st[r].m - m_ref[r]);
@@ -224,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>(
     if (key_begin < key_end) load_keys(k_s, k, key_begin);  // one group: q and the first keys
     if (key_begin < key_end) load_keys(v_s, v, key_begin);
 
-    if (signed_gain < 0 && key_begin < key_end) {  // g·r = |g|·((−q)·k), the same bits
+    if (signed_gain < 0 && key_begin < key_end) {  // g·r = |g|·((−q)·k), an exact 0's sign aside
         mma::cp_async_wait<1>();                   // q (and the first key tile) are in
         __syncthreads();
         tc::negate_tile<D>(q_s);
@@ -295,23 +310,38 @@ __global__ void __launch_bounds__(kThreads, (forward_blocks_per_sm<D, kSignals>(
 bool attention_mma_supports(int64_t D) { return D == 64 || D == 128 || D == 256; }
 
 int64_t attention_mma_mask_mismatches(const AttentionShape& sh) {
+    auto seen = [&](int64_t i, int64_t j) { return i < sh.Tq && j < sh.Tk && sees(i, j, sh); };
     int64_t wrong = 0;
+    // The forward and dQ: query blocks at multiples of 64, a mask per warp's 16 rows.
     for (int64_t i0 = 0; i0 < sh.Tq; i0 += kBlockRows)
         for (int64_t j0 = 0; j0 < sh.Tk; j0 += kKeys) {
             bool every = true;
-            for (int64_t w0 = i0; w0 < i0 + kBlockRows; w0 += 16) {  // a warp's rows
+            for (int64_t w0 = i0; w0 < i0 + kBlockRows; w0 += 16) {
                 const tc::TileMask mask = tc::tile_mask(w0, j0, sh);
                 for (int qi = 0; qi < 16; ++qi)
                     for (int kj = 0; kj < kKeys; ++kj) {
-                        const int64_t i = w0 + qi, j = j0 + kj;
-                        const bool seen = i < sh.Tq && j < sh.Tk && sees(i, j, sh);
-                        every = every && seen;
-                        wrong += mask.sees(qi, kj) != seen;
+                        every = every && seen(w0 + qi, j0 + kj);
+                        wrong += mask.sees(qi, kj) != seen(w0 + qi, j0 + kj);
                     }
             }
             wrong += tc::fully_visible_keys(i0, sh).has(j0) != every;
+        }
+    // dK/dV: a key block's query tiles from the first row that sees it (any row, not a multiple
+    // of 64), one mask per tile, asked with the keys as rows.
+    for (int64_t j0 = 0; j0 < sh.Tk; j0 += kKeys) {
+        const int64_t cols = sh.Tk - j0 < kKeys ? sh.Tk - j0 : kKeys;
+        const KeyTileReaders readers = key_tile_readers(0, j0, cols, sh);
+        for (int64_t i0 = readers.first_row; i0 < readers.end_row; i0 += kBlockRows) {
+            const tc::TileMask mask = tc::tile_mask(i0, j0, sh);
+            bool every = true;
+            for (int kj = 0; kj < kKeys; ++kj)
+                for (int qi = 0; qi < kBlockRows; ++qi) {
+                    every = every && seen(i0 + qi, j0 + kj);
+                    wrong += mask.sees(qi, kj) != seen(i0 + qi, j0 + kj);
+                }
             wrong += tc::fully_visible_queries(j0, sh).has(i0) != every;
         }
+    }
     return wrong;
 }
 

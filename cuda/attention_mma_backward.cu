@@ -9,8 +9,9 @@
 //          the 64-row query tiles that see them, of every query head of the group, and per tile
 //          computes the transposed block: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys × 64 queries per
 //          warp), then Pᵀ and dSᵀ pair by pair (each query's lse and D_i from shared memory), and
-//          dV += Pᵀ dO, dK += g·dSᵀ Q — keys are the rows of every product, so the fragments of
-//          Pᵀ and dSᵀ feed the second mma straight from the accumulators, as P does in the forward;
+//          dV += Pᵀ dO, dK += g·dSᵀ Q (g applied once, after the sums, where one g serves every
+//          tile of the block) — keys are the rows of every product, so the fragments of Pᵀ and
+//          dSᵀ feed the second mma straight from the accumulators, as P does in the forward;
 //   dq     a block per 64 query rows, warp w owning rows 16w … 16w + 15, walking their key tiles:
 //          S = Q Kᵀ, dP = dO Vᵀ, then P and dS (the row's lse and D_i in registers), and
 //          dQ' += dS K; attention_finish_dq then multiplies by g and sums ∂loss/∂g.
@@ -283,7 +284,7 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
             tc::mma_rows_by_tile<H, D>(dpt, v_s, 16 * key_warp, do_s(st));    // dPᵀ = V dOᵀ
             rule(st_acc, dpt);
             tc::mma_scores_by_tile<H, D>(first, st_acc, do_s(st));  // dV += Pᵀ dO
-            tc::mma_scores_by_tile<H, D>(second, dpt, q_s(st));     // dK += g dSᵀ Q
+            tc::mma_scores_by_tile<H, D>(second, dpt, q_s(st));     // dK += (g) dSᵀ Q
         } else {
             // The dV warp leaves Sᵀ in shared memory, where both warps of the keys read it after
             // the barrier: across it each keeps 32 values a lane, not Sᵀ and dPᵀ both.
@@ -304,7 +305,7 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
                 tc::mma_scores_by_tile<H, D>(first, st_acc, do_s(st));  // dV += Pᵀ dO
             } else {
                 rule(st_acc, dpt);
-                tc::mma_scores_by_tile<H, D>(first, dpt, q_s(st));  // dK += g dSᵀ Q
+                tc::mma_scores_by_tile<H, D>(first, dpt, q_s(st));  // dK += (g) dSᵀ Q
             }
         }
         __syncthreads();  // every warp is done with this stage (and the handover) before reuse

@@ -230,6 +230,69 @@ TEST_CASE("tensor-core attention's tile masks give the per-pair rule's answers")
     CHECK(shapes == 1085);
 }
 
+namespace {
+
+// Logits past float32's integers (~1e9–1e10), and g·r overflowing float32 from a finite r: the
+// kernel against the cpu's, row by row. Finite rows: lse to float32's relative precision and the
+// output within 2^-7 of its values' scale (p is one-hot here, so o is a value row); rows whose
+// logits overflow: NaN, as on the cpu (a NaN row, never a row that looks as if it saw nothing).
+template <class H>
+void check_large_logits(double value_scale, float g, bool constant, int64_t T, bool causal,
+                        uint64_t seed) {
+    CAPTURE(value_scale);
+    CAPTURE(g);
+    const int64_t D = 64, BH = 2;
+    const AttentionShape sh{BH, BH, BH, T, T, D, causal};
+    const size_t n = size_t(BH * T * D);
+    Rounded<H> q(n, seed, value_scale), k(n, seed + 1, value_scale);
+    if (constant) {  // every r = 64·c², finite; g·r past float32's largest value
+        for (size_t i = 0; i < n; ++i) {
+            q.half[i] = k.half[i] = H(float(value_scale));
+            q.value[i] = k.value[i] = float(q.half[i]);
+        }
+    }
+    const Rounded<H> v(n, seed + 2, 1.0);
+    const std::vector<float> scale{g};
+    std::vector<float> out(n);
+    std::vector<double> lse(size_t(BH * T));
+    cpu::attention_forward<float>(out.data(), lse.data(), nullptr, nullptr, nullptr, q.value.data(),
+                                  k.value.data(), v.value.data(), scale.data(), 0, 0.0f, sh);
+    DeviceBuffer<H> d_q(q.half), d_k(k.half), d_v(v.half);
+    DeviceBuffer<float> d_scale(scale), d_out(n);
+    DeviceBuffer<double> d_lse(size_t(BH * T));
+    cuda::attention_forward_mma<H>(d_out.ptr, d_lse.ptr, nullptr, nullptr, nullptr, d_q.ptr,
+                                   d_k.ptr, d_v.ptr, d_scale.ptr, 0, 0.0f, sh);
+    const auto got = d_out.download();
+    const auto got_lse = d_lse.download();
+    int64_t wrong = 0, nan_rows = 0;
+    for (int64_t row = 0; row < BH * T; ++row) {
+        const double want = lse[size_t(row)], have = got_lse[size_t(row)];
+        if (std::isnan(want)) {
+            ++nan_rows;
+            wrong += !std::isnan(have);
+            continue;
+        }
+        wrong += !(std::abs(have - want) <= tolerance<float>() * std::abs(want));
+        for (int64_t d = 0; d < D; ++d) {
+            const size_t at = size_t(row * D + d);
+            wrong += !(std::abs(double(got[at]) - out[at]) <= 0x1p-7 * 4.0);
+        }
+    }
+    CHECK(wrong == 0);
+    CHECK(nan_rows == (constant ? BH * T : 0));
+}
+
+}  // namespace
+
+TEST_CASE("tensor-core attention forward: logits past float32's integers, and g·r overflowing") {
+    if (!cuda_device_or_skip()) return;
+    check_large_logits<bf16>(4e4, 1.1f, false, 130, true, 700);  // logits ~1e10
+    check_large_logits<f16>(1e4, 1.1f, false, 130, true, 710);  // ~1e9: e over 65504 is inf in fp16
+    check_large_logits<bf16>(4e4, -1.1f, false, 130, true, 720);  // the same through q negated
+    // r = 9.2e37, g·r = inf, on rows whose every tile is plain (no masked tile to turn them NaN).
+    check_large_logits<bf16>(1.2e18, 6.0f, true, 128, false, 730);
+}
+
 TEST_CASE("tensor-core attention forward: grouped-query heads, windows, caps, scales, FP8, fp16") {
     if (!cuda_device_or_skip()) return;
     uint64_t seed = 300;
