@@ -43,7 +43,8 @@ struct Case {
     bool per_head_scale = false;
     bool fp8_logits = false;
     double qk_range = 1.0;
-    double scale_sign = 1;  // g's centre times this: −1 negative, 0 both signs about 0
+    double scale_sign = 1;   // g's centre times this: −1 negative, 0 both signs about 0
+    bool one_scale = false;  // check_op: one g for every head (a (1) tensor), else one a head
 };
 
 std::string describe(const Case& c) {
@@ -350,11 +351,12 @@ GradBounds bounds_for(const Case& c, const std::vector<double>& q, const std::ve
     const double u = 0x1p-8;
     GradBounds b{std::vector<double>(q.size()), std::vector<double>(q.size()),
                  std::vector<double>(k.size()), std::vector<double>(k.size()),
-                 std::vector<double>(size_t(c.heads))};
+                 std::vector<double>(g.size())};  // one g a head, or one for all
     std::vector<double> r(size_t(c.Tk)), p(size_t(c.Tk)), dp(size_t(c.Tk)), eps(size_t(c.Tk));
     for (int64_t bh = 0; bh < c.batch_heads; ++bh) {
-        const int64_t h = bh % c.heads, kv = sh.kv_head(bh);
-        const double gh = g[size_t(h)];
+        const int64_t kv = sh.kv_head(bh);
+        const size_t h = g.size() == 1 ? 0 : size_t(bh % c.heads);  // this head's g
+        const double gh = g[h];
         const double* kh = k.data() + kv * c.Tk * D;
         const double* vh = v.data() + kv * c.Tk * D;
         for (int64_t i = 0; i < c.Tq; ++i) {
@@ -387,7 +389,7 @@ GradBounds bounds_for(const Case& c, const std::vector<double>& q, const std::ve
             for (int64_t j = first; j < end; ++j) {
                 // σ_ij: dP's rounded dO, D_i's o, and ds itself rounded before its product.
                 const double sigma = p[j] * (eps[j] + delta + u * std::abs(dp[j] - D_i));
-                b.dscale[size_t(h)] += sigma * std::abs(r[j]);
+                b.dscale[h] += sigma * std::abs(r[j]);
                 for (int64_t d = 0; d < D; ++d) {
                     b.dq[row * D + d] += std::abs(gh) * sigma * std::abs(kh[j * D + d]);
                     b.dk[(kv * c.Tk + j) * D + d] +=
@@ -407,7 +409,8 @@ void check_op(const Case& c, uint64_t seed) {
                  k = randn_seeded({B, c.kv_heads, c.Tk, c.D}, seed + 1, kF32, c.qk_range),
                  v = randn_seeded({B, c.kv_heads, c.Tk, c.D}, seed + 2),
                  probe = randn_seeded({B, c.heads, c.Tq, c.D}, seed + 3),
-                 g = randn_seeded({c.heads}, seed + 4, kF32, 0.02) + 0.125 * c.scale_sign;
+                 g = randn_seeded({c.one_scale ? 1 : c.heads}, seed + 4, kF32, 0.02) +
+                     0.125 * c.scale_sign;
     const AttentionOptions o{
         .causal = c.causal, .window = c.window, .softcap = c.cap, .precision = Precision::bf16};
     const OpResult want = run_op(q, k, v, g, probe, o, Device::cpu);
@@ -450,6 +453,8 @@ TEST_CASE("the attention op at bf16 precision on cuda (tensor cores) against the
     // One query head per key head: dK multiplied by g once, after its sums; here g < 0 too.
     check_op({2, 2, 2, 130, 130, 64, true, 0, 0, false, false, 4.0, -1}, 570);
     check_op({2, 2, 2, 130, 130, 256, true}, 580);
+    // One g for the 4 query heads that read a key head: dK times g once, across heads.
+    check_op({4, 4, 1, 130, 130, 64, true, 0, 0, false, false, 1.0, 1, true}, 590);
 }
 
 TEST_CASE("tensor-core attention writes its output's rounding for c_proj in the same pass") {
