@@ -325,6 +325,7 @@ int64_t attention_mma_mask_mismatches(const AttentionShape& sh) {
                     }
             }
             wrong += tc::fully_visible_keys(i0, sh).has(j0) != every;
+            wrong += tc::tile_fully_visible(i0, j0, sh) != every;  // the ranges' definition
         }
     // dK/dV: a key block's query tiles from the first row that sees it (any row, not a multiple
     // of 64), one mask per tile, asked with the keys as rows.
@@ -340,6 +341,7 @@ int64_t attention_mma_mask_mismatches(const AttentionShape& sh) {
                     wrong += mask.sees(qi, kj) != seen(i0 + qi, j0 + kj);
                 }
             wrong += tc::fully_visible_queries(j0, sh).has(i0) != every;
+            wrong += tc::tile_fully_visible(i0, j0, sh) != every;
         }
     }
     return wrong;
