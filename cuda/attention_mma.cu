@@ -100,6 +100,9 @@ __device__ __forceinline__ void logits(float (&s)[kKeys / 8][4], RowState (&st)[
     }
 }
 
+// A row max of at least this much takes a plain tile's exponent from s = g·r (online_softmax).
+constexpr float kFusedExponentLimit = 0x1p16f;  // |m'|·2⁻²⁴ <= 2⁻⁸
+
 // Step 2 on one key tile: s holds the warp's 16 × 64 raw dots r (this lane's share) and leaves
 // holding e = exp(z − m') (0 where masked); o is rescaled by α. masked: whether any (row, key)
 // pair of the block's tile is hidden (else none is tested); mask_of(): the warp's tile's mask
@@ -117,9 +120,6 @@ __device__ __forceinline__ void logits(float (&s)[kKeys / 8][4], RowState (&st)[
 // path; a max beyond it (or ±inf, NaN: g·r overflowing) forms s = fl(g·r) after all, so that the
 // max's e is 1 exactly and an overflow is NaN, as on the cpu.
 // plain_rules: no cap and no FP8 logits (the kernel's, decided once).
-// See online_softmax: a row max of at least this much takes a plain tile's exponent from s = g·r.
-constexpr float kFusedExponentLimit = 0x1p16f;  // |m'|·2⁻²⁴ <= 2⁻⁸
-
 template <bool kSignals, int kDTiles, class MaskOf>
 __device__ void online_softmax(float (&s)[kKeys / 8][4], float (&o)[kDTiles][4], RowState (&st)[2],
                                bool masked, const MaskOf& mask_of, bool plain_rules, float gain,

@@ -69,8 +69,8 @@ void attention_delta_round(float* delta, H* dout_h, const float* dout, RowStride
 
 using tc::kThreads;
 constexpr int kTile = tc::kTileRows;
-constexpr int kStats =
-    4;  // the dK/dV kernel's statistics a query: lse_hi, lse_lo, lse_lo·log2 e, D_i
+// The dK/dV kernel's statistics a query: lse_hi, lse_lo, lse_lo·log2 e, D_i.
+constexpr int kStats = 4;
 
 // The statistics of the 4 pairs a lane holds in one 8-column block of a warp's 16 × 64 block
 // (register i: row lane / 4 + 8·(i / 2), column 2·(lane % 4) + i % 2): the query's lse split in
@@ -318,12 +318,9 @@ __global__ void __launch_bounds__(kDkdvThreads<D>, D == 64 ? 3 : 1)
     };
     if constexpr (kSplit) {
         if (!gain_per_tile && !takes_dv) times_block_gain(first);
-    } else {
-        if (!gain_per_tile) times_block_gain(second);
-    }
-    if constexpr (kSplit) {
         store_rows<D>((takes_dv ? dv : dk) + key_rows, first, 16 * key_warp, cols);
     } else {
+        if (!gain_per_tile) times_block_gain(second);
         store_rows<D>(dv + key_rows, first, 16 * key_warp, cols);
         store_rows<D>(dk + key_rows, second, 16 * key_warp, cols);
     }
