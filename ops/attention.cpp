@@ -54,6 +54,7 @@
 // ops/attention_cpu.cpp and cuda/attention.cu (one read of q, k, v per tile, no T² memory, the
 // masked half skipped), and the tests hold v2 to v1.
 #include "ops/attention.h"
+#include "ops/attention_materialized.h"
 
 #include <array>
 #include <cmath>
@@ -504,6 +505,8 @@ Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionOptions& o, AttentionSignals* signals) {
     check_args("attention_unfused", q, k, v, o);
     const int64_t H = q.size(1);
+    if (materialized_attention_applies(q, k, o, signals))
+        return attention_materialized(q, repeat_kv(k, H), repeat_kv(v, H), o);
     Tensor s = scores(q, repeat_kv(k, H), o);  // (B, H, Tq, Tk)
     const AttentionShape sh = shape_of(q, k, o);
     Tensor p, z_rounded;

@@ -63,8 +63,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v,
 // The same attention from matmul, softmax (and dropout): the (B, H, Tq, Tk) scores and
 // probabilities are materialised and saved by those ops. The reference for the fused op's tests
 // and the model's `--attention naive`. Its signals are measured on the host from the T² tensors.
+// At bf16 / fp16 on cuda (a scale number, no window, FP8 logits, dropout or signals) the same
+// GEMMs and softmax run as one node that keeps fewer T² buffers and skips the causal mask's
+// upper blocks (ops/attention_materialized.cpp); use_materialized_attention(false) turns that
+// off, for the tests that compare the two. It returns the previous setting.
 Tensor attention_unfused(const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionOptions& options = {}, AttentionSignals* signals = nullptr);
+bool use_materialized_attention(bool on);
 
 // The kernels behind `attention`, declared for the kernel-level parity tests of the CUDA twin.
 // Raw contiguous pointers; one (batch, head) pair is a "head" bh in [0, batch_heads), and uses the

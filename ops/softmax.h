@@ -46,6 +46,20 @@ template <class T>
 void softmax_backward(T* dx, const T* dy, const T* y, const T* lse, int64_t rows, int64_t Tq,
                       int64_t Tk, bool causal, T cap, bool is_log, uint16_t* half_out = nullptr,
                       bool half_is_bf16 = true);
+// The materialised attention's softmax (ops/attention_materialized.cpp), float32 logits s:
+// the forward writes p only rounded (p_half, bf16 bits when half_is_bf16, else fp16) and saves
+// each row's max and Σ exp(z − max) (row_max, row_sum: (rows); row_sum NaN for a NaN row); the
+// backward recomputes p from s and them and writes dS only rounded (ds_half). Causal rows are
+// written up to the last key seen by their chunk of `chunk` query rows (the block-triangular
+// GEMMs' reach), and not after; non-causal rows in full. The rounded values equal
+// softmax_forward's and softmax_backward's half_out bit for bit.
+//   p_half, ds_half: (rows, Tk) out;  s, dp: (rows, Tk);  row_max, row_sum: (rows).
+void softmax_rounded_forward(uint16_t* p_half, float* row_max, float* row_sum, const float* s,
+                             int64_t rows, int64_t Tq, int64_t Tk, bool causal, float cap,
+                             int64_t chunk, bool half_is_bf16);
+void softmax_rounded_backward(uint16_t* ds_half, const float* dp, const float* s,
+                              const float* row_max, const float* row_sum, int64_t rows, int64_t Tq,
+                              int64_t Tk, bool causal, float cap, int64_t chunk, bool half_is_bf16);
 }  // namespace cuda
 
 }  // namespace qk

@@ -4,6 +4,7 @@
 // the emulator (the outputs must also be bit-identical across orders: no atomics, fixed sums).
 // T is ragged (45, 70: not multiples of the 16-row and 32-key tiles) and D is 16, 32 or 64;
 // Tq < Tk shifts the causal mask. Then the op itself through tests/cuda_parity.h.
+#include <algorithm>
 #include <string>
 
 #include "cuda_kernel_check.h"
@@ -259,6 +260,140 @@ TEST_CASE("naive attention at bf16 on cuda (tensor-core batched GEMMs) matches t
                 {.causal = true, .window = 9, .precision = qk::Precision::bf16});
         },
         {inputs[0], randn_seeded({2, 1, 37, 16}, 5), randn_seeded({2, 1, 37, 16}, 6)}, options);
+}
+
+namespace {
+
+// attention_unfused at half precision on cuda, its one-node path on or off: the output, then the
+// gradients of q, k and v under the probe sum(out * r), and the names of the launches made.
+struct NaiveRun {
+    std::vector<qk::Tensor> results;  // out, dq, dk, dv on the cpu
+    std::vector<std::string> launched;
+};
+
+NaiveRun run_naive(bool one_node, const Inputs& in, const qk::AttentionOptions& o) {
+    const bool before = qk::use_materialized_attention(one_node);
+    Inputs dev;
+    for (const qk::Tensor& t : in) dev.push_back(t.to(qk::Device::cuda).requires_grad_());
+    NaiveRun run;
+    for (const auto& e : launches_of([&] {
+             const qk::Tensor out = qk::attention_unfused(dev[0], dev[1], dev[2], o);
+             const qk::Tensor r = randn_seeded(out.shape(), 77).to(qk::Device::cuda);
+             qk::sum(out * r).backward();
+             run.results.push_back(out.detach().to(qk::Device::cpu));
+         }))
+        run.launched.push_back(e.name);
+    for (const qk::Tensor& t : dev) run.results.push_back(t.grad().to(qk::Device::cpu));
+    qk::use_materialized_attention(before);
+    return run;
+}
+
+bool launched(const NaiveRun& run, const std::string& name) {
+    return std::find(run.launched.begin(), run.launched.end(), name) != run.launched.end();
+}
+
+}  // namespace
+
+TEST_CASE("naive attention at half precision: the one-node path gives the composition's values") {
+    if (!cuda_runnable()) return;
+    struct NaiveCase {
+        int64_t B, H, Hkv, Tq, Tk, D;
+        bool causal;
+        double cap;
+        qk::Precision precision;
+        int64_t nan_key = -1;  // a NaN in k at this key, or none
+    };
+    // T = 150 and 200 make chunks of 64 query rows (3 and 4, the last ragged); Tq < Tk shifts
+    // the mask, so chunk k's keys start at its first row + 20.
+    const NaiveCase cases[] = {
+        {2, 2, 2, 150, 150, 16, true, 0, qk::Precision::bf16},
+        {1, 3, 1, 150, 170, 16, true, 4.0, qk::Precision::bf16},
+        {1, 2, 2, 200, 200, 8, true, 0, qk::Precision::fp16},
+        {1, 2, 2, 200, 200, 16, true, 0, qk::Precision::fp16},
+        {1, 2, 2, 150, 150, 8, true, 0, qk::Precision::fp16},
+        {1, 2, 2, 200, 200, 8, true, 0, qk::Precision::bf16},
+        {2, 2, 2, 37, 45, 16, false, 3.0, qk::Precision::fp16},
+        {1, 2, 2, 150, 150, 16, true, 0, qk::Precision::bf16, 100},
+    };
+    for (const NaiveCase& c : cases) {
+        INFO("Tq ", c.Tq, " Tk ", c.Tk, " Hkv ", c.Hkv, " causal ", c.causal, " cap ", c.cap, " ",
+             qk::precision_name(c.precision), " NaN key ", c.nan_key);
+        Inputs in{randn_seeded({c.B, c.H, c.Tq, c.D}, 11),
+                  randn_seeded({c.B, c.Hkv, c.Tk, c.D}, 12),
+                  randn_seeded({c.B, c.Hkv, c.Tk, c.D}, 13)};
+        if (c.nan_key >= 0) in[1].data<float>()[c.nan_key * c.D + 3] = NAN;
+        const qk::AttentionOptions o{
+            .causal = c.causal, .softcap = c.cap, .precision = c.precision};
+        RunOrderReset reset;
+        for (const std::string& order : parity_run_orders()) {
+            set_parity_run_order(order);
+            INFO("run order: ", order);
+            const NaiveRun composed = run_naive(false, in, o), one_node = run_naive(true, in, o);
+            CHECK(launched(one_node, "softmax_rounded_forward_kernel"));
+            CHECK(launched(one_node, "softmax_rounded_backward_kernel"));
+            CHECK_FALSE(launched(one_node, "(softmax_forward_kernel<T, false>)"));
+            CHECK(launched(composed, "(softmax_forward_kernel<T, false>)"));
+            for (size_t i = 0; i < 4; ++i) {
+                CAPTURE(i);  // out, dq, dk, dv
+                if (c.nan_key >= 0 && i == 1) {
+                    // dQ = α · dS̃ k̃: the composition multiplies every row's masked zeros by the
+                    // NaN key too, so its dq is NaN everywhere. The node's chunks stop at their
+                    // last visible key: the rows of chunks before the NaN key's stay finite (the
+                    // loss is NaN either way, from the rows that see the key).
+                    const auto dq = one_node.results[1].to_vector<float>();
+                    const int64_t first_chunk_rows = 64;
+                    int64_t finite_early = 0, nan_late = 0;
+                    for (int64_t bh = 0; bh < c.B * c.H; ++bh)
+                        for (int64_t row = 0; row < c.Tq; ++row)
+                            for (int64_t d = 0; d < c.D; ++d) {
+                                const float v = dq[size_t((bh * c.Tq + row) * c.D + d)];
+                                finite_early += row < first_chunk_rows && std::isfinite(v);
+                                nan_late += row >= c.nan_key && std::isnan(v);
+                            }
+                    CHECK(finite_early == c.B * c.H * first_chunk_rows * c.D);
+                    CHECK(nan_late == (c.Tq - c.nan_key) * c.D);  // the head with the NaN
+                    continue;
+                }
+#ifdef QK_CUDA_EMULATION
+                // The same GEMM sums less their zero terms, the same softmax instructions.
+                CHECK(parity_mismatch(one_node.results[i], composed.results[i], 0, 0) == "");
+#else
+                // cuBLAS may split the shorter sums differently: a last-bit change in s or dP
+                // moves a rounded p or dS by one step at most (see the parity test above).
+                CHECK(parity_mismatch(one_node.results[i], composed.results[i], 1e-2, 1e-2) == "");
+#endif
+            }
+        }
+    }
+}
+
+TEST_CASE("naive attention at bf16, causal, T = 1024: the one-node path moves 2/3 of the bytes") {
+    if (!cuda_runnable()) return;
+#ifndef QK_CUDA_EMULATION
+    return;  // a dry run is the emulator's
+#endif
+    // One layer's attention at GPT-2's context, recorded, not run: the composition writes and
+    // reads S, P, dP and dS in float32 over whole rows; the node writes P and dS rounded only,
+    // and its GEMMs stop at each chunk's last visible key.
+    const auto bytes = [](bool one_node) {
+        const bool before = qk::use_materialized_attention(one_node);
+        Inputs dev;
+        for (int i = 0; i < 3; ++i)
+            dev.push_back(
+                qk::Tensor::empty({1, 2, 1024, 64}, qk::kF32, qk::Device::cuda).requires_grad_());
+        cuda::ledger::open(false, /*dry_run=*/true);
+        const qk::Tensor out = qk::attention_unfused(
+            dev[0], dev[1], dev[2], {.causal = true, .precision = qk::Precision::bf16});
+        qk::sum(out).backward();
+        double total = 0;
+        for (const auto& e : cuda::ledger::close()) total += e.bytes;
+        qk::use_materialized_attention(before);
+        return total;
+    };
+    const double composed = bytes(false), one_node = bytes(true);
+    MESSAGE("bytes of one causal layer: composition ", composed / 1e6, " MB, one node ",
+            one_node / 1e6, " MB (", one_node / composed, "x)");
+    CHECK(one_node <= 0.7 * composed);  // 0.63 with 4 chunks (0.64 with 8: more re-reads of k, v)
 }
 
 TEST_CASE("the attention op refuses head dims the cuda kernel cannot hold") {

@@ -86,6 +86,52 @@ void check_rounded_copies(const DeviceBuffer<float>& d_x, const DeviceBuffer<flo
     }
 }
 
+// The materialised attention's kernels (softmax_rounded_forward / _backward): p and dS rounded,
+// bit for bit the rounded copies softmax_forward and softmax_backward write from the device's own
+// y and lse, NaN rows included, up to each row's chunk end, and nothing after it; every chunk size
+// from one row to all of them.
+void check_rounded_rows(const std::vector<float>& x, const std::vector<float>& dy,
+                        const Geometry& g, const Variant& v) {
+    const int64_t rows = g.outer * g.Tq, n = rows * g.Tk;
+    const std::vector<uint16_t> garbage(static_cast<size_t>(n), 0x7FC1);
+    DeviceBuffer<float> d_x(x), d_dy(dy), d_y(static_cast<size_t>(n)),
+        d_lse(static_cast<size_t>(rows)), d_dx(static_cast<size_t>(n)),
+        d_max(static_cast<size_t>(rows)), d_sum(static_cast<size_t>(rows));
+    for (bool bf16 : {true, false}) {
+        DeviceBuffer<uint16_t> d_y_half(garbage), d_dx_half(garbage);
+        cuda::softmax_forward<float>(d_y.ptr, d_lse.ptr, d_x.ptr, rows, g.Tq, g.Tk, v.causal,
+                                     float(v.cap), false, d_y_half.ptr, bf16);
+        cuda::softmax_backward<float>(d_dx.ptr, d_dy.ptr, d_y.ptr, d_lse.ptr, rows, g.Tq, g.Tk,
+                                      v.causal, float(v.cap), false, d_dx_half.ptr, bf16);
+        const auto p_want = d_y_half.download(), ds_want = d_dx_half.download();
+        for (int64_t chunk : {int64_t(1), int64_t(2), int64_t(3), g.Tq}) {
+            CAPTURE(bf16);
+            CAPTURE(chunk);
+            DeviceBuffer<uint16_t> d_p(garbage), d_ds(garbage);
+            cuda::softmax_rounded_forward(d_p.ptr, d_max.ptr, d_sum.ptr, d_x.ptr, rows, g.Tq, g.Tk,
+                                          v.causal, float(v.cap), chunk, bf16);
+            cuda::softmax_rounded_backward(d_ds.ptr, d_dy.ptr, d_x.ptr, d_max.ptr, d_sum.ptr, rows,
+                                           g.Tq, g.Tk, v.causal, float(v.cap), chunk, bf16);
+            const auto p = d_p.download(), ds = d_ds.download();
+            int64_t wrong = 0, wrong_p = 0;
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t i = r % g.Tq;
+                const int64_t width =
+                    v.causal ? std::min(g.Tk, (i / chunk + 1) * chunk + g.Tk - g.Tq) : g.Tk;
+                for (int64_t j = 0; j < g.Tk; ++j) {
+                    const size_t at = static_cast<size_t>(r * g.Tk + j);
+                    const uint16_t p_expected = j < width ? p_want[at] : garbage[at];
+                    const uint16_t ds_expected = j < width ? ds_want[at] : garbage[at];
+                    wrong += (p[at] != p_expected) + (ds[at] != ds_expected);
+                    wrong_p += p[at] != p_expected;
+                }
+            }
+            CAPTURE(wrong_p);
+            CHECK(wrong == 0);
+        }
+    }
+}
+
 // Runs forward and backward of one configuration on both backends under every run order and
 // checks parity and run-order independence. x: (rows, Tk) logits.
 template <class T>
@@ -123,8 +169,10 @@ void check_softmax(const std::vector<T>& x, const Geometry& g, const Variant& v,
             CHECK(dx == dx_first);
         }
     }
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (std::is_same_v<T, float>) {
         check_rounded_copies(d_x, d_dy, d_y_ref, d_lse_ref, g, v, is_log, y_first, dx_first);
+        if (!is_log) check_rounded_rows(x, dy, g, v);
+    }
 }
 
 }  // namespace
@@ -254,6 +302,8 @@ TEST_CASE_TEMPLATE("cuda softmax of a row with a NaN or +inf is NaN where visibl
                 CHECK(same(lse, lse_ref));
                 CHECK(same(dx, dx_ref));
             }
+            if constexpr (std::is_same_v<T, float>)
+                if (!is_log) check_rounded_rows(x, dy, Geometry{1, rows, Tk}, {causal, 0});
         }
 }
 

@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -43,26 +44,50 @@ void gemm(const double* a, const double* b, double* c, CBLAS_TRANSPOSE ta, CBLAS
     cblas_dgemm(CblasColMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// A (rows, cols) column-major bf16 or f16 matrix with leading dim ld, widened (exactly) to a
-// contiguous float one: how the shim multiplies them (products exact in float, sums in float).
+// The half-input GEMM (bf16 or f16 A and B, float32 C): each element's sum runs over k in order,
+// one float32 FMA a step (a product of two halves is exact in float32), whatever m, n and k are.
+// cblas_sgemm on the widened operands would block the sums by the call's shape; this way a
+// product cut into sub-blocks (the materialised attention's block-triangular GEMMs) sums every
+// element as the whole product does, and tests compare the two bit for bit. Column-major, as
+// cuBLAS: op(A) is widened to a contiguous (m, k), and each column of C is m sums that run side
+// by side (they vectorise), each in its own k order.
 template <class Half>
-std::vector<float> widen(const Half* p, int rows, int cols, int ld) {
-    std::vector<float> out(static_cast<size_t>(rows) * cols);
-    for (int c = 0; c < cols; ++c)
-        for (int r = 0; r < rows; ++r)
-            out[static_cast<size_t>(c) * rows + r] =
-                p[static_cast<long long>(c) * ld + r].to_float();
-    return out;
-}
-
-template <class Half>  // bf16 or f16; float and double take the exact overloads above
 void gemm(const Half* a, const Half* b, float* c, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m,
           int n, int k, float alpha, int lda, int ldb, float beta, int ldc) {
-    const int rows_a = ta == CblasNoTrans ? m : k, cols_a = ta == CblasNoTrans ? k : m;
-    const int rows_b = tb == CblasNoTrans ? k : n, cols_b = tb == CblasNoTrans ? n : k;
-    const std::vector<float> wide_a = widen(a, rows_a, cols_a, lda);
-    const std::vector<float> wide_b = widen(b, rows_b, cols_b, ldb);
-    gemm(wide_a.data(), wide_b.data(), c, ta, tb, m, n, k, alpha, rows_a, rows_b, beta, ldc);
+    const auto rows = static_cast<size_t>(m);
+    std::vector<float> op_a(rows * static_cast<size_t>(k)), sums;
+    for (int kk = 0; kk < k; ++kk)
+        for (int i = 0; i < m; ++i)
+            op_a[static_cast<size_t>(kk) * rows + i] =
+                (ta == CblasNoTrans ? a[static_cast<long long>(kk) * lda + i]
+                                    : a[static_cast<long long>(i) * lda + kk])
+                    .to_float();
+    // Four columns of C at a time, so that each column of op(A) is read once for the four.
+    constexpr int kColumns = 4;
+    sums.resize(rows * kColumns);
+    for (int j0 = 0; j0 < n; j0 += kColumns) {
+        const int width = std::min(kColumns, n - j0);
+        std::fill(sums.begin(), sums.end(), 0.0f);
+        for (int kk = 0; kk < k; ++kk) {
+            const float* a_col = op_a.data() + static_cast<size_t>(kk) * rows;
+            for (int jj = 0; jj < width; ++jj) {
+                const int j = j0 + jj;
+                const float b_kj = (tb == CblasNoTrans ? b[static_cast<long long>(j) * ldb + kk]
+                                                       : b[static_cast<long long>(kk) * ldb + j])
+                                       .to_float();
+                float* column_sums = sums.data() + static_cast<size_t>(jj) * rows;
+                for (size_t i = 0; i < rows; ++i)
+                    column_sums[i] = std::fma(a_col[i], b_kj, column_sums[i]);
+            }
+        }
+        for (int jj = 0; jj < width; ++jj) {
+            const float* column_sums = sums.data() + static_cast<size_t>(jj) * rows;
+            float* c_col = c + static_cast<long long>(j0 + jj) * ldc;
+            for (size_t i = 0; i < rows; ++i)  // beta = 0 reads no C (NaNs there do not survive)
+                c_col[i] = beta == 0.0f ? alpha * column_sums[i]
+                                        : alpha * column_sums[i] + beta * c_col[i];
+        }
+    }
 }
 
 // TF32: float32 with 10 mantissa bits, rounded to nearest even on the bits (NaN and Inf kept).

@@ -94,17 +94,25 @@ inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __fdividef(float x, float y) { return x / y; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }
-// The _rn additions are never fused with the multiply that made an operand (nvcc's contract for
-// them); a volatile read keeps g++'s contraction from doing it here.
+// The _rn additions are never fused with the multiply that made either operand (nvcc's contract
+// for them); volatile reads keep g++'s contraction from doing it here.
 inline float __fadd_rn(float x, float y) {
-    const volatile float rounded = y;
-    return x + rounded;
+    const volatile float a = x, b = y;
+    return a + b;
 }
 inline double __dadd_rn(double x, double y) {
-    const volatile double rounded = y;
-    return x + rounded;
+    const volatile double a = x, b = y;
+    return a + b;
 }
-inline float __fmul_rn(float x, float y) { return x * y; }
+// Likewise a _rn product is never fused into the addition that uses it.
+inline float __fmul_rn(float x, float y) {
+    const volatile float product = x * y;
+    return product;
+}
+inline double __dmul_rn(double x, double y) {
+    const volatile double product = x * y;
+    return product;
+}
 inline float __fmaf_rn(float x, float y, float z) { return std::fma(x, y, z); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
