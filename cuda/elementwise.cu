@@ -32,6 +32,8 @@ namespace {
 // Each kernel runs unrolled_grid_loop (cuda/strided_index.h): four elements per thread in flight.
 
 // y, x: (n) contiguous; y_half: null or (n).    y[i] = f(x[i], s), y_half[i] = round(y[i])
+// y null: only the rounding is written (its one reader is a mixed GEMM: ops/matmul.h's
+// linear_gelu_linear).
 template <class T, class F>
 __global__ void unary_forward_kernel(T* y, const T* x, int64_t n, T s, uint16_t* y_half,
                                      bool half_is_bf16) {
@@ -40,7 +42,7 @@ __global__ void unary_forward_kernel(T* y, const T* x, int64_t n, T s, uint16_t*
         n, [&](int64_t i) { return x[i]; },
         [&](int64_t i, T xi) {
             const T yi = f(xi, s);
-            y[i] = yi;
+            if (y) y[i] = yi;
             store_half(y_half, i, yi, half_is_bf16);
         });
 }
@@ -102,8 +104,9 @@ __global__ void accumulate_kernel(T* dst, const T* src, StridedIndex<2> index, i
 template <class T, class F>
 void unary_forward(T* y, const T* x, int64_t n, T s, uint16_t* y_half, bool half_is_bf16) {
     if (n == 0) return;
-    ledger::declare(double(sizeof(T)) * double(2 * n) + (y_half ? 2.0 * double(n) : 0.0), double(n),
-                    0, sizeof(T) == 8);
+    QK_CHECK(y || y_half, "unary_forward: neither y nor its rounding to write ({} elements)", n);
+    ledger::declare(double(sizeof(T)) * double(y ? 2 * n : n) + (y_half ? 2.0 * double(n) : 0.0),
+                    double(n), 0, sizeof(T) == 8);
     QK_LAUNCH((unary_forward_kernel<T, F>), grid_for_unrolled(n), kThreads, 0, stream(), y, x, n, s,
               y_half, half_is_bf16);
     QK_CUDA_CHECK_LAUNCH("unary_forward_kernel");

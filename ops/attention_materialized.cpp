@@ -47,9 +47,7 @@ bool g_materialized = true;
 
 }  // namespace
 
-bool use_materialized_attention(bool on) {
-    return std::exchange(g_materialized, on);
-}
+bool use_materialized_attention(bool on) { return std::exchange(g_materialized, on); }
 
 bool materialized_attention_applies(const Tensor& q, const Tensor& k, const AttentionOptions& o,
                                     const AttentionSignals* signals) {
@@ -115,8 +113,8 @@ Matrices<E> matrices_of(const Tensor& t) {
 template <class Half>
 void product(Matrices<float> y, Matrices<const Half> a, bool a_trans, Matrices<const Half> b,
              bool b_trans, int64_t M, int64_t N, int64_t K, int64_t batch, float alpha) {
-    cuda::gemm_mixed(y.data, y.ld, y.stride, a.data, a_trans, a.ld, a.stride, b.data, b_trans,
-                     b.ld, b.stride, M, N, K, batch, alpha, 0.0f);
+    cuda::gemm_mixed(y.data, y.ld, y.stride, a.data, a_trans, a.ld, a.stride, b.data, b_trans, b.ld,
+                     b.stride, M, N, K, batch, alpha, 0.0f);
 }
 
 struct Operands {
@@ -130,8 +128,7 @@ Tensor forward_and_record(const Tensor& q_in, const Tensor& k_in, const Tensor& 
     constexpr bool kBf16 = kHalf == kBF16;
     const int64_t B = q_in.size(0), H = q_in.size(1), Tq = q_in.size(2), Tk = k_in.size(2),
                   D = q_in.size(3), BH = B * H;
-    const float alpha =
-        float(o.scale.value_or(1.0 / std::sqrt(static_cast<double>(D))));
+    const float alpha = float(o.scale.value_or(1.0 / std::sqrt(static_cast<double>(D))));
     const float cap = float(o.softcap);
     const bool causal = o.causal;
     const int64_t rows = chunk_rows(Tq, causal);

@@ -40,8 +40,8 @@ void add_(Tensor& dst, const Tensor& src);
 // Launchers of cuda/elementwise.cu (device pointers). F is a functor of ops/elementwise_math.h;
 // the .cu instantiates each one the ops above use.
 namespace cuda {
-// y, x: (n) contiguous; y_half: null or (n), y rounded (bf16 bits if half_is_bf16, else fp16).
-//     y = f(x, s)
+// y, x: (n) contiguous; y_half: null or (n), y rounded (bf16 bits if half_is_bf16, else fp16);
+// y may be null when y_half is not (the rounding only).    y = f(x, s)
 template <class T, class F>
 void unary_forward(T* y, const T* x, int64_t n, T s, uint16_t* y_half = nullptr,
                    bool half_is_bf16 = true);

@@ -51,7 +51,8 @@
 //
 // Files: this one holds matmul and linear; ops/matmul_layout.cpp, how GEMM reads a tensor's
 // memory (the layouts, the batch strides, the merged rows); ops/matmul_bf16.cpp, linear's
-// mixed-precision path; ops/matmul_internal.h declares what they share.
+// mixed-precision path, and ops/matmul_batched_bf16.cpp, matmul's; ops/matmul_internal.h declares
+// what they share.
 #include "ops/matmul.h"
 
 #include <algorithm>
@@ -325,6 +326,31 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, Pr
     if (precision == Precision::bf16) return linear_gelu_bf16(x, weight, bias, rounded_copy);
     if (precision == Precision::fp16) return linear_gelu_fp16(x, weight, bias, rounded_copy);
     return gelu(linear(x, weight, bias, precision), rounded_copy);
+}
+
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
+                          const Tensor& w_proj, const Tensor& b_proj, Precision precision) {
+    check_linear_args(x, w_fc, b_fc, precision);
+    QK_CHECK(w_proj.defined() && w_proj.dim() == 2 && w_proj.size(1) == w_fc.size(0) &&
+                 w_proj.dtype() == w_fc.dtype() && w_proj.device() == w_fc.device(),
+             "linear_gelu_linear: w_proj must be a {} (out_features, {}) on {} to read w_fc's {} "
+             "outputs, got {} {} on {}",
+             w_fc.dtype(), w_fc.size(0), w_fc.device(), w_fc.shape(),
+             w_proj.defined() ? w_proj.dtype() : w_fc.dtype(), w_proj.shape(),
+             w_proj.defined() ? w_proj.device() : w_fc.device());
+    QK_CHECK(!b_proj.defined() || (b_proj.dim() == 1 && b_proj.size(0) == w_proj.size(0) &&
+                                   b_proj.dtype() == x.dtype() && b_proj.device() == x.device()),
+             "linear_gelu_linear: b_proj is {} {}, expected {} [{}] for w_proj {}", b_proj.dtype(),
+             b_proj.shape(), x.dtype(), w_proj.size(0), w_proj.shape());
+    if (x.device() == Device::cuda && x.dtype() == kF32) {
+        if (precision == Precision::bf16)
+            return linear_gelu_linear_bf16(x, w_fc, b_fc, w_proj, b_proj);
+        if (precision == Precision::fp16)
+            return linear_gelu_linear_fp16(x, w_fc, b_fc, w_proj, b_proj);
+    }
+    const bool mixed = precision == Precision::bf16 || precision == Precision::fp16;
+    const Tensor h = linear_gelu(x, w_fc, b_fc, precision, mixed ? precision : Precision::full);
+    return linear(h, w_proj, b_proj, precision);
 }
 
 namespace {

@@ -41,6 +41,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, Precision precision,
                    Precision rounded_copy = Precision::full);
 
+// linear(linear_gelu(x, w_fc, b_fc, precision), w_proj, b_proj, precision): the plain MLP as one
+// op, with the same values and gradients as the two. At bf16 or fp16 on cuda it is one node that
+// never writes gelu's float32 output h: c_proj's GEMM reads h only rounded, and h's gradient
+// needs y = x̃ W̃_fcᵀ + b_fc, not h. Elsewhere it is the two ops.
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
+                          const Tensor& w_proj, const Tensor& b_proj, Precision precision);
+
 // TF32 for float32 GEMMs on CUDA (cuBLAS's CUBLAS_TF32_TENSOR_OP_MATH): tensor cores read the
 // inputs rounded to 10 mantissa bits (TF32) and sum in float32, several times faster than float32
 // FMA. Off by default (qknorm train --tf32). The cpu's GEMMs never change; bf16 GEMMs neither.

@@ -20,6 +20,7 @@
 #include "autograd/node.h"
 #include "core/factory.h"
 #include "ops/elementwise.h"
+#include "ops/elementwise_math.h"
 #include "ops/gemm.h"
 #include "ops/matmul.h"
 #include "ops/matmul_internal.h"
@@ -238,15 +239,19 @@ struct MixedLinear {
     MixedLinearBackward<Half> backward;
 };
 
+// A mixed linear's input: x rounded, as (R, K) rows; x's shape; whether x wants a gradient.
+struct HalfInput {
+    Tensor rounded;
+    Shape shape;
+    bool needs_grad = false;
+};
+
 // y = x̃ · W̃ᵀ + b, and what its backward keeps; records nothing.
 template <class Half>
-MixedLinear<Half> mixed_linear_forward(const Tensor& x_in, const Tensor& weight_in,
+MixedLinear<Half> mixed_linear_forward(const HalfInput& x, const Tensor& weight_in,
                                        const Tensor& bias_in) {
-    const Tensor x = autograd::saved(x_in), weight = autograd::saved(weight_in);
+    const Tensor weight = autograd::saved(weight_in);
     constexpr DType kHalf = dtype_of<Half>();
-    const char* precision = kHalf == kBF16 ? "bf16" : "fp16";
-    QK_CHECK(x.dtype() == kF32, "linear: {} precision needs float32 x and weight, got {} {}",
-             precision, x.dtype(), x.shape());
     // A weight stored as bf16 (inference, nn::GPT::store_weights_bf16) has no float32 master copy
     // for a gradient to update.
     QK_CHECK(weight.dtype() != kHalf || !(weight_in.requires_grad() && autograd::grad_enabled()),
@@ -254,10 +259,10 @@ MixedLinear<Half> mixed_linear_forward(const Tensor& x_in, const Tensor& weight_
              "the model under NoGradGuard)",
              kHalf, weight.shape());
     const int64_t K = weight.size(1), N = weight.size(0);
-    const int64_t R = numel_of(Shape(x.shape().begin(), x.shape().end() - 1));
-    QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape());
-    const Device device = x.device();
-    Shape out_shape = x.shape();
+    const int64_t R = x.rounded.size(0);
+    QK_CHECK(R <= INT_MAX, "linear: x {} has more rows than BLAS's int range", x.shape);
+    const Device device = x.rounded.device();
+    Shape out_shape = x.shape;
     out_shape.back() = N;
     // The weight's rounding is made once per version of its values and kept (cast_once): in
     // training the optimizer rewrites it in its update, so no call rounds a weight again.
@@ -272,10 +277,7 @@ MixedLinear<Half> mixed_linear_forward(const Tensor& x_in, const Tensor& weight_
     const Tensor y_wide = padded ? Tensor::empty({R, w_rounded.size(0)}, kF32, device) : Tensor();
     const Tensor y =
         padded ? y_wide.narrow(1, 0, N).reshape(out_shape) : Tensor::empty(out_shape, kF32, device);
-    // x is rounded once for every Linear that reads the same x (a gated MLP's gate and up:
-    // cast_once keeps the rounding beside x's buffer), or arrives rounded already (kept beside it
-    // by the norm that wrote it).
-    const Tensor x_rounded = cast_once(rows_of(x), kHalf);
+    const Tensor& x_rounded = x.rounded;
     if (R * N > 0) {
         const Tensor y_rows = y.reshape({R, N});
         if (K == 0) {  // an empty sum: y is the bias, or 0
@@ -292,18 +294,33 @@ MixedLinear<Half> mixed_linear_forward(const Tensor& x_in, const Tensor& weight_
         }
     }
     MixedLinearBackward<Half> backward;
-    backward.need_x = x_in.requires_grad();
+    backward.need_x = x.needs_grad;
     backward.need_w = weight_in.requires_grad();
     backward.need_b = bias_in.defined() && bias_in.requires_grad();
     backward.R = R, backward.N = N, backward.K = K;
     backward.device = device;
     backward.padded = padded;
-    backward.x_shape = x.shape();
+    backward.x_shape = x.shape;
     if (backward.need_w) backward.x_saved = autograd::saved(x_rounded);
     if (backward.need_x) backward.w_saved = autograd::saved(w_rounded);
     backward.w_version = weight.storage()->version();
     backward.w_storage = weight.storage();
     return {y, std::move(backward)};
+}
+
+// The same from a float32 x. x is rounded once for every Linear that reads the same x (a gated
+// MLP's gate and up: cast_once keeps the rounding beside x's buffer), or arrives rounded already
+// (kept beside it by the norm that wrote it).
+template <class Half>
+MixedLinear<Half> mixed_linear_forward(const Tensor& x_in, const Tensor& weight_in,
+                                       const Tensor& bias_in) {
+    const Tensor x = autograd::saved(x_in);
+    constexpr DType kHalf = dtype_of<Half>();
+    QK_CHECK(x.dtype() == kF32, "linear: {} precision needs float32 x and weight, got {} {}",
+             kHalf == kBF16 ? "bf16" : "fp16", x.dtype(), x.shape());
+    return mixed_linear_forward<Half>(
+        HalfInput{cast_once(rows_of(x), kHalf), x.shape(), x_in.requires_grad()}, weight_in,
+        bias_in);
 }
 
 template <class Half>
@@ -335,6 +352,49 @@ Tensor linear_gelu_mixed(const Tensor& x, const Tensor& weight, const Tensor& bi
         return lin.gradients(dy_rounded, db);
     };
     return autograd::record("linear_gelu", h, {x, weight, bias}, std::move(backward));
+}
+
+// linear_gelu_linear on cuda: c_proj(gelu(c_fc(x))) as one node. The forward writes gelu's output
+// only rounded, h̃ (the one operand c_proj's GEMM reads), where linear_gelu then linear write h in
+// float32 too and read it never; it saves y for GELU's derivative, as linear_gelu does. The
+// backward is the two nodes' in order: c_proj's (dH = dỸ · W̃_proj, dW_proj = dỸᵀ · h̃, db_proj),
+// then dY = dH ⊙ gelu'(Y) rounded and summed for db_fc in one pass, then c_fc's GEMMs. The same
+// kernels on the same values: the two ops' results and gradients, bit for bit.
+template <class Half>
+Tensor linear_gelu_linear_mixed(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
+                                const Tensor& w_proj, const Tensor& b_proj) {
+    constexpr DType kHalf = dtype_of<Half>();
+    const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
+    if (pads_width(x.device(), rows, w_fc.size(0)) && !b_fc.defined()) {  // not an MLP's width
+        const Precision half = kHalf == kBF16 ? Precision::bf16 : Precision::fp16;
+        return linear_mixed<Half>(linear_gelu_mixed<Half>(x, w_fc, b_fc, half), w_proj, b_proj);
+    }
+    MixedLinear<Half> fc = mixed_linear_forward<Half>(x, w_fc, b_fc);
+    const int64_t R = fc.backward.R, N = fc.backward.N;
+    const Tensor h_rounded = Tensor::empty({R, N}, kHalf, Device::cuda);  // h̃
+#ifdef QK_WITH_CUDA
+    cuda::unary_forward<float, math::Gelu>(nullptr, fc.y.template data<float>(), R * N, 0.0f,
+                                           half_bits(h_rounded), kHalf == kBF16);
+#endif
+    Shape h_shape = x.shape();
+    h_shape.back() = N;
+    const bool need_h = fc.backward.need_x || fc.backward.need_w || fc.backward.need_b;
+    MixedLinear<Half> proj =
+        mixed_linear_forward<Half>(HalfInput{h_rounded, h_shape, need_h}, w_proj, b_proj);
+    auto backward = [fc = std::move(fc.backward), proj = std::move(proj.backward),
+                     y = autograd::saved(fc.y)](const Tensor& dout) {
+        const std::vector<Tensor> g_proj = proj(dout);  // dH, dW_proj, db_proj
+        std::vector<Tensor> g_fc(3);
+        if (g_proj[0].defined()) {
+            fc.check_weight_unchanged();
+            const auto [dy_rounded, db] = round_and_sum_columns<Half>(
+                rows_of(g_proj[0]), fc.need_b, y.reshape({fc.R, fc.N}));  // dỸ, db from dH and Y
+            g_fc = fc.gradients(dy_rounded, db);
+        }
+        return std::vector<Tensor>{g_fc[0], g_fc[1], g_fc[2], g_proj[1], g_proj[2]};
+    };
+    return autograd::record("linear_gelu_linear", proj.y, {x, w_fc, b_fc, w_proj, b_proj},
+                            std::move(backward));
 }
 
 // The head and its loss as one node (ops/loss.h). Forward: the linear (N′ wide when padded),
@@ -388,107 +448,7 @@ LinearCrossEntropy linear_cross_entropy_mixed(const Tensor& x, const Tensor& wei
 #endif
 }
 
-// ---- matmul at bf16 / fp16 precision ------------------------------------------------------
-
-// An operand rounded to Half, stored as GEMM reads it best: a transposed view (kᵀ in attention)
-// as the rounding of the matrix it views, read transposed; anything else as a contiguous
-// rounding. Either way the rounding is one pass over the float32 values.
-template <class Half>
-struct HalfOperand {
-    Tensor half;             // (..., rows, cols), or (..., cols, rows) read transposed
-    cpu::GemmLayout layout;  // how GEMM reads op(x) = (rows, cols)
-    HalfOperand transposed() const { return {half, {!layout.trans, layout.ld}}; }
-};
-
-// t is detached, or dY under the backward's NoGradGuard. A whole buffer comes through cast_once,
-// read either way round: softmax's probabilities and their gradient arrive with their rounding
-// already kept beside them (SoftmaxOptions::rounded_copy), and Newton–Schulz's X X̃ᵀ rounds X once.
-template <class Half>
-HalfOperand<Half> round_operand(const Tensor& t) {
-    if (stored_transposed(t))
-        return {cast_once(t.transpose(-2, -1), dtype_of<Half>()).contiguous(), {true, t.size(-2)}};
-    return {cast_once(t, dtype_of<Half>()).contiguous(), {false, t.size(-1)}};
-}
-
-// y: (batch..., M, N) float32, new.    y[β] = alpha · op(a[β]) · op(b[β]),  op(a): (M, K)
-// One GEMM per batch index on the cpu, one strided-batched cuBLAS call per run of the batch on
-// cuda; broadcast operands are read at stride 0.
-template <class Half>
-Tensor mixed_product(const HalfOperand<Half>& a, const HalfOperand<Half>& b, const Shape& batch,
-                     int64_t M, int64_t N, int64_t K, float alpha, Device device) {
-    Shape shape = batch;
-    shape.insert(shape.end(), {M, N});
-    if (numel_of(shape) == 0) return Tensor::empty(shape, kF32, device);
-    if (K == 0) return zeros(shape, kF32, device);  // an empty sum
-    Tensor y = Tensor::empty(shape, kF32, device);
-    const Shape sa = batch_strides(a.half, batch), sb = batch_strides(b.half, batch);
-    switch (device) {
-        case Device::cpu:
-            cpu::batched_gemm(y.data<float>(), a.half.template data<Half>(), sa, a.layout,
-                              b.half.template data<Half>(), sb, b.layout, batch, M, N, K, alpha);
-            break;
-        case Device::cuda:
-#ifdef QK_WITH_CUDA
-            for_each_batch_run(batch, M * N, sa, sb, [&](const BatchRun& r) {
-                cuda::gemm_mixed(y.data<float>() + r.y, N, r.stride_y,
-                                 a.half.template data<Half>() + r.a, a.layout.trans, a.layout.ld,
-                                 r.stride_a, b.half.template data<Half>() + r.b, b.layout.trans,
-                                 b.layout.ld, r.stride_b, M, N, K, r.count, alpha, 0.0f);
-            });
-#else
-            throw_built_without_cuda("matmul");
-#endif
-            break;
-    }
-    return y;
-}
-
-template <class Half>
-Tensor matmul_mixed(const Tensor& a_in, const Tensor& b_in, float alpha) {
-    constexpr DType kHalf = dtype_of<Half>();
-    QK_CHECK(a_in.dtype() == kF32 && b_in.dtype() == kF32,
-             "matmul: {} precision needs float32 a and b, got a {} {} and b {} {}",
-             kHalf == kBF16 ? "bf16" : "fp16", a_in.dtype(), a_in.shape(), b_in.dtype(),
-             b_in.shape());
-    const int64_t M = a_in.size(-2), K = a_in.size(-1), N = b_in.size(-1);
-    const Shape batch = broadcast_shapes(batch_of(a_in), batch_of(b_in), "matmul");
-    const HalfOperand<Half> a = round_operand<Half>(autograd::saved(a_in));
-    const HalfOperand<Half> b = round_operand<Half>(autograd::saved(b_in));
-    Tensor y = mixed_product(a, b, batch, M, N, K, alpha, a_in.device());
-    const bool need_a = a_in.requires_grad(), need_b = b_in.requires_grad();
-    // Each gradient is made in its input's layout, as matmul's are: dAᵀ = α·b̃·dỸᵀ for an a that
-    // is a transposed view, so that the view's backward hands its base a contiguous gradient.
-    auto backward = [need_a, need_b, batch, M, N, K, alpha, a_shape = a_in.shape(),
-                     b_shape = b_in.shape(), a_trans = stored_transposed(a_in),
-                     b_trans = stored_transposed(b_in), device = a_in.device(),
-                     a_saved = need_b ? a : HalfOperand<Half>{},
-                     b_saved = need_a ? b : HalfOperand<Half>{}](const Tensor& dy) {
-        const HalfOperand<Half> g = round_operand<Half>(dy);  // dỸ: (batch..., M, N)
-        Tensor da, db;
-        if (need_a)
-            da = a_trans ? mixed_product(b_saved, g.transposed(), batch, K, M, N, alpha, device)
-                               .transpose(-2, -1)  // (α·b̃·dỸᵀ)ᵀ
-                         : mixed_product(g, b_saved.transposed(), batch, M, K, N, alpha,
-                                         device);  // α·dỸ·b̃ᵀ
-        if (need_b)
-            db = b_trans ? mixed_product(g.transposed(), a_saved, batch, N, K, M, alpha, device)
-                               .transpose(-2, -1)  // (α·dỸᵀ·ã)ᵀ
-                         : mixed_product(a_saved.transposed(), g, batch, K, N, M, alpha,
-                                         device);  // α·ãᵀ·dỸ
-        return std::vector<Tensor>{need_a ? sum_to(da, a_shape) : da,
-                                   need_b ? sum_to(db, b_shape) : db};
-    };
-    return autograd::record("matmul", y, {a_in, b_in}, std::move(backward));
-}
-
 }  // namespace
-
-Tensor matmul_bf16(const Tensor& a, const Tensor& b, float alpha) {
-    return matmul_mixed<bf16>(a, b, alpha);
-}
-Tensor matmul_fp16(const Tensor& a, const Tensor& b, float alpha) {
-    return matmul_mixed<f16>(a, b, alpha);
-}
 
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     return linear_mixed<bf16>(x, weight, bias);
@@ -504,6 +464,15 @@ Tensor linear_gelu_bf16(const Tensor& x, const Tensor& weight, const Tensor& bia
 Tensor linear_gelu_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias,
                         Precision rounded_copy) {
     return linear_gelu_mixed<f16>(x, weight, bias, rounded_copy);
+}
+
+Tensor linear_gelu_linear_bf16(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
+                               const Tensor& w_proj, const Tensor& b_proj) {
+    return linear_gelu_linear_mixed<bf16>(x, w_fc, b_fc, w_proj, b_proj);
+}
+Tensor linear_gelu_linear_fp16(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
+                               const Tensor& w_proj, const Tensor& b_proj) {
+    return linear_gelu_linear_mixed<f16>(x, w_fc, b_fc, w_proj, b_proj);
 }
 
 LinearCrossEntropy linear_cross_entropy_bf16(const Tensor& x, const Tensor& weight, const Tensor& t,

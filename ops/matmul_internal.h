@@ -94,11 +94,14 @@ void for_each_batch_run(const Shape& batch, int64_t y_matrix, const Shape& a_bat
 void check_linear_args(const Tensor& x, const Tensor& weight, const Tensor& bias,
                        Precision precision);
 
-// ---- ops/matmul_bf16.cpp ----------------------------------------------------------------------
+// ---- ops/matmul_batched_bf16.cpp --------------------------------------------------------------
 
 // matmul(a, b, Precision::bf16, alpha) and the fp16 twin, their arguments checked by matmul.
 Tensor matmul_bf16(const Tensor& a, const Tensor& b, float alpha);
 Tensor matmul_fp16(const Tensor& a, const Tensor& b, float alpha);
+
+// ---- ops/matmul_bf16.cpp ----------------------------------------------------------------------
+
 // linear(x, weight, bias, Precision::bf16), its arguments already checked by linear.
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // linear(x, weight, bias, Precision::fp16): the same on float16 operands.
@@ -108,6 +111,11 @@ Tensor linear_gelu_bf16(const Tensor& x, const Tensor& weight, const Tensor& bia
                         Precision rounded_copy);
 Tensor linear_gelu_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias,
                         Precision rounded_copy);
+// linear_gelu_linear at bf16 and fp16 precision, its arguments already checked.
+Tensor linear_gelu_linear_bf16(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
+                               const Tensor& w_proj, const Tensor& b_proj);
+Tensor linear_gelu_linear_fp16(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
+                               const Tensor& w_proj, const Tensor& b_proj);
 
 // linear_cross_entropy at bf16 and fp16 precision on cuda: x (N, K) and weight (V, K) float32,
 // checked; t (N) int32 contiguous, checked by cross_entropy's rules, n_valid of them not ignored.

@@ -318,6 +318,70 @@ TEST_CASE("linear_gelu on cuda: the two ops' bits, with GELU's backward in dY's 
         options);
 }
 
+TEST_CASE(
+    "linear_gelu_linear on cuda: the two ops' bits, and GELU's float32 output never written") {
+    if (!cuda_runnable()) return;
+    // 150 rows of a ragged hidden width N; c_proj back to K; with and without biases.
+    const Tensor x0 = randn_seeded({3, 50, K}, 91, kF32).to(Device::cuda),
+                 w1 = randn_seeded({N, K}, 92, kF32).to(Device::cuda),
+                 b1 = randn_seeded({N}, 93, kF32).to(Device::cuda),
+                 w2 = randn_seeded({K, N}, 94, kF32).to(Device::cuda),
+                 b2 = randn_seeded({K}, 95, kF32).to(Device::cuda),
+                 probe = randn_seeded({3, 50, K}, 96, kF32).to(Device::cuda);
+    for (Precision p : {Precision::bf16, Precision::fp16})
+        for (bool with_bias : {true, false}) {
+            CAPTURE(precision_name(p));
+            CAPTURE(with_bias);
+            struct Run {
+                std::vector<Tensor> results;  // out, then the five gradients
+                double gelu_bytes = 0;        // GELU's forward pass, from the ledger
+            };
+            const auto run = [&](bool one_op) {
+                std::vector<Tensor> leaves = {x0.clone(), w1.clone(), b1.clone(), w2.clone(),
+                                              b2.clone()};
+                for (Tensor& t : leaves) t.requires_grad_();
+                const Tensor bias1 = with_bias ? leaves[2] : Tensor(),
+                             bias2 = with_bias ? leaves[4] : Tensor();
+                Run r;
+                cuda::ledger::open();
+                const Tensor out =
+                    one_op ? linear_gelu_linear(leaves[0], leaves[1], bias1, leaves[3], bias2, p)
+                           : linear(linear_gelu(leaves[0], leaves[1], bias1, p, p), leaves[3],
+                                    bias2, p);
+                for (const cuda::ledger::Entry& e : cuda::ledger::close())
+                    if (e.name.find("unary_forward") != std::string::npos) r.gelu_bytes += e.bytes;
+                sum(out * probe).backward();
+                r.results.push_back(out);
+                for (size_t i = 0; i < leaves.size(); ++i)
+                    if (with_bias || (i != 2 && i != 4)) r.results.push_back(leaves[i].grad());
+                return r;
+            };
+            const Run one_op = run(true), two_ops = run(false);
+            REQUIRE(one_op.results.size() == two_ops.results.size());
+            for (size_t i = 0; i < one_op.results.size(); ++i) {
+                CAPTURE(i);
+                CHECK(max_abs_diff(one_op.results[i], two_ops.results[i]) == 0);
+            }
+            // h: (150, N) read in float32 and written rounded only (6 bytes a value, where the two
+            // ops write h in float32 too: 10).
+            const double values = 150.0 * double(N);
+            CHECK(one_op.gelu_bytes == 6 * values);
+            CHECK(two_ops.gelu_bytes == 10 * values);
+        }
+    // Against the cpu, forward and gradients (the cpu runs the two ops).
+    qk::test::ParityOptions options;
+    options.atol_f32 = 1e-4, options.rtol_f32 = 1e-3;
+    check_cuda_parity(
+        "bf16 linear_gelu_linear",
+        [](const Inputs& in) {
+            return linear_gelu_linear(in[0], in[1], in[2], in[3], in[4], Precision::bf16);
+        },
+        {randn_seeded({2, 17, K}, 97, kF32), randn_seeded({N, K}, 98, kF32),
+         randn_seeded({N}, 99, kF32), randn_seeded({K, N}, 100, kF32),
+         randn_seeded({K}, 101, kF32)},
+        options);
+}
+
 TEST_CASE("linear in fp16 on cuda (cublasGemmStridedBatchedEx, CUDA_R_16F) matches the cpu's") {
     // The device casts to float16 (the copy kernel, core/float16.h's rounding) and cuBLAS sums
     // exact products in float32, as the cpu's widened sgemm does; an overflow is Inf on both.

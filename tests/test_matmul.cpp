@@ -289,6 +289,35 @@ TEST_CASE("linear_gelu is gelu(linear(...)): values, gradients, and the same ref
         {"linear", "fp8", "linear_fp8"}));
 }
 
+TEST_CASE("linear_gelu_linear is linear(gelu(linear(...))): values, gradients, refusals") {
+    Tensor w1 = leaf({5, 4}, 91), b1 = leaf({5}, 92), w2 = leaf({3, 5}, 93), b2 = leaf({3}, 94),
+           x = leaf({2, 3, 4}, 95);
+    CHECK(max_abs_diff(linear_gelu_linear(x, w1, b1, w2, b2, Precision::full),
+                       linear(gelu(linear(x, w1, b1)), w2, b2)) == 0);
+    CHECK_GRADCHECK([&] { return linear_gelu_linear(x, w1, b1, w2, b2, Precision::full); },
+                    {x, w1, b1, w2, b2});
+    CHECK_GRADCHECK([&] { return linear_gelu_linear(x, w1, {}, w2, {}, Precision::full); },
+                    {x, w1, w2});
+    // bf16 on the cpu: the two ops' own kernels, so the same bits.
+    Tensor x32 = randn_seeded({6, 4}, 96, kF32), w1_32 = randn_seeded({5, 4}, 97, kF32),
+           w2_32 = randn_seeded({3, 5}, 98, kF32);
+    CHECK(max_abs_diff(linear_gelu_linear(x32, w1_32, {}, w2_32, {}, Precision::bf16),
+                       linear(linear_gelu(x32, w1_32, {}, Precision::bf16, Precision::bf16), w2_32,
+                              {}, Precision::bf16)) == 0);
+    CHECK(test::throws_with(
+        [&] {
+            linear_gelu_linear(zeros({2, 4}), zeros({5, 4}), {}, zeros({3, 6}), {},
+                               Precision::full);
+        },
+        {"linear_gelu_linear", "w_proj", "[5, 4]", "[3, 6]"}));
+    CHECK(test::throws_with(
+        [&] {
+            linear_gelu_linear(zeros({2, 4}), zeros({5, 4}), {}, zeros({3, 5}), zeros({4}),
+                               Precision::full);
+        },
+        {"linear_gelu_linear", "b_proj", "[4]", "[3, 5]"}));
+}
+
 TEST_CASE("linear bad inputs name the op and the shapes") {
     CHECK(test::throws_with(
         [&] {

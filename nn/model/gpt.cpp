@@ -48,7 +48,12 @@ MLP::MLP(const GPTConfig& config, Generator& gen, DType dtype) : kind(config.mlp
 
 Tensor MLP::forward(const Tensor& x) const {
     switch (kind) {
-        case MLPKind::gelu:  // c_fc and GELU one op, rounded in the same pass for c_proj
+        case MLPKind::gelu:
+            // One op, which at bf16 / fp16 on cuda writes GELU's output rounded only, for c_proj.
+            if (!c_fc->fp8 && !c_proj->fp8 && c_fc->precision == c_proj->precision)
+                return linear_gelu_linear(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias,
+                                          c_fc->precision);
+            // c_fc and GELU one op, rounded in the same pass for c_proj
             return c_proj->forward(c_fc->forward_gelu(x, rounded_copy()));
         case MLPKind::swiglu:  // silu(gate) * up, fused, rounded in the same pass for c_proj
             return c_proj->forward(
