@@ -21,9 +21,11 @@
 // one GEMM each over the query rows [q0, Tq). With c chunks the six products do (c + 1) / 2c of
 // the full products' work and T² traffic, and read k̃, ṽ, q̃ or dÕ (c + 1) / 2 times: 4 chunks
 // (5/8) cost the least bytes at GPT-2's T = 1024, D = 64. The skipped terms are exact zeros
-// (masked p and dS), so the sums are the composition's: in the emulator, bit for bit (the tests
-// check it; its GEMM sums each element in k order whatever the shape); on a GPU cuBLAS may split
-// the shorter sums differently, to the last bits.
+// (masked p and dS) times finite operands, so for finite inputs the sums are the composition's:
+// in the emulator, bit for bit (the tests check it; its GEMM sums each element in k order
+// whatever the shape); on a GPU cuBLAS may split the shorter sums differently, to the last bits.
+// An Inf or NaN in k̃, ṽ or dÕ (an fp16 value past 65,504) reaches, through 0 · Inf, every row
+// of the composition's products, and here only the rows of the chunks that see it.
 //
 // What it keeps until the backward: S (float32), P̃, the rows' max and sum, and q̃, k̃, ṽ; the
 // composition kept P (float32), P̃, and the same operands.

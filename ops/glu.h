@@ -17,7 +17,8 @@ Tensor glu(const Tensor& gate, const Tensor& up, GluActivation activation,
            Precision rounded_copy = Precision::full);
 
 // Launchers of cuda/glu.cu (device pointers, contiguous, n elements each). The *_half outputs:
-// null, or the same values rounded to bf16 (half_is_bf16) or fp16 bits.
+// null, or the same values rounded to bf16 (half_is_bf16) or fp16 bits. y, dgate and dup may be
+// null where their rounding is written (the rounding only).
 namespace cuda {
 template <class T>
 void glu_forward(T* y, const T* gate, const T* up, int64_t n, GluActivation activation,

@@ -55,6 +55,8 @@
 // what they share.
 #include "ops/matmul.h"
 
+#include "ops/glu.h"
+
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -328,28 +330,62 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, Pr
     return gelu(linear(x, weight, bias, precision), rounded_copy);
 }
 
+namespace {
+
+// The MLP ops' second Linear: w_proj (out, hidden) reads the first's `hidden` outputs.
+void check_projection(const char* op, const Tensor& x, const Tensor& w_first, const Tensor& w_proj,
+                      const Tensor& b_proj) {
+    QK_CHECK(w_proj.defined() && w_proj.dim() == 2 && w_proj.size(1) == w_first.size(0) &&
+                 w_proj.dtype() == w_first.dtype() && w_proj.device() == w_first.device(),
+             "{}: w_proj must be a {} (out_features, {}) on {} to read the {} outputs of {}, got "
+             "{} {} on {}",
+             op, w_first.dtype(), w_first.size(0), w_first.device(), w_first.size(0),
+             w_first.shape(), w_proj.defined() ? w_proj.dtype() : w_first.dtype(), w_proj.shape(),
+             w_proj.defined() ? w_proj.device() : w_first.device());
+    QK_CHECK(!b_proj.defined() || (b_proj.dim() == 1 && b_proj.size(0) == w_proj.size(0) &&
+                                   b_proj.dtype() == x.dtype() && b_proj.device() == x.device()),
+             "{}: b_proj is {} {}, expected {} [{}] for w_proj {}", op, b_proj.dtype(),
+             b_proj.shape(), x.dtype(), w_proj.size(0), w_proj.shape());
+}
+
+bool mixed_on_cuda(const Tensor& x, Precision precision) {
+    return x.device() == Device::cuda && x.dtype() == kF32 &&
+           (precision == Precision::bf16 || precision == Precision::fp16);
+}
+
+Precision rounded_for(Precision precision) {
+    return precision == Precision::bf16 || precision == Precision::fp16 ? precision
+                                                                        : Precision::full;
+}
+
+}  // namespace
+
 Tensor linear_gelu_linear(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
                           const Tensor& w_proj, const Tensor& b_proj, Precision precision) {
     check_linear_args(x, w_fc, b_fc, precision);
-    QK_CHECK(w_proj.defined() && w_proj.dim() == 2 && w_proj.size(1) == w_fc.size(0) &&
-                 w_proj.dtype() == w_fc.dtype() && w_proj.device() == w_fc.device(),
-             "linear_gelu_linear: w_proj must be a {} (out_features, {}) on {} to read w_fc's {} "
-             "outputs, got {} {} on {}",
-             w_fc.dtype(), w_fc.size(0), w_fc.device(), w_fc.shape(),
-             w_proj.defined() ? w_proj.dtype() : w_fc.dtype(), w_proj.shape(),
-             w_proj.defined() ? w_proj.device() : w_fc.device());
-    QK_CHECK(!b_proj.defined() || (b_proj.dim() == 1 && b_proj.size(0) == w_proj.size(0) &&
-                                   b_proj.dtype() == x.dtype() && b_proj.device() == x.device()),
-             "linear_gelu_linear: b_proj is {} {}, expected {} [{}] for w_proj {}", b_proj.dtype(),
-             b_proj.shape(), x.dtype(), w_proj.size(0), w_proj.shape());
-    if (x.device() == Device::cuda && x.dtype() == kF32) {
-        if (precision == Precision::bf16)
-            return linear_gelu_linear_bf16(x, w_fc, b_fc, w_proj, b_proj);
-        if (precision == Precision::fp16)
-            return linear_gelu_linear_fp16(x, w_fc, b_fc, w_proj, b_proj);
-    }
-    const bool mixed = precision == Precision::bf16 || precision == Precision::fp16;
-    const Tensor h = linear_gelu(x, w_fc, b_fc, precision, mixed ? precision : Precision::full);
+    check_projection("linear_gelu_linear", x, w_fc, w_proj, b_proj);
+    if (mixed_on_cuda(x, precision))
+        return precision == Precision::bf16
+                   ? linear_gelu_linear_bf16(x, w_fc, b_fc, w_proj, b_proj)
+                   : linear_gelu_linear_fp16(x, w_fc, b_fc, w_proj, b_proj);
+    const Tensor h = linear_gelu(x, w_fc, b_fc, precision, rounded_for(precision));
+    return linear(h, w_proj, b_proj, precision);
+}
+
+Tensor glu_linear(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_proj,
+                  const Tensor& b_proj, GluActivation activation, Precision precision) {
+    check_linear_args(x, w_gate, {}, precision);
+    check_linear_args(x, w_up, {}, precision);
+    QK_CHECK(w_up.shape() == w_gate.shape(),
+             "glu_linear: w_gate {} and w_up {} must have the same shape", w_gate.shape(),
+             w_up.shape());
+    check_projection("glu_linear", x, w_gate, w_proj, b_proj);
+    if (mixed_on_cuda(x, precision))
+        return precision == Precision::bf16
+                   ? glu_linear_bf16(x, w_gate, w_up, w_proj, b_proj, activation)
+                   : glu_linear_fp16(x, w_gate, w_up, w_proj, b_proj, activation);
+    const Tensor h = glu(linear(x, w_gate, {}, precision), linear(x, w_up, {}, precision),
+                         activation, rounded_for(precision));
     return linear(h, w_proj, b_proj, precision);
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "ops/glu.h"
 
 namespace qk {
 
@@ -47,6 +48,14 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, Pr
 // needs y = x̃ W̃_fcᵀ + b_fc, not h. Elsewhere it is the two ops.
 Tensor linear_gelu_linear(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
                           const Tensor& w_proj, const Tensor& b_proj, Precision precision);
+
+// linear(glu(linear(x, w_gate), linear(x, w_up), activation), w_proj, b_proj): the gated MLP of
+// Qwen3 and Llama (SwiGLU) or Gemma (GeGLU), without gate and up biases, as one op. At bf16 or
+// fp16 on cuda it is one node that writes neither the product nor the gate's and up's gradients
+// in float32 (their Linears' GEMMs read them rounded, and nothing sums them for a bias); x's
+// gradient is the two Linears' added, as the engine adds them. Elsewhere it is the ops.
+Tensor glu_linear(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_proj,
+                  const Tensor& b_proj, GluActivation activation, Precision precision);
 
 // TF32 for float32 GEMMs on CUDA (cuBLAS's CUBLAS_TF32_TENSOR_OP_MATH): tensor cores read the
 // inputs rounded to 10 mantissa bits (TF32) and sum in float32, several times faster than float32

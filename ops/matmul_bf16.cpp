@@ -22,6 +22,7 @@
 #include "ops/elementwise.h"
 #include "ops/elementwise_math.h"
 #include "ops/gemm.h"
+#include "ops/glu.h"
 #include "ops/matmul.h"
 #include "ops/matmul_internal.h"
 #include "ops/reduce.h"
@@ -397,6 +398,66 @@ Tensor linear_gelu_linear_mixed(const Tensor& x, const Tensor& w_fc, const Tenso
                             std::move(backward));
 }
 
+// glu_linear on cuda: c_proj(act(gate(x)) ⊙ up(x)) as one node, for gate and up without biases.
+// Forward: x rounded once for both GEMMs; the product written only rounded (h̃, what c_proj's
+// GEMMs read); the gate's and up's outputs saved for the product's derivative, as glu saves them.
+// Backward, the nodes' in order: c_proj's (dH), then glu's kernel writing dG̃ and dŨ only rounded
+// (with no bias nothing sums their float32 values, and their GEMMs read the roundings), then the
+// gate's and up's GEMMs, and dx = dx_gate + dx_up, the float32 addition the engine makes.
+template <class Half>
+Tensor glu_linear_mixed(const Tensor& x_in, const Tensor& w_gate, const Tensor& w_up,
+                        const Tensor& w_proj, const Tensor& b_proj, GluActivation activation) {
+    constexpr DType kHalf = dtype_of<Half>();
+    constexpr bool kBf16 = kHalf == kBF16;
+    const Tensor x = autograd::saved(x_in);
+    const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
+    if (pads_width(x.device(), rows, w_gate.size(0))) {  // not an MLP's width: the ops
+        const Precision half = kBf16 ? Precision::bf16 : Precision::fp16;
+        return linear(
+            glu(linear(x_in, w_gate, {}, half), linear(x_in, w_up, {}, half), activation, half),
+            w_proj, b_proj, half);
+    }
+    const HalfInput x_half{cast_once(rows_of(x), kHalf), x.shape(), x_in.requires_grad()};
+    MixedLinear<Half> gate = mixed_linear_forward<Half>(x_half, w_gate, {});
+    MixedLinear<Half> up = mixed_linear_forward<Half>(x_half, w_up, {});
+    const int64_t R = gate.backward.R, N = gate.backward.N;
+    const Tensor h_rounded = Tensor::empty({R, N}, kHalf, x.device());  // h̃
+#ifdef QK_WITH_CUDA
+    cuda::glu_forward<float>(nullptr, gate.y.template data<float>(), up.y.template data<float>(),
+                             R * N, activation, half_bits(h_rounded), kBf16);
+#endif
+    Shape h_shape = x.shape();
+    h_shape.back() = N;
+    const bool need_h = x_in.requires_grad() || w_gate.requires_grad() || w_up.requires_grad();
+    MixedLinear<Half> proj =
+        mixed_linear_forward<Half>(HalfInput{h_rounded, h_shape, need_h}, w_proj, b_proj);
+    auto backward = [gate_back = std::move(gate.backward), up_back = std::move(up.backward),
+                     proj_back = std::move(proj.backward), g = autograd::saved(gate.y),
+                     u = autograd::saved(up.y), activation, R, N](const Tensor& dout) {
+        const std::vector<Tensor> g_proj = proj_back(dout);  // dH, dW_proj, db_proj
+        std::vector<Tensor> g_gate(3), g_up(3);
+        if (g_proj[0].defined()) {
+            gate_back.check_weight_unchanged();
+            up_back.check_weight_unchanged();
+            const Tensor dh = g_proj[0].contiguous();
+            const Tensor dg = Tensor::empty({R, N}, kHalf, dh.device());  // dG̃
+            const Tensor du = Tensor::empty({R, N}, kHalf, dh.device());  // dŨ
+#ifdef QK_WITH_CUDA
+            cuda::glu_backward<float>(nullptr, nullptr, dh.template data<float>(),
+                                      g.template data<float>(), u.template data<float>(), R * N,
+                                      activation, half_bits(dg), half_bits(du), kBf16);
+#endif
+            g_gate = gate_back.gradients(dg, {});
+            g_up = up_back.gradients(du, {});
+        }
+        Tensor dx = g_gate[0];
+        if (dx.defined() && g_up[0].defined()) dx = dx + g_up[0];
+        return std::vector<Tensor>{dx, g_gate[1], g_up[1], g_proj[1], g_proj[2]};
+    };
+    return autograd::record("glu_linear", proj.y, {x_in, w_gate, w_up, w_proj, b_proj},
+                            std::move(backward));
+}
+
 // The head and its loss as one node (ops/loss.h). Forward: the linear (N′ wide when padded),
 // then one kernel per row of logits writes lse, the row's loss and G = dL/dlogits for the upstream
 // gradient the caller announced, rounded to Half and N′ wide (zero columns past V): dỸ as
@@ -473,6 +534,15 @@ Tensor linear_gelu_linear_bf16(const Tensor& x, const Tensor& w_fc, const Tensor
 Tensor linear_gelu_linear_fp16(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
                                const Tensor& w_proj, const Tensor& b_proj) {
     return linear_gelu_linear_mixed<f16>(x, w_fc, b_fc, w_proj, b_proj);
+}
+
+Tensor glu_linear_bf16(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                       const Tensor& w_proj, const Tensor& b_proj, GluActivation activation) {
+    return glu_linear_mixed<bf16>(x, w_gate, w_up, w_proj, b_proj, activation);
+}
+Tensor glu_linear_fp16(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                       const Tensor& w_proj, const Tensor& b_proj, GluActivation activation) {
+    return glu_linear_mixed<f16>(x, w_gate, w_up, w_proj, b_proj, activation);
 }
 
 LinearCrossEntropy linear_cross_entropy_bf16(const Tensor& x, const Tensor& weight, const Tensor& t,

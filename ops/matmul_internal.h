@@ -10,6 +10,7 @@
 #include "core/strided.h"
 #include "core/tensor.h"
 #include "ops/gemm.h"
+#include "ops/glu.h"
 #include "ops/loss.h"
 
 namespace qk::matmul_impl {
@@ -116,6 +117,11 @@ Tensor linear_gelu_linear_bf16(const Tensor& x, const Tensor& w_fc, const Tensor
                                const Tensor& w_proj, const Tensor& b_proj);
 Tensor linear_gelu_linear_fp16(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
                                const Tensor& w_proj, const Tensor& b_proj);
+// glu_linear at bf16 and fp16 precision on cuda, its arguments already checked.
+Tensor glu_linear_bf16(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                       const Tensor& w_proj, const Tensor& b_proj, GluActivation activation);
+Tensor glu_linear_fp16(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                       const Tensor& w_proj, const Tensor& b_proj, GluActivation activation);
 
 // linear_cross_entropy at bf16 and fp16 precision on cuda: x (N, K) and weight (V, K) float32,
 // checked; t (N) int32 contiguous, checked by cross_entropy's rules, n_valid of them not ignored.

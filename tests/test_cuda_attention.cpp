@@ -272,6 +272,9 @@ struct NaiveRun {
 };
 
 NaiveRun run_naive(bool one_node, const Inputs& in, const qk::AttentionOptions& o) {
+    // Fresh device memory (the emulator fills it with 0xFF bytes, NaN as floats): blocks the
+    // other path just freed would hold its T² values, and hide a row the node wrote too short.
+    qk::cuda::empty_cache();
     const bool before = qk::use_materialized_attention(one_node);
     Inputs dev;
     for (const qk::Tensor& t : in) dev.push_back(t.to(qk::Device::cuda).requires_grad_());

@@ -382,6 +382,53 @@ TEST_CASE(
         options);
 }
 
+TEST_CASE("glu_linear on cuda: the ops' bits, the product and its gradients only rounded") {
+    if (!cuda_runnable()) return;
+    const Tensor x0 = randn_seeded({3, 50, K}, 111, kF32).to(Device::cuda),
+                 wg = randn_seeded({N, K}, 112, kF32).to(Device::cuda),
+                 wu = randn_seeded({N, K}, 113, kF32).to(Device::cuda),
+                 w2 = randn_seeded({K, N}, 114, kF32).to(Device::cuda),
+                 b2 = randn_seeded({K}, 115, kF32).to(Device::cuda),
+                 probe = randn_seeded({3, 50, K}, 116, kF32).to(Device::cuda);
+    for (Precision p : {Precision::bf16, Precision::fp16})
+        for (GluActivation act : {GluActivation::silu, GluActivation::gelu}) {
+            CAPTURE(precision_name(p));
+            CAPTURE(int(act));
+            struct Run {
+                std::vector<Tensor> results;  // out, then the five gradients
+                double glu_bytes = 0;         // the product's passes, forward and backward
+            };
+            const auto run = [&](bool one_op) {
+                std::vector<Tensor> leaves = {x0.clone(), wg.clone(), wu.clone(), w2.clone(),
+                                              b2.clone()};
+                for (Tensor& t : leaves) t.requires_grad_();
+                Run r;
+                cuda::ledger::open();
+                const Tensor out = one_op ? glu_linear(leaves[0], leaves[1], leaves[2], leaves[3],
+                                                       leaves[4], act, p)
+                                          : linear(glu(linear(leaves[0], leaves[1], {}, p),
+                                                       linear(leaves[0], leaves[2], {}, p), act, p),
+                                                   leaves[3], leaves[4], p);
+                sum(out * probe).backward();
+                for (const cuda::ledger::Entry& e : cuda::ledger::close())
+                    if (e.name.find("glu_") != std::string::npos) r.glu_bytes += e.bytes;
+                r.results.push_back(out);
+                for (const Tensor& t : leaves) r.results.push_back(t.grad());
+                return r;
+            };
+            const Run one_op = run(true), two_ops = run(false);
+            for (size_t i = 0; i < one_op.results.size(); ++i) {
+                CAPTURE(i);
+                CHECK(max_abs_diff(one_op.results[i], two_ops.results[i]) == 0);
+            }
+            // Per value: forward g, u read (8 bytes) and the product written (4 + 2, rounded
+            // only: 2); backward dH, g, u read (12) and the two gradients (8 + 4, rounded only: 4).
+            const double values = 150.0 * double(N);
+            CHECK(one_op.glu_bytes == (10 + 16) * values);
+            CHECK(two_ops.glu_bytes == (14 + 24) * values);
+        }
+}
+
 TEST_CASE("linear in fp16 on cuda (cublasGemmStridedBatchedEx, CUDA_R_16F) matches the cpu's") {
     // The device casts to float16 (the copy kernel, core/float16.h's rounding) and cuBLAS sums
     // exact products in float32, as the cpu's widened sgemm does; an overflow is Inf on both.

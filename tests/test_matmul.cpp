@@ -318,6 +318,29 @@ TEST_CASE("linear_gelu_linear is linear(gelu(linear(...))): values, gradients, r
         {"linear_gelu_linear", "b_proj", "[4]", "[3, 5]"}));
 }
 
+TEST_CASE("glu_linear is linear(glu(linear(x, w_gate), linear(x, w_up))): values, gradients") {
+    Tensor wg = leaf({5, 4}, 101), wu = leaf({5, 4}, 102), w2 = leaf({3, 5}, 103),
+           b2 = leaf({3}, 104), x = leaf({2, 3, 4}, 105);
+    for (GluActivation act : {GluActivation::silu, GluActivation::gelu}) {
+        CHECK(max_abs_diff(glu_linear(x, wg, wu, w2, b2, act, Precision::full),
+                           linear(glu(linear(x, wg), linear(x, wu), act), w2, b2)) == 0);
+        CHECK_GRADCHECK([&] { return glu_linear(x, wg, wu, w2, b2, act, Precision::full); },
+                        {x, wg, wu, w2, b2});
+    }
+    CHECK(test::throws_with(
+        [&] {
+            glu_linear(zeros({2, 4}), zeros({5, 4}), zeros({6, 4}), zeros({3, 5}), {},
+                       GluActivation::silu, Precision::full);
+        },
+        {"glu_linear", "w_gate", "[5, 4]", "[6, 4]"}));
+    CHECK(test::throws_with(
+        [&] {
+            glu_linear(zeros({2, 4}), zeros({5, 4}), zeros({5, 4}), zeros({3, 4}), {},
+                       GluActivation::silu, Precision::full);
+        },
+        {"glu_linear", "w_proj", "[3, 4]"}));
+}
+
 TEST_CASE("linear bad inputs name the op and the shapes") {
     CHECK(test::throws_with(
         [&] {

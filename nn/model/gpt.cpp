@@ -55,14 +55,25 @@ Tensor MLP::forward(const Tensor& x) const {
                                           c_fc->precision);
             // c_fc and GELU one op, rounded in the same pass for c_proj
             return c_proj->forward(c_fc->forward_gelu(x, rounded_copy()));
-        case MLPKind::swiglu:  // silu(gate) * up, fused, rounded in the same pass for c_proj
-            return c_proj->forward(
-                glu(c_gate->forward(x), c_fc->forward(x), GluActivation::silu, rounded_copy()));
+        case MLPKind::swiglu:
+            return gated(x, GluActivation::silu);
         case MLPKind::geglu:
-            return c_proj->forward(
-                glu(c_gate->forward(x), c_fc->forward(x), GluActivation::gelu, rounded_copy()));
+            return gated(x, GluActivation::gelu);
     }
     throw Error("MLP: unknown kind");
+}
+
+// c_proj(act(c_gate(x)) ⊙ c_fc(x)): one op without gate and up biases (at bf16 / fp16 on cuda it
+// writes the product and its two gradients rounded only); else the fused product, rounded in the
+// same pass for c_proj (and its gradients for c_gate's and c_fc's GEMMs).
+Tensor MLP::gated(const Tensor& x, GluActivation activation) const {
+    const bool one_op = !c_gate->bias.defined() && !c_fc->bias.defined() && !c_gate->fp8 &&
+                        !c_fc->fp8 && !c_proj->fp8 && c_gate->precision == c_proj->precision &&
+                        c_fc->precision == c_proj->precision;
+    if (one_op)
+        return glu_linear(x, c_gate->weight, c_fc->weight, c_proj->weight, c_proj->bias, activation,
+                          c_proj->precision);
+    return c_proj->forward(glu(c_gate->forward(x), c_fc->forward(x), activation, rounded_copy()));
 }
 
 // The activation feeds c_proj rounded (a gated one's gradients feed c_fc's rounded too).

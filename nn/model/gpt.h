@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "nn/model/attention.h"
+#include "ops/glu.h"
 
 namespace qk::nn {
 
@@ -21,6 +22,7 @@ class MLP : public Module {
     // The half type the Linear layers around the gated product multiply in (bf16, fp16), for
     // glu's rounded copies, or full (float32, fp8: the Linear rounds its own operands).
     Precision rounded_copy() const;
+    Tensor gated(const Tensor& x, GluActivation activation) const;
 };
 
 // The residual stream between blocks as x + delta, the add not made yet: the next block's first
