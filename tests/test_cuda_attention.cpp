@@ -5,6 +5,7 @@
 // T is ragged (45, 70: not multiples of the 16-row and 32-key tiles) and D is 16, 32 or 64;
 // Tq < Tk shifts the causal mask. Then the op itself through tests/cuda_parity.h.
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "cuda_kernel_check.h"
@@ -271,13 +272,17 @@ struct NaiveRun {
     std::vector<std::string> launched;
 };
 
-NaiveRun run_naive(bool one_node, const Inputs& in, const qk::AttentionOptions& o) {
+NaiveRun run_naive(bool one_node, const Inputs& in, const qk::AttentionOptions& o,
+                   std::array<bool, 3> wants_grad = {true, true, true}) {
     // Fresh device memory (the emulator fills it with 0xFF bytes, NaN as floats): blocks the
     // other path just freed would hold its T² values, and hide a row the node wrote too short.
     qk::cuda::empty_cache();
     const bool before = qk::use_materialized_attention(one_node);
     Inputs dev;
-    for (const qk::Tensor& t : in) dev.push_back(t.to(qk::Device::cuda).requires_grad_());
+    for (size_t i = 0; i < in.size(); ++i) {
+        dev.push_back(in[i].to(qk::Device::cuda));
+        if (wants_grad[i]) dev.back().requires_grad_();
+    }
     NaiveRun run;
     for (const auto& e : launches_of([&] {
              const qk::Tensor out = qk::attention_unfused(dev[0], dev[1], dev[2], o);
@@ -286,7 +291,8 @@ NaiveRun run_naive(bool one_node, const Inputs& in, const qk::AttentionOptions& 
              run.results.push_back(out.detach().to(qk::Device::cpu));
          }))
         run.launched.push_back(e.name);
-    for (const qk::Tensor& t : dev) run.results.push_back(t.grad().to(qk::Device::cpu));
+    for (const qk::Tensor& t : dev)
+        run.results.push_back(t.grad().defined() ? t.grad().to(qk::Device::cpu) : qk::Tensor());
     qk::use_materialized_attention(before);
     return run;
 }
@@ -367,6 +373,30 @@ TEST_CASE("naive attention at half precision: the one-node path gives the compos
 #endif
             }
         }
+    }
+}
+
+TEST_CASE("naive attention at half precision: the one node makes only the gradients wanted") {
+    if (!cuda_runnable()) return;
+    const Inputs in{randn_seeded({1, 2, 150, 16}, 21), randn_seeded({1, 2, 150, 16}, 22),
+                    randn_seeded({1, 2, 150, 16}, 23)};
+    const qk::AttentionOptions o{.causal = true, .precision = qk::Precision::bf16};
+    for (const std::array<bool, 3> wants :
+         {std::array{true, false, false}, std::array{false, true, false},
+          std::array{false, false, true}, std::array{true, false, true}}) {
+        INFO("q, k, v want gradients: ", wants[0], wants[1], wants[2]);
+        const NaiveRun composed = run_naive(false, in, o, wants),
+                       one_node = run_naive(true, in, o, wants);
+        CHECK(parity_mismatch(one_node.results[0], composed.results[0], 0, 0) == "");
+        for (size_t i = 0; i < 3; ++i) {
+            CAPTURE(i);
+            REQUIRE(one_node.results[1 + i].defined() == wants[i]);
+            if (wants[i])
+                CHECK(parity_mismatch(one_node.results[1 + i], composed.results[1 + i], 0, 0) ==
+                      "");
+        }
+        // dP and dS only when q or k wants a gradient.
+        CHECK(launched(one_node, "softmax_rounded_backward_kernel") == (wants[0] || wants[1]));
     }
 }
 
