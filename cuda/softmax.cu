@@ -278,6 +278,17 @@ int64_t written_elements(int64_t rows, int64_t Tq, int64_t Tk, bool causal, int6
     return per_query_block * (rows / Tq);
 }
 
+// The ledger entry of a softmax_rounded launch: `inputs` float32 (rows, Tk) tensors read over
+// the visible keys, the rounded result written up to each row's chunk end, the rows' max and sum.
+void declare_rounded_rows(int inputs, double flops_per_value, int64_t rows, int64_t Tq, int64_t Tk,
+                          bool causal, int64_t chunk) {
+    const double visible = double(visible_elements(rows, Tq, Tk, causal));
+    ledger::declare(4.0 * inputs * visible +
+                        2.0 * double(written_elements(rows, Tq, Tk, causal, chunk)) +
+                        8.0 * double(rows),
+                    flops_per_value * visible, 0);
+}
+
 }  // namespace
 
 template <class T>
@@ -326,12 +337,7 @@ void softmax_rounded_forward(uint16_t* p_half, float* row_max, float* row_sum, c
                              int64_t chunk, bool half_is_bf16) {
     if (rows == 0) return;
     QK_CHECK(chunk > 0, "softmax_rounded_forward: chunk must be > 0, got {}", chunk);
-    const int64_t visible = visible_elements(rows, Tq, Tk, causal);
-    // Bytes: the visible s read, p written rounded up to each row's chunk end, max and sum.
-    ledger::declare(4.0 * double(visible) +
-                        2.0 * double(written_elements(rows, Tq, Tk, causal, chunk)) +
-                        8.0 * double(rows),
-                    6.0 * double(visible), 0);
+    declare_rounded_rows(1, 6, rows, Tq, Tk, causal, chunk);  // s read
     QK_LAUNCH(softmax_rounded_forward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, 0,
               stream(), p_half, row_max, row_sum, s, rows, Tq, Tk, causal, cap, chunk,
               half_is_bf16);
@@ -344,12 +350,7 @@ void softmax_rounded_backward(uint16_t* ds_half, const float* dp, const float* s
                               bool half_is_bf16) {
     if (rows == 0) return;
     QK_CHECK(chunk > 0, "softmax_rounded_backward: chunk must be > 0, got {}", chunk);
-    const int64_t visible = visible_elements(rows, Tq, Tk, causal);
-    // Bytes: the visible dP and s read, dS written rounded up to each row's chunk end, max, sum.
-    ledger::declare(8.0 * double(visible) +
-                        2.0 * double(written_elements(rows, Tq, Tk, causal, chunk)) +
-                        8.0 * double(rows),
-                    10.0 * double(visible), 0);
+    declare_rounded_rows(2, 10, rows, Tq, Tk, causal, chunk);  // dP and s read
     QK_LAUNCH(softmax_rounded_backward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, 0,
               stream(), ds_half, dp, s, row_max, row_sum, rows, Tq, Tk, causal, cap, chunk,
               half_is_bf16);
