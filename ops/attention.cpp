@@ -318,30 +318,10 @@ bool on_tensor_cores(const Tensor& q, const AttentionOptions& o) {
            cuda::attention_mma_supports(q.size(3));
 }
 
-// q, k, v rounded to `half`, contiguous (B, heads, T, D): a rounding kept beside a contiguous input
-// (the per-head QK-norms write one in their own pass) is read as it is, and the others are rounded
-// together, in one launch.
-std::array<Tensor, 3> rounded_inputs(const std::array<Tensor, 3>& inputs, DType half) {
-    std::array<Tensor, 3> rounded;
-    std::vector<Tensor> to_round, sources;
-    for (size_t i = 0; i < 3; ++i) {
-        const Tensor& in = inputs[i];
-        if (in.is_contiguous() && has_kept_cast(in, half)) {
-            rounded[i] = cast_once(in, half);
-            continue;
-        }
-        rounded[i] = Tensor::empty(in.shape(), half, in.device());
-        to_round.push_back(rounded[i]);
-        sources.push_back(in);
-    }
-    copy_into_all(to_round, sources);
-    return rounded;
-}
-
 Tensor attention_on_tensor_cores(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                  const AttentionOptions& o, AttentionSignals* signals) {
     const DType half = o.precision == Precision::bf16 ? kBF16 : kF16;
-    const auto [q, k, v] = rounded_inputs({q_in, k_in, v_in}, half);
+    const auto [q, k, v] = rounded_attention_inputs({q_in, k_in, v_in}, half);
     const Tensor scale = scale_as_tensor(q_in, o);
     AttentionShape sh = shape_of(q, k, o);
     const int64_t stride = scale.numel() == 1 ? 0 : 1;
@@ -371,6 +351,26 @@ Tensor attention_on_tensor_cores(const Tensor& q_in, const Tensor& k_in, const T
 }
 #endif
 }  // namespace
+
+#ifdef QK_WITH_CUDA
+// Declared in ops/attention_materialized.h.
+std::array<Tensor, 3> rounded_attention_inputs(const std::array<Tensor, 3>& inputs, DType half) {
+    std::array<Tensor, 3> rounded;
+    std::vector<Tensor> to_round, sources;
+    for (size_t i = 0; i < 3; ++i) {
+        const Tensor& in = inputs[i];
+        if (in.is_contiguous() && has_kept_cast(in, half)) {
+            rounded[i] = cast_once(in, half);
+            continue;
+        }
+        rounded[i] = Tensor::empty(in.shape(), half, in.device());
+        to_round.push_back(rounded[i]);
+        sources.push_back(in);
+    }
+    copy_into_all(to_round, sources);
+    return rounded;
+}
+#endif
 
 Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                  const AttentionOptions& o, AttentionSignals* signals) {

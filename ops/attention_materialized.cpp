@@ -32,6 +32,7 @@
 #include "ops/attention_materialized.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -119,10 +120,6 @@ void product(Matrices<float> y, Matrices<const Half> a, bool a_trans, Matrices<c
                      b.stride, M, N, K, batch, alpha, 0.0f);
 }
 
-struct Operands {
-    Tensor q, k, v;  // rounded, (B, H, T, D) contiguous
-};
-
 template <class Half>
 Tensor forward_and_record(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                           const AttentionOptions& o) {
@@ -135,12 +132,10 @@ Tensor forward_and_record(const Tensor& q_in, const Tensor& k_in, const Tensor& 
     const bool causal = o.causal;
     const int64_t rows = chunk_rows(Tq, causal);
     const std::vector<Chunk> chunks = chunks_of(Tq, Tk, causal);
-    const auto rounded = [&](const Tensor& t) {
-        return cast_once(autograd::saved(t), kHalf).contiguous();
-    };
-    const Operands in{rounded(q_in), rounded(k_in), rounded(v_in)};
-    const auto qh = matrices_of<const Half>(in.q), kh = matrices_of<const Half>(in.k),
-               vh = matrices_of<const Half>(in.v);
+    const std::array<Tensor, 3> in = rounded_attention_inputs(  // q̃, k̃, ṽ
+        {autograd::saved(q_in), autograd::saved(k_in), autograd::saved(v_in)}, kHalf);
+    const auto qh = matrices_of<const Half>(in[0]), kh = matrices_of<const Half>(in[1]),
+               vh = matrices_of<const Half>(in[2]);
 
     Tensor s = Tensor::empty({B, H, Tq, Tk}, kF32, Device::cuda);
     Tensor p = Tensor::empty({B, H, Tq, Tk}, kHalf, Device::cuda);
@@ -161,13 +156,14 @@ Tensor forward_and_record(const Tensor& q_in, const Tensor& k_in, const Tensor& 
 
     const bool need_q = q_in.requires_grad(), need_k = k_in.requires_grad(),
                need_v = v_in.requires_grad();
-    auto backward = [=, in = in, s = autograd::saved(s), p = autograd::saved(p),
+    auto backward = [=, s = autograd::saved(s), p = autograd::saved(p),
                      row_max = autograd::saved(row_max),
                      row_sum = autograd::saved(row_sum)](const Tensor& dout) {
         const Tensor do_h = cast_once(dout, kHalf).contiguous();  // dÕ
         const auto dom = matrices_of<const Half>(do_h);
-        const auto qh = matrices_of<const Half>(in.q), kh = matrices_of<const Half>(in.k),
-                   vh = matrices_of<const Half>(in.v);
+        // q̃, k̃, ṽ: the forward's rounded operands, kept alive by this capture of `in`
+        const auto qh = matrices_of<const Half>(in[0]), kh = matrices_of<const Half>(in[1]),
+                   vh = matrices_of<const Half>(in[2]);
         const auto pm = matrices_of<const Half>(p);
         Tensor dq, dk, dv, ds;  // ds: dS̃
         if (need_q || need_k) {

@@ -2,6 +2,8 @@
 // GEMMs read and skips the causal mask's upper blocks: ops/attention_materialized.cpp.
 #pragma once
 
+#include <array>
+
 #include "ops/attention.h"
 
 namespace qk {
@@ -16,5 +18,13 @@ bool materialized_attention_applies(const Tensor& q, const Tensor& k, const Atte
 // attention_unfused -> (B, H, Tq, D); differentiable in q, k, v.
 Tensor attention_materialized(const Tensor& q, const Tensor& k, const Tensor& v,
                               const AttentionOptions& o);
+
+#ifdef QK_WITH_CUDA
+// q, k, v rounded to `half`, contiguous (B, heads, T, D), for the tensor-core attention and the
+// materialised one (ops/attention.cpp): a rounding kept beside a contiguous input (the per-head
+// QK-norms write one in their own pass) is read as it is, and the others are rounded together,
+// in one launch.
+std::array<Tensor, 3> rounded_attention_inputs(const std::array<Tensor, 3>& inputs, DType half);
+#endif
 
 }  // namespace qk

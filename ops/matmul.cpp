@@ -55,8 +55,6 @@
 // what they share.
 #include "ops/matmul.h"
 
-#include "ops/glu.h"
-
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -68,6 +66,7 @@
 #include "core/strided.h"
 #include "ops/elementwise.h"
 #include "ops/gemm.h"
+#include "ops/glu.h"
 #include "ops/matmul_internal.h"
 #include "ops/on_device.h"
 #include "ops/reduce.h"
@@ -348,14 +347,11 @@ void check_projection(const char* op, const Tensor& x, const Tensor& w_first, co
              b_proj.shape(), x.dtype(), w_proj.size(0), w_proj.shape());
 }
 
-bool mixed_on_cuda(const Tensor& x, Precision precision) {
+// Whether an MLP op runs as one node: float32 x on cuda at bf16 / fp16, its first Linear (w, b)
+// not on a padded width.
+bool one_mlp_node(const Tensor& x, const Tensor& w, const Tensor& b, Precision precision) {
     return x.device() == Device::cuda && x.dtype() == kF32 &&
-           (precision == Precision::bf16 || precision == Precision::fp16);
-}
-
-Precision rounded_for(Precision precision) {
-    return precision == Precision::bf16 || precision == Precision::fp16 ? precision
-                                                                        : Precision::full;
+           rounded_copy_for_gemm(precision) != Precision::full && !linear_pads_width(x, w, b);
 }
 
 }  // namespace
@@ -364,11 +360,11 @@ Tensor linear_gelu_linear(const Tensor& x, const Tensor& w_fc, const Tensor& b_f
                           const Tensor& w_proj, const Tensor& b_proj, Precision precision) {
     check_linear_args(x, w_fc, b_fc, precision);
     check_projection("linear_gelu_linear", x, w_fc, w_proj, b_proj);
-    if (mixed_on_cuda(x, precision))
+    if (one_mlp_node(x, w_fc, b_fc, precision))
         return precision == Precision::bf16
                    ? linear_gelu_linear_bf16(x, w_fc, b_fc, w_proj, b_proj)
                    : linear_gelu_linear_fp16(x, w_fc, b_fc, w_proj, b_proj);
-    const Tensor h = linear_gelu(x, w_fc, b_fc, precision, rounded_for(precision));
+    const Tensor h = linear_gelu(x, w_fc, b_fc, precision, rounded_copy_for_gemm(precision));
     return linear(h, w_proj, b_proj, precision);
 }
 
@@ -380,12 +376,12 @@ Tensor glu_linear(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, con
              "glu_linear: w_gate {} and w_up {} must have the same shape", w_gate.shape(),
              w_up.shape());
     check_projection("glu_linear", x, w_gate, w_proj, b_proj);
-    if (mixed_on_cuda(x, precision))
+    if (one_mlp_node(x, w_gate, {}, precision))
         return precision == Precision::bf16
                    ? glu_linear_bf16(x, w_gate, w_up, w_proj, b_proj, activation)
                    : glu_linear_fp16(x, w_gate, w_up, w_proj, b_proj, activation);
     const Tensor h = glu(linear(x, w_gate, {}, precision), linear(x, w_up, {}, precision),
-                         activation, rounded_for(precision));
+                         activation, rounded_copy_for_gemm(precision));
     return linear(h, w_proj, b_proj, precision);
 }
 

@@ -34,6 +34,14 @@ Tensor matmul(const Tensor& a, const Tensor& b, Precision precision, double alph
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {},
               Precision precision = Precision::full);
 
+// The half type a GEMM at this precision multiplies in (bf16, fp16), which the op feeding it can
+// round its output to in the same pass; full where the GEMM rounds nothing, or rounds its own
+// operands (fp8).
+inline Precision rounded_copy_for_gemm(Precision gemm_precision) {
+    return gemm_precision == Precision::bf16 || gemm_precision == Precision::fp16 ? gemm_precision
+                                                                                  : Precision::full;
+}
+
 // gelu(linear(x, weight, bias, precision), rounded_copy): the plain MLP's first half as one op,
 // with the same values and gradients as the two. At bf16 or fp16 on cuda it is one node, whose
 // backward makes dY = dH ⊙ gelu'(Y), its rounding for the GEMMs and its column sums for db in one

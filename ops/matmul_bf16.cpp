@@ -355,21 +355,16 @@ Tensor linear_gelu_mixed(const Tensor& x, const Tensor& weight, const Tensor& bi
     return autograd::record("linear_gelu", h, {x, weight, bias}, std::move(backward));
 }
 
-// linear_gelu_linear on cuda: c_proj(gelu(c_fc(x))) as one node. The forward writes gelu's output
-// only rounded, h̃ (the one operand c_proj's GEMM reads), where linear_gelu then linear write h in
-// float32 too and read it never; it saves y for GELU's derivative, as linear_gelu does. The
-// backward is the two nodes' in order: c_proj's (dH = dỸ · W̃_proj, dW_proj = dỸᵀ · h̃, db_proj),
-// then dY = dH ⊙ gelu'(Y) rounded and summed for db_fc in one pass, then c_fc's GEMMs. The same
-// kernels on the same values: the two ops' results and gradients, bit for bit.
+// linear_gelu_linear on cuda (c_fc not padded): c_proj(gelu(c_fc(x))) as one node. The forward
+// writes gelu's output only rounded, h̃ (the one operand c_proj's GEMM reads), where linear_gelu
+// then linear write h in float32 too and read it never; it saves y for GELU's derivative, as
+// linear_gelu does. The backward is the two nodes' in order: c_proj's (dH = dỸ · W̃_proj, dW_proj =
+// dỸᵀ · h̃, db_proj), then dY = dH ⊙ gelu'(Y) rounded and summed for db_fc in one pass, then c_fc's
+// GEMMs. The same kernels on the same values: the two ops' results and gradients, bit for bit.
 template <class Half>
 Tensor linear_gelu_linear_mixed(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
                                 const Tensor& w_proj, const Tensor& b_proj) {
     constexpr DType kHalf = dtype_of<Half>();
-    const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
-    if (pads_width(x.device(), rows, w_fc.size(0)) && !b_fc.defined()) {  // not an MLP's width
-        const Precision half = kHalf == kBF16 ? Precision::bf16 : Precision::fp16;
-        return linear_mixed<Half>(linear_gelu_mixed<Half>(x, w_fc, b_fc, half), w_proj, b_proj);
-    }
     MixedLinear<Half> fc = mixed_linear_forward<Half>(x, w_fc, b_fc);
     const int64_t R = fc.backward.R, N = fc.backward.N;
     const Tensor h_rounded = Tensor::empty({R, N}, kHalf, Device::cuda);  // h̃
@@ -398,7 +393,8 @@ Tensor linear_gelu_linear_mixed(const Tensor& x, const Tensor& w_fc, const Tenso
                             std::move(backward));
 }
 
-// glu_linear on cuda: c_proj(act(gate(x)) ⊙ up(x)) as one node, for gate and up without biases.
+// glu_linear on cuda (gate and up not padded): c_proj(act(gate(x)) ⊙ up(x)) as one node, for
+// gate and up without biases.
 // Forward: x rounded once for both GEMMs; the product written only rounded (h̃, what c_proj's
 // GEMMs read); the gate's and up's outputs saved for the product's derivative, as glu saves them.
 // Backward, the nodes' in order: c_proj's (dH), then glu's kernel writing dG̃ and dŨ only rounded
@@ -410,13 +406,6 @@ Tensor glu_linear_mixed(const Tensor& x_in, const Tensor& w_gate, const Tensor& 
     constexpr DType kHalf = dtype_of<Half>();
     constexpr bool kBf16 = kHalf == kBF16;
     const Tensor x = autograd::saved(x_in);
-    const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
-    if (pads_width(x.device(), rows, w_gate.size(0))) {  // not an MLP's width: the ops
-        const Precision half = kBf16 ? Precision::bf16 : Precision::fp16;
-        return linear(
-            glu(linear(x_in, w_gate, {}, half), linear(x_in, w_up, {}, half), activation, half),
-            w_proj, b_proj, half);
-    }
     const HalfInput x_half{cast_once(rows_of(x), kHalf), x.shape(), x_in.requires_grad()};
     MixedLinear<Half> gate = mixed_linear_forward<Half>(x_half, w_gate, {});
     MixedLinear<Half> up = mixed_linear_forward<Half>(x_half, w_up, {});
@@ -510,6 +499,11 @@ LinearCrossEntropy linear_cross_entropy_mixed(const Tensor& x, const Tensor& wei
 }
 
 }  // namespace
+
+bool linear_pads_width(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+    const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
+    return pads_width(x.device(), rows, weight.size(0)) && weight.size(1) > 0 && !bias.defined();
+}
 
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     return linear_mixed<bf16>(x, weight, bias);

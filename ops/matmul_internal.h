@@ -112,12 +112,16 @@ Tensor linear_gelu_bf16(const Tensor& x, const Tensor& weight, const Tensor& bia
                         Precision rounded_copy);
 Tensor linear_gelu_fp16(const Tensor& x, const Tensor& weight, const Tensor& bias,
                         Precision rounded_copy);
-// linear_gelu_linear at bf16 and fp16 precision, its arguments already checked.
+// Whether linear(x, weight, bias) at bf16 / fp16 runs its GEMMs on a zero-padded width (a cuda
+// Linear without bias whose output width is not a multiple of 8, from 1,024 rows): the MLP ops'
+// nodes read their first Linear's output as contiguous rows, so those shapes run the ops.
+bool linear_pads_width(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// linear_gelu_linear at bf16 and fp16 precision, its arguments already checked, c_fc not padded.
 Tensor linear_gelu_linear_bf16(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
                                const Tensor& w_proj, const Tensor& b_proj);
 Tensor linear_gelu_linear_fp16(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc,
                                const Tensor& w_proj, const Tensor& b_proj);
-// glu_linear at bf16 and fp16 precision on cuda, its arguments already checked.
+// glu_linear at bf16 and fp16 precision on cuda, its arguments already checked, not padded.
 Tensor glu_linear_bf16(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
                        const Tensor& w_proj, const Tensor& b_proj, GluActivation activation);
 Tensor glu_linear_fp16(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,

@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "nn/model/module.h"
 #include "ops/fp8.h"
+#include "ops/matmul.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
 
@@ -66,9 +67,7 @@ class Norm : public Module {
 // The half type a Linear of this precision multiplies in, which the op feeding it can round its
 // output to in the same pass (bf16, fp16), or full where the Linear rounds its own operands.
 inline Precision rounded_copy_for_linear(Precision linear_precision) {
-    return linear_precision == Precision::bf16 || linear_precision == Precision::fp16
-               ? linear_precision
-               : Precision::full;
+    return rounded_copy_for_gemm(linear_precision);
 }
 
 }  // namespace qk::nn
